@@ -1,0 +1,143 @@
+"""Every job of the repository, as nox sessions.
+
+    nox -s ci                 what CI runs: boundaries + versions + lint + every package's tests
+    nox -s tests              each package alone in its own venv (nox -s "tests(package='kiln-aot')")
+    nox -s lint               ruff check and ruff format --check
+    nox -s boundaries         DESIGN.md's import rules, version ranges, and the tools' own tests
+    nox -s slow               the suites marked slow (real models), kept out of CI's time budget
+
+A fresh venv must get torch's CPU build: a bare torch range resolves to a multi-GB CUDA
+build. ``KILN_TORCH_SPEC`` overrides the pin (``torch==2.13.0`` by default; on a machine
+whose index has no such CPU wheel, point pip at one with ``PIP_EXTRA_INDEX_URL``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES_DIR = ROOT / "packages"
+TORCH_SPEC = os.environ.get("KILN_TORCH_SPEC", "torch==2.13.0")
+# Build requirements of kiln-capture's C++ extension, installed into the venv so that
+# packages build without isolation (faster, and no second resolution of torch).
+BUILD_REQUIREMENTS = ["setuptools>=68", "pybind11>=2.12", "wheel"]
+# Test-only requirements shared by every package's suite.
+TEST_REQUIREMENTS = ["pytest>=7", "packaging"]
+
+nox.options.sessions = ["ci"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _pyproject(dist: str) -> dict:
+    return tomllib.loads((PACKAGES_DIR / dist / "pyproject.toml").read_text())
+
+
+PACKAGES = sorted(p.name for p in PACKAGES_DIR.iterdir() if (p / "pyproject.toml").exists())
+
+
+def _kiln_deps(dist: str) -> list[str]:
+    """In-repo dependencies of ``dist``, transitively, dependencies before dependents."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        for req in _pyproject(name)["project"].get("dependencies", []):
+            dep = re.match(r"[A-Za-z0-9_.\-]+", req).group(0)
+            if dep in PACKAGES and dep not in order:
+                visit(dep)
+        if name not in order:
+            order.append(name)
+
+    visit(dist)
+    return order
+
+
+def _install(session: nox.Session, dists: list[str]) -> None:
+    """Torch first (CPU build), then the packages editable, all in one resolution."""
+    session.install(TORCH_SPEC, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS)
+    args: list[str] = []
+    for dist in dists:
+        args += ["-e", str(PACKAGES_DIR / dist)]
+    session.install("--no-build-isolation", *args)
+
+
+def _run_package_tests(session: nox.Session, dist: str, marker: str, **kwargs) -> None:
+    session.log(f"tests of {dist}")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        str(PACKAGES_DIR / dist / "tests"),
+        "-m",
+        marker,
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1"} if dist == "kiln-triton" else {},
+        **kwargs,
+    )
+
+
+def _all_in_order() -> list[str]:
+    order: list[str] = []
+    for dist in PACKAGES:
+        for dep in _kiln_deps(dist):
+            if dep not in order:
+                order.append(dep)
+    return order
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def tests(session: nox.Session, package: str) -> None:
+    """One package in its own venv, with only what it declares."""
+    _install(session, _kiln_deps(package))
+    _run_package_tests(session, package, "not slow")
+
+
+def _lint(session: nox.Session) -> None:
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    _lint(session)
+
+
+def _boundaries(session: nox.Session) -> None:
+    session.run("python", "tools/check_boundaries.py")
+    session.run("python", "tools/check_versions.py")
+    session.run("python", "-m", "pytest", "tools/tests", "-q")
+
+
+@nox.session
+def boundaries(session: nox.Session) -> None:
+    session.install("pytest>=7", "packaging")
+    _boundaries(session)
+
+
+@nox.session
+def ci(session: nox.Session) -> None:
+    """What `.ci/run` runs: boundaries, versions, lint, then every package's tests, one venv.
+
+    The venv uses the interpreter that runs nox, so CI's matrix (3.11, 3.12) tests each.
+    """
+    session.install("ruff>=0.6", "transformers")
+    _install(session, _all_in_order())
+    _boundaries(session)
+    _lint(session)
+    for dist in _all_in_order():
+        _run_package_tests(session, dist, "not slow")
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The suites marked slow (real models from transformers), every package."""
+    _install(session, _all_in_order())
+    session.install("transformers")
+    for dist in _all_in_order():
+        _run_package_tests(session, dist, "slow", success_codes=[0, 5])

@@ -1,0 +1,16 @@
+"""Frame capture and guard engine: PEP 523 frame hook, symbolic bytecode evaluation, guards, graph breaks."""
+
+import sys
+from importlib.metadata import version as _version
+
+from kiln_capture import _C
+
+__version__: str = _version("kiln-capture")
+
+if tuple(_C.built_for_python()) != sys.version_info[:2]:
+    raise ImportError(
+        f"kiln_capture._C was built for Python {_C.built_for_python()} but runs on "
+        f"{sys.version_info[:2]}; reinstall kiln-capture with this interpreter"
+    )
+
+__all__ = ["__version__"]
