@@ -93,7 +93,18 @@ def _all_in_order() -> list[str]:
 @nox.parametrize("package", PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
     """One package in its own venv, with only what it declares."""
-    _install(session, _kiln_deps(package))
+    deps = _kiln_deps(package)
+    _install(session, deps)
+    # The venv must hold exactly the kiln distributions the package declares, no more.
+    session.run(
+        "python",
+        "-c",
+        "import importlib.metadata as m, sys; "
+        "got = sorted({d.metadata['Name'] for d in m.distributions() "
+        "if d.metadata['Name'].startswith('kiln')}); "
+        f"want = sorted({deps!r}); "
+        "sys.exit(0 if got == want else f'installed {got}, declared {want}')",
+    )
     _run_package_tests(session, package, "not slow")
 
 
