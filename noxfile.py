@@ -5,6 +5,8 @@
     nox -s lint               ruff check and ruff format --check
     nox -s boundaries         DESIGN.md's import rules, version ranges, and the tools' own tests
     nox -s slow               the suites marked slow (real models), kept out of CI's time budget
+    nox -s demo               the main job: compile GPT-2 on the CPU, check, print the speed-up
+    nox -s bench              the CPU model suite against eager and torch.compile
 
 A fresh venv must get torch's CPU build: a bare torch range resolves to a multi-GB CUDA
 build. ``KILN_TORCH_SPEC`` overrides the pin (``torch==2.13.0`` by default; on a machine
@@ -152,3 +154,19 @@ def slow(session: nox.Session) -> None:
     session.install("transformers")
     for dist in _all_in_order():
         _run_package_tests(session, dist, "slow", success_codes=[0, 5])
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: compile GPT-2 on the CPU with kiln, check it against eager, time it."""
+    _install(session, _all_in_order())
+    session.install("transformers>=4.40")
+    session.run("python", "-m", "kiln", "demo", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The CPU model suite: eager vs torch.compile vs kiln.compile (benchmarks/models.py)."""
+    _install(session, _all_in_order())
+    session.install("transformers>=4.40", "matplotlib")
+    session.run("python", "benchmarks/models.py", *(session.posargs or ["--train"]))

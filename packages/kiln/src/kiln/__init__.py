@@ -1,7 +1,31 @@
-"""The facade: `kiln.compile`, a drop-in for `torch.compile` built on the kiln packages."""
+"""kiln: `kiln.compile`, a drop-in for `torch.compile` built on the kiln packages.
+
+    import kiln
+    model = kiln.compile(model)                      # or @kiln.compile on a function
+    model = kiln.compile(model, mode="reduce-overhead", fullgraph=True)
+
+`kiln.explain(fn)(*args)` lists graphs, graph breaks and guards; `kiln.reset()` forgets
+what was compiled; `kiln.disable` keeps a function out of capture.
+"""
 
 from importlib.metadata import version as _version
 
+from kiln.api import compile, disable, explain, reset, stats
+from kiln.backends import list_backends
+from kiln.errors import BackendCompilerFailed, InvalidOption, KilnError, UnknownBackend
+
 __version__: str = _version("kiln")
 
-__all__ = ["__version__"]
+__all__ = [
+    "BackendCompilerFailed",
+    "InvalidOption",
+    "KilnError",
+    "UnknownBackend",
+    "__version__",
+    "compile",
+    "disable",
+    "explain",
+    "list_backends",
+    "reset",
+    "stats",
+]

@@ -1,0 +1,399 @@
+"""Model suite: eager vs torch.compile vs kiln.compile, side by side, one process per model.
+
+    python benchmarks/models.py                       # CPU, fp32, inference, small configs
+    python benchmarks/models.py --train               # + forward/backward
+    python benchmarks/models.py --device cuda --dtype bfloat16 --size large
+    python benchmarks/models.py --models gpt2,bert --no-warm
+
+For each model a worker subprocess (with a timeout) builds it with random weights, runs
+eager, torch.compile and kiln.compile on the same inputs, and reports per compiler:
+correctness against eager (outputs, and gradients with --train), median latency and
+speed-up over eager, compile time (first call), peak memory of a steady-state call,
+and graph/break counts. A second worker over the same cache folders gives warm-cache
+compile times. The table (with geomeans) is printed, the results are written as JSON
+under benchmarks/results/ and drawn as a PNG chart when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+COMPILERS = ("torch.compile", "kiln")
+
+# -- worker ------------------------------------------------------------------------------
+
+
+def _leaves(out):
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _peak_rss_reset() -> None:
+    try:  # Linux: "5" resets the peak resident set size (VmHWM) of this process
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Runner:
+    def __init__(self, device: str, train: bool, runs: int):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.train = train
+        self.runs = runs
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def step(self, model, args):
+        """One call (and backward with --train); returns (outputs, grads)."""
+        torch = self.torch
+        if self.train:
+            model.zero_grad(set_to_none=True)
+            outs = _leaves(model(*args))
+            loss = sum(o.float().mean() for o in outs if o.is_floating_point())
+            loss.backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            return [o.detach() for o in outs], grads
+        with torch.no_grad():
+            return _leaves(model(*args)), []
+
+    def latency(self, model, args) -> float:
+        """Median seconds per step after warm-up (CUDA events on the GPU)."""
+        torch = self.torch
+        for _ in range(3):
+            self.step(model, args)
+        self.sync()
+        times = []
+        for _ in range(self.runs):
+            if self.device == "cuda":
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                start.record()
+                self.step(model, args)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                self.step(model, args)
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def peak_memory_mb(self, model, args) -> float:
+        torch = self.torch
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            self.step(model, args)
+            self.sync()
+            return torch.cuda.max_memory_allocated() / 2**20
+        _peak_rss_reset()
+        self.step(model, args)
+        return _peak_rss_mb()
+
+
+def _close(got, want, dtype) -> tuple[bool, float]:
+    torch = sys.modules["torch"]
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    worst = 0.0
+    ok = len(got) == len(want)
+    for g, w in zip(got, want):
+        if g.shape != w.shape:
+            return False, float("inf")
+        if not g.is_floating_point():
+            ok = ok and torch.equal(g, w)
+            continue
+        err = (
+            ((g.float() - w.float()).abs() / (w.float().abs() + 1.0)).max().item()
+            if g.numel()
+            else 0.0
+        )
+        worst = max(worst, err)
+        ok = ok and err <= tol
+    return ok, worst
+
+
+def _compile(name: str, model):
+    torch = sys.modules["torch"]
+    if name == "torch.compile":
+        return torch.compile(model)
+    import kiln
+
+    return kiln.compile(model)
+
+
+def _graph_counts(name: str) -> dict:
+    if name == "torch.compile":
+        from torch._dynamo.utils import counters
+
+        return {
+            "graphs": int(counters["stats"]["unique_graphs"]),
+            "breaks": int(sum(counters["graph_break"].values())),
+        }
+    import kiln
+
+    stats = kiln.stats()
+    return {"graphs": stats["graphs"], "breaks": stats["breaks"], "fallbacks": stats["fallbacks"]}
+
+
+def worker(
+    name: str, device: str, dtype_name: str, size: str, train: bool, runs: int, compile_only: bool
+) -> dict:
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from zoo import ZOO
+
+    dtype = getattr(torch, dtype_name)
+    source, build = ZOO[name]
+    try:
+        model, args = build(device, dtype, size)
+    except ImportError as e:
+        return {"model": name, "source": source, "skipped": f"{e}"}
+    model.train(train)
+    runner = Runner(device, train, runs)
+    result = {"model": name, "source": source, "task": "training" if train else "inference"}
+    reference = copy.deepcopy(model)
+    want_out, want_grads = runner.step(reference, args)
+    if not compile_only:
+        result["eager"] = {
+            "latency_s": runner.latency(reference, args),
+            "peak_mb": runner.peak_memory_mb(reference, args),
+        }
+    for cname in COMPILERS:
+        entry: dict = {}
+        candidate = copy.deepcopy(model)
+        try:
+            compiled = _compile(cname, candidate)
+            t0 = time.perf_counter()
+            got_out, got_grads = runner.step(compiled, args)
+            runner.sync()
+            entry["compile_s"] = time.perf_counter() - t0
+            ok_out, err_out = _close(got_out, want_out, dtype)
+            ok_grad, err_grad = _close(got_grads, want_grads, dtype)
+            entry["correct"] = ok_out and ok_grad
+            entry["max_rel_err"] = max(err_out, err_grad)
+            entry.update(_graph_counts(cname))
+            if not compile_only:
+                entry["latency_s"] = runner.latency(compiled, args)
+                entry["peak_mb"] = runner.peak_memory_mb(compiled, args)
+                entry["speedup"] = result["eager"]["latency_s"] / entry["latency_s"]
+        except Exception as e:  # a failing compiler is a result, not a crash of the suite
+            entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        result[cname] = entry
+    return result
+
+
+# -- driver -----------------------------------------------------------------------------
+
+
+def run_worker(argv: list[str], env: dict, timeout: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", *argv]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout}s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"error": f"worker exited {proc.returncode}: {' | '.join(tail)}"[:400]}
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def print_table(results: list[dict]) -> str:
+    head = (
+        f"{'model':<22}{'task':<10}"
+        + "".join(
+            f"{c + ' ok':>16}{'speedup':>9}{'compile s':>11}{'warm s':>8}{'graphs':>7}{'peak MB':>9}"
+            for c in COMPILERS
+        )
+        + f"{'eager ms':>10}{'eager MB':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if "skipped" in r or "eager" not in r:
+            lines.append(f"{r['model']:<22}{r.get('skipped') or r.get('error', '')}"[:160])
+            continue
+        row = f"{r['model']:<22}{r['task']:<10}"
+        for c in COMPILERS:
+            e = r.get(c, {})
+            if "error" in e:
+                row += f"{'ERROR':>16}{'':>9}{'':>11}{'':>8}{'':>7}{'':>9}"
+                continue
+            row += (
+                f"{('yes' if e.get('correct') else 'NO'):>16}{e.get('speedup', float('nan')):>8.2f}x"
+                f"{e.get('compile_s', float('nan')):>11.1f}{e.get('warm_compile_s', float('nan')):>8.1f}"
+                f"{e.get('graphs', -1):>7}{e.get('peak_mb', float('nan')):>9.0f}"
+            )
+        row += f"{r['eager']['latency_s'] * 1e3:>10.2f}{r['eager']['peak_mb']:>9.0f}"
+        lines.append(row)
+    lines.append("-" * len(head))
+    for c in COMPILERS:
+        speed = [
+            r[c]["speedup"] for r in results if c in r and r[c].get("correct") and "speedup" in r[c]
+        ]
+        correct = sum(1 for r in results if r.get(c, {}).get("correct"))
+        total = sum(1 for r in results if "eager" in r)
+        lines.append(
+            f"{c:<14} correct {correct}/{total}   geomean speed-up over eager {geomean(speed):.2f}x (correct models)"
+        )
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def draw_chart(results: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in results if "eager" in r]
+    labels = [f"{r['model']}\n{r['task']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
+    width = 0.38
+    for i, c in enumerate(COMPILERS):
+        vals = [
+            r.get(c, {}).get("speedup", 0.0) if r.get(c, {}).get("correct") else 0.0 for r in rows
+        ]
+        ax.bar([x + (i - 0.5) * width for x in range(len(rows))], vals, width, label=c)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("speed-up over eager (0 = incorrect or failed)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--size", default="small", choices=["small", "large"])
+    p.add_argument("--train", action="store_true", help="also benchmark forward+backward")
+    p.add_argument("--models", default="", help="comma-separated names (default: all)")
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--no-warm", action="store_true", help="skip the warm-cache compile run")
+    p.add_argument("--out", default="")
+    p.add_argument("--worker", default="")
+    p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--task", default="inference")
+    a = p.parse_args()
+
+    if a.worker:
+        res = worker(
+            a.worker, a.device, a.dtype, a.size, a.task == "training", a.runs, a.compile_only
+        )
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+
+    sys.path.insert(0, str(HERE))
+    from zoo import ZOO
+
+    names = [n for n in a.models.split(",") if n] or list(ZOO)
+    tasks = ["inference", "training"] if a.train else ["inference"]
+    results = []
+    total = len(names) * len(tasks)
+    for i, (name, task) in enumerate(((n, t) for n in names for t in tasks), 1):
+        print(f"[{i}/{total}] {name} {task} on {a.device} ({a.dtype})", flush=True)
+        with tempfile.TemporaryDirectory(prefix="kiln-bench-") as cache:
+            env = dict(
+                os.environ,
+                KILN_CACHE_DIR=f"{cache}/kiln",
+                TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor",
+            )
+            base = [
+                name,
+                "--device",
+                a.device,
+                "--dtype",
+                a.dtype,
+                "--size",
+                a.size,
+                "--task",
+                task,
+                "--runs",
+                str(a.runs),
+            ]
+            t0 = time.perf_counter()
+            res = run_worker(base, env, a.timeout)
+            res.setdefault("model", name)
+            res.setdefault("task", task)
+            if not a.no_warm and "eager" in res:
+                warm = run_worker([*base, "--compile-only"], env, a.timeout)
+                for c in COMPILERS:
+                    if "compile_s" in warm.get(c, {}) and c in res:
+                        res[c]["warm_compile_s"] = warm[c]["compile_s"]
+            print(
+                f"      done in {time.perf_counter() - t0:.0f}s: "
+                + ", ".join(
+                    f"{c}: {'ok' if res.get(c, {}).get('correct') else res.get(c, {}).get('error', 'mismatch')}"
+                    for c in COMPILERS
+                )
+                if "eager" in res
+                else f"      {res.get('skipped') or res.get('error')}",
+                flush=True,
+            )
+            results.append(res)
+    table = print_table(results)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out) if a.out else RESULTS / f"models_{a.device}_{a.dtype}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "device": a.device,
+                "dtype": a.dtype,
+                "size": a.size,
+                "results": results,
+                "table": table,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {out}")
+    if draw_chart(results, out.with_suffix(".png")):
+        print(f"wrote {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""`python -m kiln <command>`: demo (the main job) and report (the compile report)."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "demo": "compile a GPT-2-style model on the CPU, check it against eager, print the speed-up",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in {"-h", "--help"} or argv[0] not in COMMANDS:
+        print("usage: python -m kiln <command> [args]\n")
+        for name, help_text in COMMANDS.items():
+            print(f"  {name:8} {help_text}")
+        return 0 if argv and argv[0] in {"-h", "--help"} else 2
+    if argv[0] == "demo":
+        from kiln.demo import main as demo
+
+        return demo(argv[1:])
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""`kiln.compile`: torch.compile's signature and behaviour, on kiln's packages.
+
+Compiled modules
+================
+`torch.compile(module)` returns a wrapper whose ``state_dict`` keys gain an
+``_orig_mod.`` prefix. kiln instead returns an object of a subclass of the module's own
+class that *shares the original's ``__dict__``*: the same parameters, buffers,
+submodules, hooks and ``training`` flag, so ``state_dict`` keys are unchanged,
+``isinstance`` holds, ``compiled.eval()`` switches the original too, and an optimizer
+built on either updates both. Only calling it differs: ``compiled(x)`` runs the captured
+and compiled ``original(x)`` (forward hooks included); ``compiled._orig_mod`` is the
+original.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+import kiln_capture
+from kiln import backends
+from kiln.config import resolve_options
+
+log = logging.getLogger("kiln")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_COMPILED_CLASSES: dict[type, type] = {}
+# compiled module -> (original module, compiled call); the two share one __dict__, so
+# per-object state lives here.
+_COMPILED_STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compile(
+    model: Callable | None = None,
+    *,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    backend: str | Callable = "inductor",
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    disable: bool = False,
+) -> Any:
+    """Compile ``model`` (a function or an ``nn.Module``) as ``torch.compile`` would.
+
+    Usable as ``kiln.compile(fn)``, ``@kiln.compile`` and ``@kiln.compile(mode=...)``.
+    ``backend`` is ``"inductor"`` (kiln's compiler), ``"eager"``, ``"aot_eager"`` or a
+    callable ``backend(gm, example_inputs) -> callable``. Errors in the compiler run the
+    failing graph eagerly with a warning, unless ``fullgraph=True`` or
+    ``options={"raise_on_error": True}``. ``disable=True`` returns ``model`` unchanged.
+    """
+    if model is None:
+        return functools.partial(
+            compile,
+            fullgraph=fullgraph,
+            dynamic=dynamic,
+            backend=backend,
+            mode=mode,
+            options=options,
+            disable=disable,
+        )
+    if not callable(model):
+        raise RuntimeError(f"kiln.compile expects a callable or an nn.Module, got {type(model)}")
+    resolved = resolve_options(mode, options)
+    name, fn = backends.lookup(backend, resolved)
+    if disable:
+        return model
+    guarded = backends.with_fallback(
+        name, fn, allow_fallback=not (fullgraph or resolved["raise_on_error"])
+    )
+    optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph, dynamic=dynamic)
+    if isinstance(model, torch.nn.Module):
+        return _compiled_module(model, optimize(model))
+    return optimize(model)
+
+
+def _compiled_module(module: torch.nn.Module, compiled_call: Callable) -> torch.nn.Module:
+    cls = type(module)
+    sub = _COMPILED_CLASSES.get(cls)
+    if sub is None:
+        sub = type(
+            f"Compiled{cls.__name__}",
+            (cls,),
+            {"__call__": _call_compiled, "_orig_mod": property(_original_module)},
+        )
+        _COMPILED_CLASSES[cls] = sub
+    compiled = object.__new__(sub)
+    # One __dict__ for both objects: parameters, buffers, submodules and flags are shared.
+    object.__setattr__(compiled, "__dict__", module.__dict__)
+    _COMPILED_STATE[compiled] = (module, compiled_call)
+    return compiled
+
+
+def _call_compiled(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    state = _COMPILED_STATE.get(self)
+    if state is None:  # a copy (deepcopy, pickle) of a compiled module runs eagerly
+        return torch.nn.Module.__call__(self, *args, **kwargs)
+    return state[1](*args, **kwargs)
+
+
+def _original_module(self: torch.nn.Module) -> torch.nn.Module:
+    return _COMPILED_STATE[self][0]
+
+
+def disable(fn: F | None = None, recursive: bool = True) -> Any:
+    """Run ``fn`` eagerly even when called from compiled code (``torch.compiler.disable``)."""
+    if fn is None:
+        return functools.partial(disable, recursive=recursive)
+    return kiln_capture.disable(fn)
+
+
+def reset() -> None:
+    """Forget every compiled frame and cache entry (``torch._dynamo.reset``)."""
+    kiln_capture.reset()
+    for key in backends.COUNTERS:
+        backends.COUNTERS[key] = 0
+
+
+def stats() -> dict[str, int]:
+    """Since the last reset: graphs compiled, graphs that fell back to eager, graph breaks."""
+    capture_stats = getattr(kiln_capture, "stats", None)
+    breaks = capture_stats()["breaks"] if capture_stats else -1
+    return {**backends.COUNTERS, "breaks": breaks}
+
+
+def explain(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Graphs, graph breaks (reason and source line), guards and recompiles of ``fn``.
+
+    ``kiln.explain(fn)(*args)`` as torch._dynamo.explain; ``kiln.explain(fn, *args)`` too.
+    """
+    explainer = kiln_capture.explain(fn)
+    if args or kwargs:
+        return explainer(*args, **kwargs)
+    return explainer

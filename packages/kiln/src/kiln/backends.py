@@ -1,0 +1,123 @@
+"""Backends `kiln.compile(backend=...)` accepts, and the fallback that guards them.
+
+A backend follows DESIGN.md's contract 1: ``backend(gm, example_inputs) -> callable``.
+Named ones:
+
+- ``"inductor"``: kiln's compiler (kiln-inductor), with kiln-cpp for CPU tensors and
+  kiln-triton for CUDA tensors; ``mode``/``options`` configure it.
+- ``"eager"``: runs the captured torch-level graph as it is (tests capture alone).
+- ``"aot_eager"``: kiln-aot's ATen graphs (forward and, when training, the partitioned
+  backward) run eagerly (tests capture + AOT without code generation).
+
+`with_fallback` wraps any of them: an error while compiling a graph warns once, naming
+the stage and op, and that graph runs eagerly, unless fallback is off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kiln.errors import BackendCompilerFailed, UnknownBackend
+
+log = logging.getLogger("kiln")
+
+Backend = Callable[[torch.fx.GraphModule, list], Callable]
+
+# Graphs handed to a backend and graphs that fell back to eager since the last reset.
+COUNTERS: dict[str, int] = {"graphs": 0, "fallbacks": 0}
+
+
+def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    return gm.forward
+
+
+def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    import kiln_aot
+
+    def run_as_is(aten_gm: torch.fx.GraphModule, _inputs: list) -> Callable:
+        return aten_gm.forward
+
+    return kiln_aot.aot_graph(gm, example_inputs, fw_compiler=run_as_is, bw_compiler=run_as_is)
+
+
+def inductor(
+    gm: torch.fx.GraphModule, example_inputs: list, *, options: dict[str, Any]
+) -> Callable:
+    import kiln_cpp  # noqa: F401  (registers the CPU kernel backend with kiln-inductor)
+    import kiln_inductor
+
+    try:
+        import kiln_triton  # noqa: F401  (registers the CUDA kernel backend)
+    except ImportError as e:  # triton absent: CUDA graphs fall back inside kiln-inductor
+        log.debug("kiln_triton unavailable: %s", e)
+    return kiln_inductor.compile_fx(gm, example_inputs, options=inductor_options(options))
+
+
+def inductor_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The subset of kiln.compile options that kiln-inductor reads."""
+    keep = ("debug_dir", "triton.cudagraphs", "max_autotune")
+    return {k: options[k] for k in keep if k in options}
+
+
+NAMED: dict[str, Callable[..., Callable]] = {
+    "inductor": inductor,
+    "eager": eager,
+    "aot_eager": aot_eager,
+}
+
+
+def list_backends() -> list[str]:
+    return sorted(NAMED)
+
+
+def lookup(backend: str | Backend, options: dict[str, Any]) -> tuple[str, Backend]:
+    """(name for messages, callable) for a backend name or callable."""
+    if callable(backend):
+        return getattr(backend, "__name__", type(backend).__name__), backend
+    if not isinstance(backend, str) or backend not in NAMED:
+        raise UnknownBackend(
+            f"unknown backend {backend!r}; kiln.compile accepts {list_backends()} "
+            "or a callable backend(gm, example_inputs) -> callable"
+        )
+    fn = NAMED[backend]
+    if backend == "inductor":
+        fn = functools.partial(fn, options=options)
+    return backend, fn
+
+
+def with_fallback(name: str, backend: Backend, *, allow_fallback: bool) -> Backend:
+    """Wrap ``backend`` so that a compile error runs the graph eagerly (or re-raises)."""
+
+    @functools.wraps(backend)
+    def guarded(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        COUNTERS["graphs"] += 1
+        try:
+            return backend(gm, example_inputs)
+        except Exception as e:
+            COUNTERS["fallbacks"] += 1
+            stage = getattr(e, "stage", None)
+            op = getattr(e, "op", None)
+            error = BackendCompilerFailed(name, stage, str(op) if op is not None else None, e)
+            if not allow_fallback:
+                raise error from e
+            warnings.warn(
+                f"{error}\n  this graph runs eagerly instead", RuntimeWarning, stacklevel=2
+            )
+            log.warning("kiln: falling back to eager: %s", error)
+            return gm.forward
+
+    return guarded
+
+
+def torch_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """kiln's compiler as a backend of torch's own capture: ``torch.compile(m, backend="kiln")``.
+
+    Registered under the ``torch_dynamo_backends`` entry point group as ``kiln``.
+    """
+    return inductor(gm, example_inputs, options={})

@@ -1,0 +1,100 @@
+"""The options `kiln.compile(..., options={...})` accepts.
+
+Each option is declared once, typed, with its help text and whether it changes what
+gets compiled (``affects_cache``: a different value must never reuse a kernel built
+under another). Unknown keys and wrong types are rejected with the list of valid keys,
+as `torch.compile` does.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.errors import InvalidOption
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    type: type | tuple[type, ...]
+    default: Any
+    help: str
+    affects_cache: bool
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option(
+            "raise_on_error",
+            bool,
+            False,
+            "raise compiler errors instead of falling back to eager for the failing graph",
+            False,
+        ),
+        Option(
+            "debug_dir",
+            (str, type(None)),
+            None,
+            "write every captured graph, ATen graph, IR dump and kernel source under this folder",
+            False,
+        ),
+        Option(
+            "triton.cudagraphs",
+            bool,
+            False,
+            "replay the compiled wrapper as a CUDA graph (set by mode='reduce-overhead')",
+            True,
+        ),
+        Option(
+            "max_autotune",
+            bool,
+            False,
+            "autotune launch configs and matmul templates (set by mode='max-autotune')",
+            True,
+        ),
+        Option(
+            "trace.graph_diagram",
+            bool,
+            False,
+            "also write each captured graph as a readable diagram in debug_dir",
+            False,
+        ),
+    )
+}
+
+MODES: dict[str | None, dict[str, Any]] = {
+    None: {},
+    "default": {},
+    "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True},
+}
+
+
+def resolve_options(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Defaults, then the mode's settings, then the user's options; all validated."""
+    if mode not in MODES:
+        valid = ", ".join(repr(m) for m in MODES if m is not None)
+        raise RuntimeError(f"Unrecognized mode={mode!r}, should be one of: {valid}")
+    if mode is not None and options:
+        # torch.compile refuses both together; so do we, with the same wording's intent.
+        raise RuntimeError("Either mode or options can be specified, but both can't be specified")
+    resolved = {name: o.default for name, o in OPTIONS.items()}
+    resolved.update(MODES[mode])
+    for key, value in (options or {}).items():
+        if key not in OPTIONS:
+            near = difflib.get_close_matches(key, OPTIONS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise InvalidOption(
+                f"Unexpected optimization option {key}{hint}; known options: "
+                + ", ".join(sorted(OPTIONS))
+            )
+        if not isinstance(value, OPTIONS[key].type):
+            raise InvalidOption(
+                f"option {key!r} takes {OPTIONS[key].type}, got {type(value).__name__}"
+            )
+        resolved[key] = value
+    return resolved
