@@ -1,0 +1,265 @@
+"""Entry points: ``aot_graph`` (what a backend calls), ``aot_function``, ``aot_module``.
+
+# Compilation flow
+
+Each call looks at its arguments' signature (shapes, strides, dtypes, devices,
+``requires_grad``, non-tensor values) and whether gradients are needed now
+(``torch.is_grad_enabled()`` and some input requires grad), and compiles once per
+signature:
+
+- inference: ``trace`` -> drop outputs that alias inputs -> ``fw_compiler(gm, inputs)``;
+- training: ``trace_joint`` -> ``partition_fn`` -> ``fw_compiler(fw_gm, inputs)`` and
+  ``bw_compiler(bw_gm, bw_inputs)`` (``bw_inputs``: the fake values of its placeholders).
+
+The callable runs through ``kiln_aot.runtime``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from kiln_aot.joint import trace_joint
+from kiln_aot.log import log
+from kiln_aot.module_state import state_names, state_tensors, swapped_state
+from kiln_aot.partition import min_cut_partition
+from kiln_aot.runtime import InferencePlan, TrainingPlan
+from kiln_aot.tracing import TraceInfo, trace
+
+Compiler = Callable[[fx.GraphModule, list], Callable]
+
+
+def _signature(flat: Sequence[Any], need_grad: bool, extra: Any) -> tuple:
+    parts: list[Any] = [need_grad, extra]
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            parts.append(
+                (
+                    tuple(a.shape),
+                    tuple(a.stride()),
+                    a.storage_offset(),
+                    a.dtype,
+                    a.device,
+                    a.requires_grad,
+                )
+            )
+        else:
+            try:
+                hash(a)
+                parts.append(("value", type(a), a))
+            except TypeError:
+                parts.append(("object", id(a)))
+    return tuple(parts)
+
+
+def drop_alias_outputs(gm: fx.GraphModule, info: TraceInfo) -> fx.GraphModule:
+    """The graph without the outputs that alias inputs (the runtime rebuilds those)."""
+    out_node = gm.graph.output_node()
+    values = list(out_node.args[0])
+    tensor_kinds = [o.kind for o in info.outputs if o.kind != "constant"]
+    keep = [v for v, k in zip(values, tensor_kinds) if k == "tensor"] + values[len(tensor_kinds) :]
+    out_node.args = (tuple(keep),)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+class AotCompiled:
+    """A callable compiling ``flat_fn`` per signature; ``flat_fn`` takes flat positional args."""
+
+    def __init__(
+        self,
+        flat_fn: Callable,
+        fw_compiler: Compiler,
+        bw_compiler: Compiler | None,
+        partition_fn: Callable | None,
+        decompositions: dict | None,
+    ):
+        self.flat_fn = flat_fn
+        self.fw_compiler = fw_compiler
+        self.bw_compiler = bw_compiler or fw_compiler
+        self.partition_fn = partition_fn or min_cut_partition
+        self.decompositions = decompositions
+        self.plans: dict[tuple, Any] = {}
+
+    def run(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
+        need_grad = torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args
+        )
+        key = _signature(flat_args, need_grad, extra)
+        plan = self.plans.get(key)
+        if plan is None:
+            start = time.perf_counter()
+            plan = (
+                self._compile_training(flat_args)
+                if need_grad
+                else self._compile_inference(flat_args)
+            )
+            log(
+                "timings",
+                f"{'training' if need_grad else 'inference'} compile took {time.perf_counter() - start:.3f}s",
+            )
+            self.plans[key] = plan
+        return plan(list(flat_args))
+
+    def _compile_inference(self, flat_args: Sequence[Any]) -> InferencePlan:
+        gm = trace(self.flat_fn, list(flat_args), decompositions=self.decompositions)
+        info: TraceInfo = gm.meta["kiln_aot"]
+        gm = drop_alias_outputs(gm, info)
+        log("graphs", f"aot inference graph:\n{gm.code}")
+        compiled = self.fw_compiler(gm, list(flat_args))
+        num_user = sum(o.kind == "tensor" for o in info.outputs)
+        return InferencePlan(compiled, info, num_user)
+
+    def _compile_training(self, flat_args: Sequence[Any]) -> TrainingPlan:
+        requires_grad = [isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args]
+        joint, info = trace_joint(
+            self.flat_fn, list(flat_args), requires_grad, decompositions=self.decompositions
+        )
+        log("graphs", f"aot joint graph:\n{joint.code}")
+        fw_gm, bw_gm = self.partition_fn(
+            joint, list(flat_args), num_fwd_outputs=info.num_fwd_outputs
+        )
+        log("graphs", f"aot forward graph:\n{fw_gm.code}\naot backward graph:\n{bw_gm.code}")
+        fw = self.fw_compiler(fw_gm, list(flat_args))
+        bw_inputs = [n.meta.get("val") for n in bw_gm.graph.nodes if n.op == "placeholder"]
+        bw = self.bw_compiler(bw_gm, bw_inputs)
+        return TrainingPlan(
+            fw=fw,
+            bw=bw,
+            info=info.trace,
+            num_user=len(info.fw_user_outputs),
+            num_fwd_outputs=info.num_fwd_outputs,
+            differentiable=info.differentiable,
+            grad_inputs=info.grad_inputs,
+            num_inputs=len(flat_args),
+        )
+
+
+def aot_function(
+    fn: Callable,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    partition_fn: Callable | None = None,
+    decompositions: dict | None = None,
+) -> Callable:
+    """``fn`` compiled lazily per argument signature; trainable when inputs require grad.
+
+    ``fn`` takes any pytree of arguments (tensors become graph inputs, other values are
+    baked in) and returns a pytree."""
+    holder: dict[str, Any] = {}
+
+    def flat_fn(*flat):
+        args, kwargs = pytree.tree_unflatten(list(flat), holder["spec"])
+        return fn(*args, **kwargs)
+
+    compiled = AotCompiled(flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        holder["spec"] = spec
+        return compiled.run(flat, extra=spec)
+
+    run.__wrapped__ = fn  # type: ignore[attr-defined]
+    return run
+
+
+class AotModule(torch.nn.Module):
+    """``module`` whose forward runs compiled graphs; parameters and buffers are graph inputs."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        fw_compiler: Compiler,
+        bw_compiler: Compiler | None,
+        partition_fn: Callable | None,
+        decompositions: dict | None,
+    ):
+        super().__init__()
+        self.orig_module = module
+        self._names = state_names(module)
+        self._spec: Any = None
+
+        def flat_fn(*flat):
+            n = len(self._names)
+            args, kwargs = pytree.tree_unflatten(list(flat[n:]), self._spec)
+            with swapped_state(module, self._names, flat[:n]):
+                return module(*args, **kwargs)
+
+        self._compiled = AotCompiled(
+            flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions
+        )
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        flat, self._spec = pytree.tree_flatten((args, kwargs))
+        state = state_tensors(self.orig_module, self._names)
+        return self._compiled.run([*state, *flat], extra=(self._spec, self.orig_module.training))
+
+
+def aot_module(
+    module: torch.nn.Module,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    partition_fn: Callable | None = None,
+    decompositions: dict | None = None,
+) -> AotModule:
+    return AotModule(module, fw_compiler, bw_compiler, partition_fn, decompositions)
+
+
+def aot_graph(
+    gm_or_fn: fx.GraphModule | Callable,
+    example_inputs: Sequence[Any],
+    *,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    partition_fn: Callable | None = None,
+    decompositions: dict | None = None,
+) -> Callable:
+    """The backend entry point: compile a torch-level graph (or callable) called as
+    ``gm(*args)``; returns a callable with the same calling convention and outputs.
+
+    Parameters and buffers of ``gm`` (``get_attr`` targets or submodules' state) become
+    graph inputs ahead of ``args``; the example inputs fix the first compilation (inference
+    or training), other signatures compile on first use."""
+    module = gm_or_fn if isinstance(gm_or_fn, torch.nn.Module) else None
+    if module is None:
+        compiled = AotCompiled(gm_or_fn, fw_compiler, bw_compiler, partition_fn, decompositions)
+
+        def run_fn(*args: Any) -> Any:
+            return compiled.run(list(args))
+
+        _precompile(compiled, list(example_inputs))
+        return run_fn
+    names = state_names(module)
+
+    def flat_fn(*flat):
+        n = len(names)
+        with swapped_state(module, names, flat[:n]):
+            return module(*flat[n:])
+
+    compiled = AotCompiled(flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions)
+
+    def run_gm(*args: Any) -> Any:
+        return compiled.run([*state_tensors(module, names), *args], extra=module.training)
+
+    _precompile(compiled, [*state_tensors(module, names), *example_inputs], extra=module.training)
+    return run_gm
+
+
+def _precompile(compiled: AotCompiled, flat_args: list, extra: Any = None) -> None:
+    """Compile for the example inputs now (so backend errors surface at compile time)."""
+    need_grad = torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args
+    )
+    key = _signature(flat_args, need_grad, extra)
+    if key not in compiled.plans:
+        compiled.plans[key] = (
+            compiled._compile_training(flat_args)
+            if need_grad
+            else compiled._compile_inference(flat_args)
+        )

@@ -1,0 +1,111 @@
+"""Joint forward + backward tracing: one ATen graph from primals and tangents to the
+forward's outputs and the inputs' gradients.
+
+# Joint graph
+
+Placeholders: ``primals_*`` (the flattened inputs, in order) then ``tangents_*`` (one per
+differentiable forward output, contiguous). Outputs: the forward outputs (user tensor
+outputs that do not alias an input, then the final values of mutated inputs) followed by
+the gradients of the inputs that require grad (those autograd found unused are omitted).
+The backward is traced by running the autograd engine on kiln's fake tensors, so every
+backward formula is recorded, decomposed and functionalized like the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln_aot.decompositions import with_overrides
+from kiln_aot.errors import Unsupported
+from kiln_aot.fake import contiguous_fake
+from kiln_aot.tracer import Tracer
+from kiln_aot.tracing import TraceInfo, build_module, collect_outputs, make_inputs, mutated_inputs
+
+
+@dataclass(frozen=True)
+class JointInfo:
+    trace: TraceInfo
+    num_fwd_outputs: int  # user tensor outputs (non-alias) + mutated inputs
+    fw_user_outputs: tuple[int, ...]  # index into trace.outputs of each user forward output
+    differentiable: tuple[int, ...]  # forward-output positions that have a tangent
+    grad_inputs: tuple[int, ...]  # flat input index of each gradient output
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def trace_joint(
+    fn: Callable,
+    flat_args: Sequence[Any],
+    requires_grad: Sequence[bool],
+    *,
+    decompositions: dict | None = None,
+) -> tuple[fx.GraphModule, JointInfo]:
+    tracer = Tracer(with_overrides(decompositions))
+    fakes = make_inputs(tracer, flat_args, "primals", requires_grad)
+    with torch.enable_grad(), tracer.running():
+        try:
+            out = fn(*fakes)
+        except RuntimeError as e:
+            if "leaf Variable that requires grad" in str(e):
+                raise tracer.unsupported(
+                    "in-place write to an input",
+                    "the compiled function writes in place to an input that requires grad",
+                    fix="clone the input before writing to it",
+                ) from e
+            raise
+        infos, nodes, spec = collect_outputs(tracer, out)
+        leaves = [
+            leaf for leaf in torch.utils._pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)
+        ]
+        muts = mutated_inputs(tracer, fakes)
+        for i, _ in muts:
+            if requires_grad[i]:
+                raise Unsupported(
+                    "in-place write to an input",
+                    f"input {i} requires grad and is written in place",
+                    where=tracer.source,
+                    fix="clone the input before writing to it",
+                )
+        tensor_infos = [(k, info) for k, info in enumerate(infos) if info.kind != "constant"]
+        fw = [
+            (k, leaf, node)
+            for (k, info), leaf, node in zip(tensor_infos, leaves, nodes)
+            if info.kind == "tensor"
+        ]
+        diff = [j for j, (_, leaf, _) in enumerate(fw) if _differentiable(leaf)]
+        tangents = [
+            tracer.new_placeholder(
+                f"tangents_{n + 1}",
+                contiguous_fake(fw[j][1].shape, fw[j][1].dtype, fw[j][1].device),
+            )
+            for n, j in enumerate(diff)
+        ]
+        wanted = [
+            i for i, rg in enumerate(requires_grad) if rg and isinstance(flat_args[i], torch.Tensor)
+        ]
+        grads: Sequence[Any] = [None] * len(wanted)
+        if diff and wanted:
+            grads = torch.autograd.grad(
+                [fw[j][1] for j in diff], [fakes[i] for i in wanted], tangents, allow_unused=True
+            )
+        grad_out = [(i, tracer.node_of(g)) for i, g in zip(wanted, grads) if g is not None]
+    outputs = [node for _, _, node in fw] + [n for _, n in muts] + [n for _, n in grad_out]
+    tracer.graph.output(tuple(outputs))
+    trace_info = TraceInfo(len(flat_args), tuple(infos), spec, tuple(i for i, _ in muts))
+    info = JointInfo(
+        trace=trace_info,
+        num_fwd_outputs=len(fw) + len(muts),
+        fw_user_outputs=tuple(k for k, _, _ in fw),
+        differentiable=tuple(diff),
+        grad_inputs=tuple(i for i, _ in grad_out),
+    )
+    gm = build_module(tracer)
+    gm.meta["kiln_aot_joint"] = info
+    return gm, info

@@ -1,0 +1,119 @@
+"""Splitting a joint graph into forward and backward graphs once the saved set is chosen.
+
+# Partition contract
+
+``partition_fn(joint_gm, joint_inputs, *, num_fwd_outputs) -> (fw_gm, bw_gm)``:
+
+- ``fw_gm(*primals)`` returns the joint's first ``num_fwd_outputs`` outputs followed by the
+  saved values;
+- ``bw_gm(*saved, *tangents)`` returns the joint's remaining outputs (the gradients).
+
+Any forward value the backward reads and that is not saved is recomputed in the backward
+from saved values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from torch import fx
+
+from kiln_aot.errors import PartitionError
+
+
+def placeholders(graph: fx.Graph, prefix: str) -> list[fx.Node]:
+    return [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith(prefix)]
+
+
+def output_values(graph: fx.Graph) -> list[fx.Node]:
+    return list(graph.output_node().args[0])
+
+
+def tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes whose value depends on a tangent: the backward region."""
+    dep: set[fx.Node] = set()
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            if n.name.startswith("tangents"):
+                dep.add(n)
+        elif n.op == "call_function" and any(a in dep for a in n.all_input_nodes):
+            dep.add(n)
+    return dep
+
+
+def ancestors(outputs: Iterable[fx.Node], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = [o for o in outputs if isinstance(o, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n not in stop:
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def build_graph(
+    joint: fx.GraphModule,
+    inputs: Sequence[fx.Node],
+    outputs: Sequence[fx.Node],
+    names: Sequence[str],
+    what: str,
+) -> fx.GraphModule:
+    """A graph taking ``inputs`` (as placeholders named ``names``) and returning ``outputs``,
+    with every joint node in between copied in joint order."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n, name in zip(inputs, names):
+        p = g.placeholder(name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    needed = ancestors(outputs, stop=set(inputs))
+    for n in joint.graph.nodes:
+        if n not in needed or n in env or n.op == "output":
+            continue
+        if n.op == "placeholder":
+            raise PartitionError(
+                f"{what} graph needs {n.name}, which is neither an input of it nor saved"
+            )
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[o] for o in outputs))
+    g.lint()
+    return fx.GraphModule(joint, g)
+
+
+def split_with_saved(
+    joint: fx.GraphModule, saved: Sequence[fx.Node], num_fwd_outputs: int
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Forward and backward graphs that pass exactly ``saved`` from one to the other."""
+    graph = joint.graph
+    primals, tangents = placeholders(graph, "primals"), placeholders(graph, "tangents")
+    outs = output_values(graph)
+    fw_outs, grads = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+    fw = build_graph(joint, primals, [*fw_outs, *saved], [p.name for p in primals], "forward")
+    saved_names = [f"saved_{n.name}" for n in saved]
+    bw = build_graph(
+        joint, [*saved, *tangents], grads, [*saved_names, *(t.name for t in tangents)], "backward"
+    )
+    fw.meta["kiln_aot_saved"] = tuple(n.name for n in saved)
+    bw.meta["kiln_aot_saved"] = tuple(n.name for n in saved)
+    return fw, bw
+
+
+def saved_bytes(gm_or_nodes: fx.GraphModule | Sequence[fx.Node]) -> int:
+    """Bytes of the tensors a forward graph saves for its backward (its ``saved_*``)."""
+    if isinstance(gm_or_nodes, fx.GraphModule):
+        nodes = [
+            n
+            for n in gm_or_nodes.graph.nodes
+            if n.op == "placeholder" and n.name.startswith("saved_")
+        ]
+    else:
+        nodes = list(gm_or_nodes)
+    total = 0
+    for n in nodes:
+        val = n.meta.get("val")
+        if val is not None and hasattr(val, "numel"):
+            total += val.numel() * val.element_size()
+    return total

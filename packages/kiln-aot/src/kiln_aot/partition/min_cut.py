@@ -1,0 +1,148 @@
+"""``min_cut_partition``: choose the saved tensors by a minimum s-t cut over the joint graph.
+
+# Min-cut partitioning
+
+Every forward-region node ``v`` (one that does not depend on a tangent) becomes an edge
+``v.in -> v.out`` whose capacity is the bytes of saving ``v``; each data edge ``u -> w`` is
+``u.out -> w.in`` with infinite capacity. The source feeds the primals and every node that
+must not be recomputed (matmuls, convolutions, gathers/scatters, random ops, reductions over
+more than ``KILN_AOT_RECOMPUTE_REDUCTION_NUMEL`` elements, anything not known to be cheap);
+every forward value the backward reads drains into the sink. A finite cut crosses each
+source-sink path at some ``v.in -> v.out`` edge: those ``v`` are saved, and the forward
+nodes on the sink side are recomputed in the backward from them. The minimum cut is thus
+the cheapest (fewest bytes) set of saved tensors from which the backward can recompute
+everything else using only cheap ops, e.g. saving a GELU's input instead of its input and
+output, or a ReLU's boolean mask instead of its float output.
+
+Random ops are never recomputed: dropout's mask is computed once in the forward and saved.
+Ties prefer saving primals (alive anyway) over intermediates.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln_aot import config, core_ops
+from kiln_aot.log import log
+from kiln_aot.partition.graph_split import (
+    ancestors,
+    output_values,
+    split_with_saved,
+    tangent_dependent,
+)
+from kiln_aot.partition.maxflow import INF, FlowNetwork
+
+aten = torch.ops.aten
+
+_CHEAP = frozenset(
+    {
+        aten._to_copy.default,
+        aten.clone.default,
+        aten.full.default,
+        aten.scalar_tensor.default,
+        aten.arange.start_step,
+        aten.empty.memory_format,
+        aten.empty_strided.default,
+        aten.cat.default,
+        aten.constant_pad_nd.default,
+    }
+)
+_REDUCTIONS = frozenset(
+    {
+        aten.sum.dim_IntList,
+        aten.amax.default,
+        aten.amin.default,
+        aten.argmax.default,
+        aten.argmin.default,
+        aten.prod.dim_int,
+        aten.any.dim,
+        aten.any.dims,
+        aten.all.dim,
+        aten.max.dim,
+        aten.min.dim,
+    }
+)
+
+
+def _numel(val: Any) -> int:
+    return val.numel() if isinstance(val, torch.Tensor) else 0
+
+
+def nbytes(node: fx.Node) -> int | None:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.numel() * val.element_size()
+    return None
+
+
+def recomputable(node: fx.Node) -> bool:
+    """Whether the backward may recompute ``node`` from its inputs."""
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        return recomputable(node.args[0])
+    if target in core_ops.RANDOM_OPS:
+        return False
+    if target in core_ops.VIEW_OPS or target in _CHEAP:
+        return True
+    if target in _REDUCTIONS:
+        return _numel(node.args[0].meta.get("val")) <= config.current().recompute_reduction_numel
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+
+
+def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
+    graph = joint.graph
+    backward = tangent_dependent(graph)
+    grads = output_values(graph)[num_fwd_outputs:]
+    needed = ancestors(grads)
+    net = FlowNetwork()
+    src, sink = "source", "sink"
+    net.node(src)
+    net.node(sink)
+    forward = [
+        n
+        for n in graph.nodes
+        if n.op in ("placeholder", "get_attr", "call_function") and n not in backward
+    ]
+    for n in forward:
+        size = nbytes(n)
+        cap = INF if size is None else size * 4 + (0 if n.op == "placeholder" else 1)
+        net.add_edge((n, "in"), (n, "out"), cap)
+        if n.op == "placeholder" or not recomputable(n):
+            net.add_edge(src, (n, "in"), INF)
+        for user in n.users:
+            if user.op != "output" and user not in backward:
+                net.add_edge((n, "out"), (user, "in"), INF)
+    for n in graph.nodes:
+        if n in backward and n in needed:
+            for a in n.all_input_nodes:
+                if a not in backward:
+                    net.add_edge((a, "out"), sink, INF)
+    for g in grads:
+        if isinstance(g, fx.Node) and g not in backward:
+            net.add_edge((g, "out"), sink, INF)
+    value, source_side = net.min_cut(src, sink)
+    if value >= INF:
+        raise RuntimeError(
+            "min-cut partition found no finite cut (an unsavable value is needed by the backward)"
+        )
+    return [n for n in forward if (n, "in") in source_side and (n, "out") not in source_side]
+
+
+def min_cut_partition(
+    joint: fx.GraphModule, joint_inputs: Any = None, *, num_fwd_outputs: int
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    saved = choose_saved(joint, num_fwd_outputs)
+    log(
+        "partition",
+        "min_cut_partition saves "
+        + ", ".join(f"{n.name}{tuple(n.meta['val'].shape)}" for n in saved),
+    )
+    return split_with_saved(joint, saved, num_fwd_outputs)

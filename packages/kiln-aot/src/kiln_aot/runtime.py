@@ -1,0 +1,142 @@
+"""Runtime wrappers around compiled graphs: input-mutation write-back, alias outputs
+regenerated as real views, and the ``autograd.Function`` that runs a compiled forward and
+backward.
+
+# Runtime
+
+``InferencePlan`` runs one compiled forward-only graph. ``TrainingPlan`` runs the compiled
+forward inside ``CompiledFunction`` (saving what the partitioner chose) and the compiled
+backward when autograd asks for gradients; a second differentiation of that backward raises
+``DoubleBackwardError``. Both finish the same way (``finish``): write each mutated input's
+new value back into the input (``copy_``, in order of first write, outside autograd),
+rebuild outputs that alias an input as ``as_strided`` views of the real input (so they stay
+views, and autograd differentiates them natively), and rebuild the output's pytree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from kiln_aot.errors import DoubleBackwardError
+from kiln_aot.tracing import OutputInfo, TraceInfo
+
+
+def _as_tuple(out: Any) -> tuple:
+    if isinstance(out, (tuple, list)):
+        return tuple(out)
+    return (out,)
+
+
+def _alias(inp: torch.Tensor, info: OutputInfo) -> torch.Tensor:
+    if (
+        tuple(inp.shape) == info.size
+        and tuple(inp.stride()) == info.stride
+        and inp.storage_offset() == info.storage_offset
+    ):
+        return inp
+    return inp.as_strided(info.size, info.stride, info.storage_offset)
+
+
+def finish(
+    info: TraceInfo,
+    flat_args: Sequence[Any],
+    user_values: Sequence[torch.Tensor],
+    mutation_values: Sequence[torch.Tensor],
+) -> Any:
+    """Write back mutations, rebuild alias outputs, unflatten. ``user_values``: one tensor per
+    user output of kind ``"tensor"``, in order."""
+    if mutation_values:
+        with torch.no_grad():
+            for index, value in zip(info.mutated_inputs, mutation_values):
+                flat_args[index].copy_(value)
+    it = iter(user_values)
+    leaves = []
+    for o in info.outputs:
+        if o.kind == "constant":
+            leaves.append(o.value)
+        elif o.kind == "alias":
+            leaves.append(_alias(flat_args[o.input_index], o))
+        else:
+            leaves.append(next(it))
+    return pytree.tree_unflatten(leaves, info.out_spec)
+
+
+@dataclass
+class InferencePlan:
+    compiled: Callable
+    info: TraceInfo
+    num_user: int  # graph outputs before the mutated inputs' values
+
+    def __call__(self, flat_args: Sequence[Any]) -> Any:
+        outs = _as_tuple(self.compiled(*flat_args))
+        return finish(self.info, flat_args, outs[: self.num_user], outs[self.num_user :])
+
+
+@dataclass
+class TrainingPlan:
+    fw: Callable
+    bw: Callable
+    info: TraceInfo
+    num_user: int  # user forward outputs (before mutated inputs' values)
+    num_fwd_outputs: int
+    differentiable: tuple[int, ...]
+    grad_inputs: tuple[int, ...]
+    num_inputs: int
+
+    def __call__(self, flat_args: Sequence[Any]) -> Any:
+        outs = CompiledFunction.apply(self, *flat_args)
+        return finish(self.info, flat_args, outs[: self.num_user], outs[self.num_user :])
+
+
+def _double_backward_guard(grads: tuple) -> tuple:
+    """Gradients that raise ``DoubleBackwardError``'s message if differentiated again."""
+    present = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    if not present:
+        return grads
+    err = torch._C._functions.DelayedError(DoubleBackwardError.MESSAGE, len(present))
+    guarded = _as_tuple(err(*[grads[i].detach().requires_grad_(True) for i in present]))
+    out = list(grads)
+    for i, g in zip(present, guarded):
+        out[i] = g
+    return tuple(out)
+
+
+class CompiledFunction(torch.autograd.Function):
+    """Runs ``plan.fw`` forward, ``plan.bw`` backward. Outputs: the forward graph's user
+    outputs then mutated inputs' values (the latter non-differentiable)."""
+
+    @staticmethod
+    def forward(ctx, plan: TrainingPlan, *args):
+        outs = _as_tuple(plan.fw(*args))
+        fw_outs, saved = outs[: plan.num_fwd_outputs], outs[plan.num_fwd_outputs :]
+        ctx.plan = plan
+        ctx.save_for_backward(*saved)
+        diff = set(plan.differentiable)
+        nondiff = [
+            o for i, o in enumerate(fw_outs) if i not in diff and isinstance(o, torch.Tensor)
+        ]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return tuple(fw_outs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        plan: TrainingPlan = ctx.plan
+        tangents = [grad_outputs[i].contiguous() for i in plan.differentiable]
+        saved = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: the compiled backward is not itself differentiable.
+            with torch.no_grad():
+                grads = _as_tuple(plan.bw(*saved, *tangents))
+            grads = _double_backward_guard(grads)
+        else:
+            grads = _as_tuple(plan.bw(*saved, *tangents))
+        result: list[Any] = [None] * (plan.num_inputs + 1)
+        for index, g in zip(plan.grad_inputs, grads):
+            result[index + 1] = g
+        return tuple(result)

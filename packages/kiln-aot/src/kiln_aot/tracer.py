@@ -1,0 +1,297 @@
+"""kiln's ATen tracer: runs a function on fake tensors under a ``__torch_dispatch__`` mode and
+records every ATen op it reaches as an FX node, decomposing to the core set and
+functionalizing as it goes.
+
+# Tracer
+
+``Tracer.dispatch`` is the one entry for every op (from the dispatch mode, or from a
+fake's own ``__torch_dispatch__`` when the mode is not on this thread's stack, e.g. in the
+autograd engine). In order:
+
+1. data-dependent ops raise ``Unsupported`` (the capture layer breaks the graph there);
+2. mutating ops are functionalized (``kiln_aot.functionalize``);
+3. core and kept ops are recorded (``emit_call``), view ops remembering their base;
+4. other ops run their decomposition with the mode re-entered, so the ops it calls come
+   back through 1-4.
+
+Nothing is computed: node values are meta tensors wrapped as ``FakeTensor``s that report
+the real device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kiln_aot import config, core_ops, functionalize
+from kiln_aot.errors import Unsupported
+from kiln_aot.fake import FakeTensor, fake_like, run_on_meta
+from kiln_aot.state import StorageState, TensorState, ViewStep, bind_args
+
+aten = torch.ops.aten
+
+# Ops that only re-label a tensor: the result is the same value (and the same storage).
+_IDENTITY_OPS = frozenset(
+    {aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.detach_.default}
+)
+
+
+class _TraceMode(TorchDispatchMode):
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.tracer.dispatch(func, args, kwargs or {})
+
+
+def user_source_line() -> str | None:
+    """The innermost stack frame outside torch and kiln_aot, as ``file:line  code``."""
+    for frame in reversed(traceback.extract_stack()):
+        f = frame.filename.replace("\\", "/")
+        if "/torch/" in f or "/kiln_aot/" in f or f.startswith("<"):
+            continue
+        return f"{frame.filename}:{frame.lineno}   {(frame.line or '').strip()}"
+    return None
+
+
+class Tracer:
+    """Builds one ATen-level FX graph. Use ``input``, then run code inside ``running()``."""
+
+    def __init__(self, decompositions: dict[Any, Callable]):
+        self.graph = fx.Graph()
+        self.decompositions = decompositions
+        self.constants: dict[str, torch.Tensor] = {}
+        self._const_nodes: dict[int, fx.Node] = {}
+        self.mode = _TraceMode(self)
+        self.active = False
+        self.source: str | None = None  # set by callers that know the torch-level source
+        self._mutations = 0
+
+    # ---- inputs, constants, running -------------------------------------------------
+    def input(
+        self, name: str, example: torch.Tensor, index: int, requires_grad: bool = False
+    ) -> FakeTensor:
+        fake = fake_like(example, requires_grad=requires_grad)
+        node = self.graph.placeholder(name)
+        node.meta["val"] = fake_like(fake)
+        storage = StorageState(root=fake, input_index=index)
+        fake.trace_state = TensorState(self, node, storage, (), 0)
+        return fake
+
+    def new_placeholder(self, name: str, val: FakeTensor) -> FakeTensor:
+        """A placeholder added after tracing began (tangents); placed after the others."""
+        last = [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+        with self.graph.inserting_after(last):
+            node = self.graph.placeholder(name)
+        node.meta["val"] = fake_like(val)
+        fake = fake_like(val)
+        fake.trace_state = TensorState(self, node, StorageState(root=fake), (), 0)
+        return fake
+
+    def constant(self, t: torch.Tensor) -> fx.Node:
+        node = self._const_nodes.get(id(t))
+        if node is None:
+            name = f"_tensor_constant{len(self.constants)}"
+            self.constants[name] = t
+            with self.graph.inserting_before(self._first_non_placeholder()):
+                node = self.graph.get_attr(name)
+            node.meta["val"] = fake_like(t)
+            self._const_nodes[id(t)] = node
+        return node
+
+    def _first_non_placeholder(self) -> fx.Node | None:
+        for n in self.graph.nodes:
+            if n.op != "placeholder":
+                return n
+        return None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self.active = True
+        try:
+            with self.mode:
+                yield
+        finally:
+            self.active = False
+
+    def unsupported(self, op: object, why: str, fix: str | None = None) -> Unsupported:
+        return Unsupported(op, why, where=self.source or user_source_line(), fix=fix)
+
+    # ---- reading values ---------------------------------------------------------------
+    def node_of(self, x: Any) -> Any:
+        """The graph node holding ``x``'s current value (regenerating stale aliases)."""
+        if isinstance(x, FakeTensor) and x.trace_state is not None:
+            st = x.trace_state
+            if st.tracer is not self:
+                raise self.unsupported(
+                    "tensor", "a fake tensor from another trace reached this one"
+                )
+            if st.version != st.storage.version:
+                cur = st.storage.root.trace_state.node
+                for step in st.views:
+                    cur = self.emit_node(step.op, (cur, *step.args), {})
+                st.node, st.version = cur, st.storage.version
+            return st.node
+        if isinstance(x, torch.Tensor):
+            if isinstance(x, FakeTensor):
+                raise self.unsupported(
+                    "tensor", "a fake tensor that is not part of this trace was used"
+                )
+            return self.constant(x)
+        return x
+
+    def graph_args(self, args: Any) -> Any:
+        return pytree.tree_map(self.node_of, args)
+
+    # ---- recording ------------------------------------------------------------------------
+    def emit_node(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Record ``func(*args, **kwargs)`` on nodes; returns a node, or a list of getitem
+        nodes for multi-output ops. Output metadata comes from the meta kernels."""
+        vals = pytree.tree_map(
+            lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs)
+        )
+        if func is aten.view.default and not _viewable(vals[0][0], vals[0][1]):
+            args = (
+                self.emit_node(
+                    aten.clone.default, (args[0],), {"memory_format": torch.contiguous_format}
+                ),
+                *args[1:],
+            )
+            vals = pytree.tree_map(
+                lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs)
+            )
+        out = run_on_meta(func, *vals)
+        node = self.graph.call_function(func, args, kwargs)
+        if self.source:
+            node.meta["stack_trace"] = self.source
+        if isinstance(out, torch.Tensor):
+            node.meta["val"] = out
+            return node
+        node.meta["val"] = tuple(out)
+        items = []
+        for i, o in enumerate(out):
+            g = self.graph.call_function(operator.getitem, (node, i))
+            g.meta["val"] = o
+            items.append(g)
+        return items
+
+    def wrap(self, node: fx.Node, base: Any = None, step: ViewStep | None = None) -> FakeTensor:
+        """A fake for ``node``'s value: a view of ``base`` through ``step``, or a new storage."""
+        val = node.meta["val"]
+        fake = FakeTensor(val.meta, val.device)
+        if step is not None and isinstance(base, FakeTensor) and base.trace_state is not None:
+            bst = base.trace_state
+            bst_version = bst.storage.version
+            fake.trace_state = TensorState(self, node, bst.storage, (*bst.views, step), bst_version)
+        else:
+            fake.trace_state = TensorState(self, node, StorageState(root=fake), (), 0)
+        return fake
+
+    def emit_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Record a core/kept op called on fakes and return fakes for its outputs."""
+        out = self.emit_node(func, self.graph_args(args), self.graph_args(kwargs))
+        if isinstance(out, list):
+            return tuple(self.wrap(n) for n in out)
+        if func in core_ops.VIEW_OPS:
+            bound = bind_args(func, args, kwargs)
+            return self.wrap(out, args[0], ViewStep(func, bound[1:]))
+        return self.wrap(out)
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if func in core_ops.DATA_DEPENDENT_OPS or _has_bool_index(func, args):
+            raise self.unsupported(
+                func, "its output shape (or a Python value it returns) depends on tensor data"
+            )
+        if func in _IDENTITY_OPS:
+            return self._identity(args[0])
+        if func is aten.lift_fresh_copy.default:
+            return self.dispatch(aten.clone.default, (args[0],), {})
+        if func._schema.is_mutable:
+            return functionalize.functionalize_call(self, func, args, kwargs)
+        if core_ops.is_allowed(func) and not (
+            func is aten.native_dropout.default and config.current().decompose_dropout
+        ):
+            return self.emit_call(func, args, kwargs)
+        return self.decompose(func, args, kwargs)
+
+    dispatch_on_fakes = dispatch
+
+    def decompose(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        decomp = self.decompositions.get(func)
+        out: Any = NotImplemented
+        with self.mode:
+            if decomp is not None:
+                out = decomp(*args, **kwargs)
+            if out is NotImplemented:
+                out = func.decompose(*args, **kwargs)
+        if out is NotImplemented:
+            raise self.unsupported(
+                func,
+                "it is outside kiln's core ATen set and has no decomposition",
+                fix="add a decomposition to kiln_aot.decompositions (or list it in KEPT_OPS if kiln-inductor lowers it); the op runs eagerly meanwhile",
+            )
+        if func not in core_ops.VIEW_OPS and not _is_view_schema(func):
+            out = self._unalias_outputs(out, args)
+        return out
+
+    def _identity(self, x: Any) -> Any:
+        if not isinstance(x, FakeTensor) or x.trace_state is None:
+            return self.wrap(self.node_of(x))
+        st = x.trace_state
+        node = self.node_of(x)
+        fake = FakeTensor(node.meta["val"].meta, node.meta["val"].device)
+        fake.trace_state = TensorState(self, node, st.storage, st.views, st.version)
+        return fake
+
+    def _unalias_outputs(self, out: Any, args: tuple) -> Any:
+        """A decomposition of a non-view op may hand back one of its inputs: give the
+        result its own storage so later writes to it do not reach the input."""
+        inputs = {id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)}
+
+        def fresh(o: Any) -> Any:
+            if isinstance(o, FakeTensor) and id(o) in inputs:
+                return self.wrap(self.node_of(o))
+            return o
+
+        return pytree.tree_map(fresh, out)
+
+    def next_mutation_order(self) -> int:
+        self._mutations += 1
+        return self._mutations
+
+
+def _is_view_schema(func: Any) -> bool:
+    rets = func._schema.returns
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def _viewable(val: torch.Tensor, size: Any) -> bool:
+    try:
+        val.meta.view(size)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _has_bool_index(func: Any, args: tuple) -> bool:
+    if func not in (
+        aten.index.Tensor,
+        aten.index_put.default,
+        aten.index_put_.default,
+        aten._unsafe_index_put.default,
+    ):
+        return False
+    indices = args[1] if len(args) > 1 else ()
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
+    )

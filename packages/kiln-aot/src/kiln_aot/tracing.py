@@ -1,0 +1,157 @@
+"""``trace``: a function and example inputs to an ATen-level, functional FX graph.
+
+# Graph contract
+
+The returned GraphModule's placeholders are the flattened example inputs, in order (a
+non-tensor input gets a placeholder too; its value is baked into the graph). The graph
+returns a tuple: first one tensor per tensor leaf of the function's (flattened) output, then
+the final value of every graph input the function wrote to, in order of first write.
+``gm.meta["kiln_aot"]`` is a ``TraceInfo`` saying which is which, which outputs alias
+an input (and with which size/stride/offset, so a runtime can hand back a real view) and
+the output's pytree spec. Tensor constants the function closed over are ``get_attr``
+nodes on the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from kiln_aot.decompositions import with_overrides
+from kiln_aot.fake import FakeTensor
+from kiln_aot.tracer import Tracer
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    """One leaf of the traced function's output.
+
+    kind: ``"tensor"`` (a graph output), ``"alias"`` (a view of input ``input_index`` with
+    ``size``/``stride``/``storage_offset``; also a graph output), or ``"constant"`` (a
+    non-tensor ``value``). ``requires_grad``: whether autograd tracked it during a joint trace.
+    """
+
+    kind: str
+    value: Any = None
+    input_index: int | None = None
+    size: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    storage_offset: int = 0
+    requires_grad: bool = False
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    num_inputs: int
+    outputs: tuple[OutputInfo, ...]
+    out_spec: pytree.TreeSpec
+    mutated_inputs: tuple[int, ...]
+
+    @property
+    def num_tensor_outputs(self) -> int:
+        return sum(o.kind != "constant" for o in self.outputs)
+
+
+def make_inputs(
+    tracer: Tracer,
+    flat_args: Sequence[Any],
+    prefix: str,
+    requires_grad: Sequence[bool] | None = None,
+) -> list[Any]:
+    fakes = []
+    for i, a in enumerate(flat_args):
+        if isinstance(a, torch.Tensor):
+            rg = bool(requires_grad[i]) if requires_grad is not None else False
+            fakes.append(tracer.input(f"{prefix}_{i + 1}", a, i, rg))
+        else:
+            node = tracer.graph.placeholder(f"{prefix}_{i + 1}")
+            node.meta["val"] = a
+            fakes.append(a)
+    return fakes
+
+
+def collect_outputs(
+    tracer: Tracer, out: Any
+) -> tuple[list[OutputInfo], list[fx.Node], pytree.TreeSpec]:
+    """Describe the user outputs and return the graph nodes of the tensor ones."""
+    leaves, spec = pytree.tree_flatten(out)
+    infos, nodes = [], []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            infos.append(OutputInfo("constant", value=leaf))
+            continue
+        node = tracer.node_of(leaf)
+        nodes.append(node)
+        st = leaf.trace_state if isinstance(leaf, FakeTensor) else None
+        if st is not None and st.storage.input_index is not None:
+            geometry = _input_view_geometry(tracer, st.storage.input_index, st.views)
+            infos.append(
+                OutputInfo(
+                    "alias",
+                    input_index=st.storage.input_index,
+                    size=geometry[0],
+                    stride=geometry[1],
+                    storage_offset=geometry[2],
+                    requires_grad=leaf.requires_grad,
+                )
+            )
+        else:
+            infos.append(OutputInfo("tensor", requires_grad=leaf.requires_grad))
+    return infos, nodes, spec
+
+
+def _input_view_geometry(
+    tracer: Tracer, index: int, views: tuple
+) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
+    m = placeholders[index].meta["val"].meta
+    for step in views:
+        m = step.op(m, *step.args)
+    return tuple(m.shape), tuple(m.stride()), m.storage_offset()
+
+
+def mutated_inputs(tracer: Tracer, fakes: Sequence[Any]) -> list[tuple[int, fx.Node]]:
+    """(input index, final value node) of every written input, in order of first write."""
+    seen = []
+    for f in fakes:
+        if isinstance(f, FakeTensor) and f.trace_state is not None:
+            storage = f.trace_state.storage
+            if storage.mutation_order is not None and storage.root is f:
+                seen.append((storage.mutation_order, storage.input_index, tracer.node_of(f)))
+    return [(i, n) for _, i, n in sorted(seen, key=lambda t: t[0])]
+
+
+def build_module(tracer: Tracer, info: TraceInfo | None = None) -> fx.GraphModule:
+    root = torch.nn.Module()
+    for name, t in tracer.constants.items():
+        setattr(root, name, t)
+    tracer.graph.eliminate_dead_code()
+    tracer.graph.lint()
+    gm = fx.GraphModule(root, tracer.graph)
+    if info is not None:
+        gm.meta["kiln_aot"] = info
+    return gm
+
+
+def trace(
+    fn: Callable, example_inputs: Sequence[Any], *, decompositions: dict | None = None
+) -> fx.GraphModule:
+    """Trace ``fn(*example_inputs)`` into an ATen-level functional graph, without computing.
+
+    See the module docstring for the graph's inputs, outputs and ``meta``.
+    """
+    flat, in_spec = pytree.tree_flatten(list(example_inputs))
+    tracer = Tracer(with_overrides(decompositions))
+    fakes = make_inputs(tracer, flat, "arg")
+    with torch.no_grad(), tracer.running():
+        out = fn(*pytree.tree_unflatten(fakes, in_spec))
+        infos, nodes, out_spec = collect_outputs(tracer, out)
+        muts = mutated_inputs(tracer, fakes)
+    tracer.graph.output(tuple(nodes) + tuple(n for _, n in muts))
+    info = TraceInfo(len(flat), tuple(infos), out_spec, tuple(i for i, _ in muts))
+    return build_module(tracer, info)

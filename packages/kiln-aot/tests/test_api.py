@@ -1,0 +1,101 @@
+import torch
+from kiln_aot_testing import assert_close, grads_of
+
+import kiln_aot
+from kiln_aot import aot_function, aot_graph, aot_module
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(16, 32)
+        self.l2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.l2(torch.nn.functional.gelu(self.l1(x)))
+
+
+def test_aot_graph_inference_on_a_symbolically_traced_module(compiler):
+    m = MLP()
+    gm = torch.fx.symbolic_trace(m)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        fn = aot_graph(gm, [x], fw_compiler=compiler)
+        assert len(compiler.graphs) == 1  # forward only
+        assert_close(fn(x), gm(x))
+
+
+def test_aot_graph_training_params_as_get_attr(compiler):
+    m = MLP()
+    gm = torch.fx.symbolic_trace(m)
+    x = torch.randn(4, 16, requires_grad=True)
+    fn = aot_graph(gm, [x], fw_compiler=compiler)
+    assert len(compiler.graphs) == 2  # forward and backward
+    out = fn(x)
+    out.pow(2).sum().backward()
+    got = grads_of([x, *m.parameters()])
+    x.grad = None
+    m.zero_grad()
+    gm(x).pow(2).sum().backward()
+    for a, b in zip(got, grads_of([x, *m.parameters()])):
+        assert_close(a, b)
+
+
+def test_aot_graph_with_parameters_as_graph_inputs(compiler):
+    def f(x, w, b):
+        return (torch.tanh(x @ w.t() + b),)
+
+    x = torch.randn(3, 5, requires_grad=True)
+    w = torch.randn(4, 5, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    fn = aot_graph(f, [x, w, b], fw_compiler=compiler, bw_compiler=compiler)
+    (out,) = fn(x, w, b)
+    out.sum().backward()
+    got = grads_of([x, w, b])
+    for t in (x, w, b):
+        t.grad = None
+    f(x, w, b)[0].sum().backward()
+    for a, e in zip(got, grads_of([x, w, b])):
+        assert_close(a, e)
+
+
+def test_no_grad_at_call_time_uses_a_forward_only_graph(compiler):
+    m = MLP()
+    cm = aot_module(m, compiler)
+    x = torch.randn(4, 16)
+    cm(x).sum().backward()  # parameters require grad: training graphs
+    n_training = len(compiler.graphs)
+    with torch.no_grad():
+        out = cm(x)
+    assert len(compiler.graphs) == n_training + 1
+    assert not out.requires_grad
+    assert_close(out, m(x))
+
+
+def test_aot_function_pytree_inputs_and_outputs(compiler):
+    def f(d, k):
+        return {"y": d["a"] * k + d["b"], "n": k}
+
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3)
+    cf = aot_function(f, compiler)
+    out = cf({"a": a, "b": b}, 3)
+    assert out["n"] == 3
+    assert_close(out["y"], a * 3 + b)
+    out["y"].sum().backward()
+    assert_close(a.grad, torch.full((3,), 3.0))
+
+
+def test_public_names():
+    for name in (
+        "trace",
+        "aot_graph",
+        "aot_function",
+        "aot_module",
+        "min_cut_partition",
+        "save_all_partition",
+        "CORE_ATEN_OPS",
+        "KEPT_OPS",
+        "Unsupported",
+    ):
+        assert hasattr(kiln_aot, name)
+    assert isinstance(kiln_aot.CORE_ATEN_OPS, frozenset)
