@@ -1,0 +1,27 @@
+"""CppBackend: kiln-inductor's kernel backend protocol for CPU tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kiln_inductor.backend import KernelSource
+from kiln_inductor.ir.nodes import Buffer
+from kiln_inductor.scheduler.fuse import FusedGroup
+
+from .build import build_kernels
+from .kernel import generate_cpp_kernel
+
+
+class CppBackend:
+    name = "cpp"
+
+    def codegen_kernel(self, group: FusedGroup, buffers: dict[str, Buffer]) -> KernelSource:
+        source = generate_cpp_kernel(group, buffers)
+        return KernelSource(source, "cpp", (*group.inputs, *group.outputs))
+
+    def load_kernels(self, sources: Sequence[KernelSource]) -> list[Callable[..., Any]]:
+        return build_kernels([(s.source, len(s.arg_names)) for s in sources])
+
+    def call_line(self, kernel_var: str, arg_names: Sequence[str]) -> str:
+        return f"{kernel_var}({', '.join(f'{a}.data_ptr()' for a in arg_names)})"

@@ -1,0 +1,462 @@
+"""generate_cpp_kernel: one C++ function for one fused group.
+
+Shape of the code::
+
+    extern "C" void kernel(const float* __restrict__ in_ptr0, ..., float* __restrict__ out_ptr0)
+    {
+      #pragma omp parallel for collapse(k) if(work >= PARALLEL_WORK)   // the outer loops
+      for (x0 ...) ... {
+        // one inner loop nest per block, in order
+        #pragma omp simd                                     // pointwise block
+        for (y0_0 ...) { ...; out_ptr0[...] = tmp; }
+        float acc3 = 0;                                      // reduction block
+        #pragma omp simd reduction(+:acc3)
+        for (z1_0 ...) { ...; acc3 = acc3 + tmp; }
+      }
+    }
+
+Innermost loops carry ``#pragma omp simd`` (reductions with their reduction clause) so
+that GCC vectorizes them; libmvec supplies vector math. A group without outer loops (a
+reduction to a scalar) runs its reduction in a parallel region with per-thread partials
+combined at the end. Welford reductions run in chunks: an exact two-pass mean/M2 per chunk
+(vectorized), merged with Chan's formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sympy
+import torch
+
+from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction
+from kiln_inductor.ir.ops import ops_handler
+from kiln_inductor.ir.symbols import contiguous_strides, product, simplify_index
+from kiln_inductor.scheduler.fuse import Block, FusedGroup, loop_var_ranges
+
+from .cpp_ops import STORAGE_TYPES, CppOpsHandler, CppValue, ctype, literal, print_index
+from .prelude import PRELUDE
+
+PARALLEL_WORK = 32768  # elements of work below which a kernel runs on one thread
+CHUNK = 256  # reduction chunk (Welford blocks and per-thread partials)
+
+
+class _Handler(CppOpsHandler):
+    """Simplifies load indices with the current loop ranges before printing them."""
+
+    ranges: dict[sympy.Symbol, Any] = {}
+
+    def load(self, name: str, index: Any) -> CppValue:
+        index = simplify_index(sympy.expand(index), self.ranges)
+        key = (name, index)
+        if key in self.forwarded_exprs:
+            return self.forwarded_exprs[key]
+        return super().load(name, index)
+
+
+class CppKernel:
+    def __init__(self, group: FusedGroup, buffers: dict[str, Buffer]):
+        self.group, self.buffers = group, buffers
+        self.lines: list[str] = []
+        self.depth = 1
+        self.ptrs: dict[str, tuple[str, torch.dtype]] = {}
+        params = []
+        for k, name in enumerate(group.inputs):
+            dt = buffers[name].dtype
+            self.ptrs[name] = (f"in_ptr{k}", dt)
+            restrict = "" if name in group.aliases else " __restrict__"
+            params.append(f"const {STORAGE_TYPES[dt]}*{restrict} in_ptr{k}")
+        for k, name in enumerate(group.outputs):
+            dt = buffers[name].dtype
+            self.ptrs[name] = (f"out_ptr{k}", dt)
+            restrict = "" if name in group.aliases else " __restrict__"
+            params.append(f"{STORAGE_TYPES[dt]}*{restrict} out_ptr{k}")
+        self.params = params
+        self.h = _Handler(self._pointer_of, self.emit)
+        self.h.forwarded_exprs = {}
+        self.h.ranges = dict(zip(group.outer_vars, group.outer))
+
+    def _pointer_of(self, name: str) -> tuple[str, torch.dtype]:
+        if name not in self.ptrs:
+            raise KeyError(
+                f"kernel reads {name}, which is neither an argument nor computed before it"
+            )
+        return self.ptrs[name]
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.depth + line)
+
+    @contextmanager
+    def scope(self, header: str | None = None, pragma: str | None = None) -> Iterator[None]:
+        if pragma:
+            self.emit(pragma)
+        if header:
+            self.emit(header + " {")
+        else:
+            self.emit("{")
+        self.depth += 1
+        saved = (dict(self.h.cache), dict(self.h.forwarded_exprs))
+        try:
+            yield
+        finally:
+            self.h.cache, self.h.forwarded_exprs = saved
+            self.depth -= 1
+            self.emit("}")
+
+    # -- the kernel --------------------------------------------------------------------------
+    def generate(self) -> str:
+        g = self.group
+        with ops_handler(self.h):
+            if not g.outer:
+                for block in g.blocks:
+                    self.block(block, parallel=True)
+            else:
+                self.outer_loops()
+        head = f'extern "C" void kernel({", ".join(self.params)})\n{{'
+        return PRELUDE + "\n" + head + "\n" + "\n".join(self.lines) + "\n}\n"
+
+    def _work(self) -> Any:
+        g = self.group
+        inner = [product(b.inner) * product(b.rranges) for b in g.blocks] or [1]
+        return (
+            product(g.outer) * sympy.Max(*inner) if len(inner) > 1 else product(g.outer) * inner[0]
+        )
+
+    def outer_loops(self) -> None:
+        g = self.group
+        n = len(g.outer)
+        flat = all(b.kind == "pointwise" and not b.inner for b in g.blocks)
+        cond = f"if({print_index(self._work())} >= {PARALLEL_WORK})"
+        loops = [
+            f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})"
+            for v, s in zip(g.outer_vars, g.outer)
+        ]
+        if flat and n == 1:
+            pragmas = [f"#pragma omp parallel for simd {cond}"]
+        elif flat:
+            pragmas = (
+                [f"#pragma omp parallel for collapse({n - 1}) {cond}"]
+                + [None] * (n - 2)
+                + ["#pragma omp simd"]
+            )
+        else:
+            pragmas = [f"#pragma omp parallel for collapse({n}) {cond}"] + [None] * (n - 1)
+        self._nest(loops, pragmas, lambda: [self.block(b, parallel=False) for b in g.blocks])
+
+    def _nest(self, loops: list[str], pragmas: list[str | None], body: Any) -> None:
+        if not loops:
+            body()
+            return
+        with self.scope(loops[0], pragmas[0]):
+            self._nest(loops[1:], pragmas[1:], body)
+
+    def block(self, block: Block, parallel: bool) -> None:
+        self.h.ranges = loop_var_ranges(self.group, block)
+        if block.kind == "pointwise":
+            loops = [
+                f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})"
+                for v, s in zip(block.vars, block.inner)
+            ]
+            pragmas: list[str | None] = [None] * len(loops)
+            if loops:
+                pragmas[-1] = "#pragma omp simd"
+            if not loops:
+                self.pointwise_body(block)
+                return
+            self._nest(loops, pragmas, lambda: self.pointwise_body(block))
+            return
+        loops = [
+            f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})"
+            for v, s in zip(block.vars, block.inner)
+        ]
+        self._nest(loops, [None] * len(loops), lambda: self.reduction(block, parallel))
+
+    # -- pointwise ---------------------------------------------------------------------------
+    def pointwise_body(self, block: Block) -> None:
+        for node in block.nodes:
+            vars_, _, store, _ = self.group.bound[node.name]
+            value = node.body.inner_fn(vars_)  # type: ignore[union-attr]
+            self.store(node, value, store)
+
+    def store(self, node: ComputedBuffer, value: CppValue, store: Any) -> None:
+        value = self.h.to_dtype(value, node.dtype)
+        self.h.forwarded_exprs[(node.name, sympy.expand(store))] = value
+        if node.name not in self.group.local:
+            ptr, dt = self.ptrs[node.name]
+            self.emit(f"{ptr}[{print_index(store)}] = {self.h.store_expr(value, dt)};")
+
+    # -- reductions --------------------------------------------------------------------------
+    def reduction(self, block: Block, parallel: bool) -> None:
+        nodes = block.nodes
+        types = [n.body.reduction_type for n in nodes]  # type: ignore[union-attr]
+        work = product(block.rranges)
+        if any(t.startswith("welford") for t in types):
+            return self.welford(block, parallel, work)
+        accs = [_Acc(self, n, self.h.count + k) for k, n in enumerate(nodes)]
+        self.h.count += len(nodes)
+        simd = not any(t.startswith("arg") for t in types)
+        chunked = parallel and bool(block.rranges)
+        if parallel:
+            for a in accs:
+                a.declare("g")
+            self.emit(f"#pragma omp parallel if({print_index(work)} >= {PARALLEL_WORK})")
+            self.emit("{")
+            self.depth += 1
+        for a in accs:
+            a.declare("")
+        clauses = " ".join(c for a in accs for c in a.clauses())
+        simd_pragma = f"#pragma omp simd {clauses}" if simd else None
+
+        def body() -> None:
+            for a in accs:
+                vars_, rvars, _, _ = self.group.bound[a.node.name]
+                v = a.node.body.inner_fn(vars_, rvars)  # type: ignore[union-attr]
+                a.update(v, rvars)
+
+        self._rnest(block, parallel, chunked, simd_pragma, body)
+        if parallel:
+            self.emit("#pragma omp critical")
+            with self.scope():
+                for a in accs:
+                    a.combine()
+            self.depth -= 1
+            self.emit("}")
+        for a in accs:
+            self.store(a.node, a.final("g" if parallel else ""), self.group.bound[a.node.name][2])
+
+    def _rnest(
+        self,
+        block: Block,
+        parallel: bool,
+        chunked: bool,
+        last_pragma: str | None,
+        body: Any,
+        chunk_body: Any = None,
+    ) -> None:
+        rv, rr = block.rvars, block.rranges
+        loops: list[str] = []
+        pragmas: list[str | None] = []
+        for k, (v, s) in enumerate(zip(rv, rr)):
+            last = k == len(rv) - 1
+            if last and chunked:
+                loops.append(f"for (int64_t c_{v} = 0; c_{v} < {print_index(s)}; c_{v} += {CHUNK})")
+                pragmas.append("#pragma omp for nowait" if parallel and k == 0 else None)
+            else:
+                loops.append(f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})")
+                pragmas.append(
+                    ("#pragma omp for nowait" if parallel and k == 0 else None)
+                    if not last
+                    else last_pragma
+                )
+
+        def innermost() -> None:
+            if chunked:
+                v, s = rv[-1], rr[-1]
+                self.emit(
+                    f"const int64_t e_{v} = std::min<int64_t>(c_{v} + {CHUNK}, {print_index(s)});"
+                )
+                if chunk_body is not None:
+                    chunk_body(v)
+                    return
+                with self.scope(f"for (int64_t {v} = c_{v}; {v} < e_{v}; ++{v})", last_pragma):
+                    body()
+            else:
+                body()
+
+        if not loops:
+            body()
+            return
+        self._nest(loops, pragmas, innermost)
+
+    def welford(self, block: Block, parallel: bool, work: Any) -> None:
+        nodes = block.nodes
+        dt = ctype(nodes[0].body.src_dtype)  # type: ignore[union-attr]
+        # nodes over the same body share one accumulator
+        keys: list[int] = []
+        firsts: dict[int, int] = {}
+        for n in nodes:
+            key = id(n.body.inner_fn)  # type: ignore[union-attr]
+            firsts.setdefault(key, len(firsts))
+            keys.append(firsts[key])
+        base = self.h.count
+        self.h.count += len(firsts)
+        keys = [base + k for k in keys]
+        uniq = sorted(set(keys))
+        pre = "g" if parallel else ""
+        names = {u: (f"wm{u}", f"wm2{u}", f"wn{u}") for u in uniq}
+        if parallel:
+            for u in uniq:
+                m, m2, c = names[u]
+                self.emit(f"{dt} g{m} = 0; {dt} g{m2} = 0; int64_t g{c} = 0;")
+            self.emit(f"#pragma omp parallel if({print_index(work)} >= {PARALLEL_WORK})")
+            self.emit("{")
+            self.depth += 1
+        for u in uniq:
+            m, m2, c = names[u]
+            self.emit(f"{dt} {m} = 0; {dt} {m2} = 0; int64_t {c} = 0;")
+        reps = {u: nodes[keys.index(u)] for u in uniq}
+
+        def value(u: int) -> CppValue:
+            node = reps[u]
+            vars_, rvars, _, _ = self.group.bound[node.name]
+            return node.body.inner_fn(vars_, rvars)  # type: ignore[union-attr]
+
+        def chunk(v: Any) -> None:
+            loop = f"for (int64_t {v} = c_{v}; {v} < e_{v}; ++{v})"
+            for u in uniq:
+                self.emit(f"{dt} s{u} = 0; {dt} q{u} = 0;")
+            red = " ".join(f"reduction(+:s{u})" for u in uniq)
+            with self.scope(loop, f"#pragma omp simd {red}"):
+                for u in uniq:
+                    self.emit(f"s{u} = s{u} + {value(u)};")
+            self.emit(f"const int64_t n_{v} = e_{v} - c_{v};")
+            for u in uniq:
+                self.emit(f"const {dt} cm{u} = s{u} / static_cast<{dt}>(n_{v});")
+            red = " ".join(f"reduction(+:q{u})" for u in uniq)
+            with self.scope(loop, f"#pragma omp simd {red}"):
+                for u in uniq:
+                    self.emit(f"const {dt} d{u} = {value(u)} - cm{u}; q{u} = q{u} + d{u} * d{u};")
+            for u in uniq:
+                m, m2, c = names[u]
+                self.emit(f"kiln_welford_merge<{dt}>({m}, {m2}, {c}, cm{u}, q{u}, n_{v});")
+
+        self._rnest(block, parallel, True, None, lambda: None, chunk_body=chunk)
+        if parallel:
+            self.emit("#pragma omp critical")
+            with self.scope():
+                for u in uniq:
+                    m, m2, c = names[u]
+                    self.emit(f"kiln_welford_merge<{dt}>(g{m}, g{m2}, g{c}, {m}, {m2}, {c});")
+            self.depth -= 1
+            self.emit("}")
+        for node, u in zip(nodes, keys):
+            m, m2, _ = names[u]
+            var = pre + (m if node.body.reduction_type == "welford_mean" else m2)  # type: ignore[union-attr]
+            self.store(node, CppValue(var, node.body.src_dtype), self.group.bound[node.name][2])  # type: ignore[union-attr]
+
+
+_INIT = {"sum": 0, "prod": 1, "any": False, "all": True}
+
+
+class _Acc:
+    """One accumulator of a (non-Welford) reduction: declaration, update, combine, result."""
+
+    def __init__(self, kernel: CppKernel, node: ComputedBuffer, k: int):
+        body = node.body
+        assert isinstance(body, Reduction)
+        self.kernel, self.node, self.type = kernel, node, body.reduction_type
+        self.dtype = (
+            body.src_dtype
+            if self.type.startswith("arg") or self.type in ("max", "min")
+            else body.dtype
+        )
+        from kiln_inductor.lowering.values import compute_dtype
+
+        self.dtype = compute_dtype(self.dtype)
+        self.t = ctype(self.dtype)
+        self.name = f"acc{k}"
+        self.rranges = body.reduction_ranges
+
+    def _init(self) -> str:
+        t, dt = self.t, self.dtype
+        if self.type in _INIT:
+            return literal(_INIT[self.type], dt)
+        if dt == torch.bool:
+            return "false" if self.type in ("max", "argmax") else "true"
+        big = (
+            f"std::numeric_limits<{t}>::infinity()"
+            if dt.is_floating_point
+            else f"std::numeric_limits<{t}>::max()"
+        )
+        small = (
+            f"-std::numeric_limits<{t}>::infinity()"
+            if dt.is_floating_point
+            else f"std::numeric_limits<{t}>::lowest()"
+        )
+        return small if self.type in ("max", "argmax") else big
+
+    def declare(self, pre: str) -> None:
+        n = pre + self.name
+        self.kernel.emit(f"{self.t} {n} = {self._init()};")
+        if self.type in ("max", "min") and self.dtype.is_floating_point:
+            self.kernel.emit(f"bool {n}_nan = false;")
+        if self.type.startswith("arg"):
+            self.kernel.emit(f"int64_t {n}_i = std::numeric_limits<int64_t>::max();")
+
+    def clauses(self) -> list[str]:
+        op = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}.get(
+            self.type
+        )
+        if op is None:
+            return []
+        if self.dtype == torch.bool and op in ("max", "min"):
+            op = "||" if op == "max" else "&&"
+        out = [f"reduction({op}:{self.name})"]
+        if self.type in ("max", "min") and self.dtype.is_floating_point:
+            out.append(f"reduction(||:{self.name}_nan)")
+        return out
+
+    def update(self, v: CppValue, rvars: Any) -> None:
+        v = self.kernel.h.to_dtype(v, self.dtype)
+        n, e = self.name, self.kernel.emit
+        if self.type == "sum":
+            e(f"{n} = {n} + {v};")
+        elif self.type == "prod":
+            e(f"{n} = {n} * {v};")
+        elif self.type in ("any", "all") or self.dtype == torch.bool:
+            op = "||" if self.type in ("any", "max") else "&&"
+            e(f"{n} = {n} {op} {v};")
+        elif self.type in ("max", "min"):
+            f = "std::max" if self.type == "max" else "std::min"
+            e(f"{n} = {f}<{self.t}>({n}, {v});")
+            if self.dtype.is_floating_point:
+                e(f"{n}_nan = {n}_nan || ({v} != {v});")
+        else:
+            flat = print_index(
+                sum(
+                    (r * s for r, s in zip(rvars, contiguous_strides(self.rranges))),
+                    sympy.Integer(0),
+                )
+            )
+            is_max = "true" if self.type == "argmax" else "false"
+            e(
+                f"if (kiln_arg_better<{self.t}>({is_max}, {v}, {flat}, {n}, {n}_i)) {{ {n} = {v}; {n}_i = {flat}; }}"
+            )
+
+    def combine(self) -> None:
+        n, g, e = self.name, "g" + self.name, self.kernel.emit
+        if self.type == "sum":
+            e(f"{g} = {g} + {n};")
+        elif self.type == "prod":
+            e(f"{g} = {g} * {n};")
+        elif self.type in ("any", "all") or self.dtype == torch.bool:
+            op = "||" if self.type in ("any", "max") else "&&"
+            e(f"{g} = {g} {op} {n};")
+        elif self.type in ("max", "min"):
+            f = "std::max" if self.type == "max" else "std::min"
+            e(f"{g} = {f}<{self.t}>({g}, {n});")
+            if self.dtype.is_floating_point:
+                e(f"{g}_nan = {g}_nan || {n}_nan;")
+        else:
+            is_max = "true" if self.type == "argmax" else "false"
+            e(
+                f"if (kiln_arg_better<{self.t}>({is_max}, {n}, {n}_i, {g}, {g}_i)) {{ {g} = {n}; {g}_i = {n}_i; }}"
+            )
+
+    def final(self, pre: str) -> CppValue:
+        n = pre + self.name
+        if self.type.startswith("arg"):
+            return self.kernel.h._value(
+                f"({n}_i == std::numeric_limits<int64_t>::max() ? 0 : {n}_i)", torch.int64
+            )
+        if self.type in ("max", "min") and self.dtype.is_floating_point:
+            return self.kernel.h._value(
+                f"({n}_nan ? std::numeric_limits<{self.t}>::quiet_NaN() : {n})", self.dtype
+            )
+        return CppValue(n, self.dtype)
+
+
+def generate_cpp_kernel(group: FusedGroup, buffers: dict[str, Buffer]) -> str:
+    return CppKernel(group, buffers).generate()

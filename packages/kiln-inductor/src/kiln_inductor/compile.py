@@ -1,0 +1,133 @@
+"""compile_aten_graph and compile_fx: the pipeline, as an ordered list of named stages.
+
+    lower (graph.GraphLowering) → fuse_nodes → plan_memory → codegen kernels (backend)
+    → load kernels (backend, cached) → generate_wrapper
+
+Each stage's output is written to ``$KILN_DEBUG_DIR/<graph>/<stage>`` when that is set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import log
+from .backend import get_backend
+from .config import read_config
+from .errors import AotUnavailableError
+from .graph import GraphLowering
+from .ir.printer import print_ir
+from .scheduler.fuse import FusedGroup, fuse_nodes
+from .scheduler.memory import plan_memory
+from .wrapper import WrapperCodegen
+
+_graph_ids = itertools.count()
+
+
+class CompiledGraph:
+    """The callable a compiled graph becomes: ``compiled(*args) -> tuple of tensors``."""
+
+    def __init__(self, call: Callable[[list[Any]], tuple], source: str, stats: dict[str, Any]):
+        self._call = call
+        self.wrapper_source = source
+        self.stats = stats
+
+    def __call__(self, *args: Any) -> tuple:
+        if len(args) == 1 and isinstance(args[0], list):
+            args = tuple(args[0])
+        return self._call(args)
+
+
+def _dump(debug: Path | None, stage: str, text: str) -> None:
+    if debug is not None:
+        debug.mkdir(parents=True, exist_ok=True)
+        (debug / stage).write_text(text)
+
+
+def _format_schedule(steps: list[Any]) -> str:
+    lines = []
+    for s in steps:
+        if isinstance(s, FusedGroup):
+            blocks = "; ".join(f"{b.kind}[{', '.join(n.name for n in b.nodes)}]" for b in s.blocks)
+            lines.append(f"{s.name}: outer={list(s.outer)} {blocks} local={sorted(s.local)}")
+        else:
+            lines.append(f"{s.name}: {s.kind} {s.op}")
+    return "\n".join(lines) + "\n"
+
+
+def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
+    import operator
+
+    return all(
+        isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    ) and not any(n.op in ("call_module", "call_method") for n in gm.graph.nodes)
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+    """Compile an ATen-level FX graph (DESIGN.md contract 3) into a callable."""
+    cfg = read_config()
+    gid = next(_graph_ids)
+    debug = Path(cfg.debug_dir) / f"graph{gid}" if cfg.debug_dir else None
+    t0 = time.perf_counter()
+    _dump(debug, "aten.py", gm.code)
+    lowering = GraphLowering(gm, example_inputs)
+    ir = lowering.run()
+    _dump(debug, "ir", print_ir(ir))
+    steps = fuse_nodes(ir)
+    plan = plan_memory(steps, ir)
+    _dump(debug, "sched", _format_schedule(steps))
+    groups = [s for s in steps if isinstance(s, FusedGroup)]
+    backend = get_backend(lowering.device.type) if groups else None
+    t1 = time.perf_counter()
+    sources = [backend.codegen_kernel(g, ir.buffers) for g in groups] if backend else []
+    for g, src in zip(groups, sources):
+        _dump(debug, f"{g.name}.{src.language}", src.source)
+        log.log("kernels", f"{g.name}: {_format_schedule([g]).strip()}\n{src.source}")
+    t2 = time.perf_counter()
+    loaded = backend.load_kernels(sources) if backend else []
+    t3 = time.perf_counter()
+    codegen = WrapperCodegen(ir, steps, plan, backend)
+    kernels = {g.name: codegen._global("kernel_", fn) for g, fn in zip(groups, loaded)}
+    source = codegen.generate(kernels)
+    _dump(debug, "wrapper.py", source)
+    namespace = dict(codegen.globals)
+    exec(compile(source, f"<kiln wrapper graph{gid}>", "exec"), namespace)
+    stats = {
+        "kernels": len(groups),
+        "nodes": len(ir.nodes),
+        "externs": sum(1 for s in steps if not isinstance(s, FusedGroup) and s.kind == "extern"),
+        "fallbacks": list(lowering.fallback_ops),
+        "reused_buffers": plan.reused,
+        "lower_s": t1 - t0,
+        "codegen_s": t2 - t1,
+        "build_s": t3 - t2,
+        "total_s": time.perf_counter() - t0,
+    }
+    log.log("timings", f"graph{gid}: {stats}")
+    log.log("graphs", f"graph{gid}:\n{_format_schedule(steps)}{source}")
+    return CompiledGraph(namespace["call"], source, stats)
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """DESIGN.md contract 1: compile a torch-level or ATen-level FX graph into a callable.
+
+    ATen graphs are compiled directly; torch-level graphs go through kiln_aot, which hands
+    each ATen graph (forward, and backward when training) to ``compile_aten_graph``."""
+    if is_aten_graph(gm):
+        return compile_aten_graph(gm, example_inputs)
+    import kiln_aot
+
+    aot_graph = getattr(kiln_aot, "aot_graph", None)
+    if aot_graph is None:
+        raise AotUnavailableError("aot_graph")
+    return aot_graph(
+        gm, example_inputs, fw_compiler=compile_aten_graph, bw_compiler=compile_aten_graph
+    )

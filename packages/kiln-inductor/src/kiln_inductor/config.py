@@ -1,0 +1,100 @@
+"""Typed settings of kiln-inductor, read from the environment in one place.
+
+Each setting names its environment variable, its default, what it does, and whether it
+changes the kernel cache key (settings that change generated code must).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kiln")
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: object
+    help: str
+    affects_cache: bool
+
+
+SETTINGS: dict[str, Setting] = {
+    "cache_dir": Setting(
+        "KILN_CACHE_DIR",
+        None,
+        "directory of the on-disk kernel cache (default ~/.cache/kiln)",
+        False,
+    ),
+    "log": Setting(
+        "KILN_LOG", "", "comma-separated log topics: graphs,kernels,timings,fallbacks", False
+    ),
+    "debug_dir": Setting(
+        "KILN_DEBUG_DIR",
+        "",
+        "when set, every graph, IR dump and kernel source is written here",
+        False,
+    ),
+    "realize_ops_threshold": Setting(
+        "KILN_REALIZE_OPS",
+        12,
+        "a pointwise value read by several consumers is computed once into a buffer when its "
+        "body holds at least this many ops (below it, it is recomputed in each consumer)",
+        True,
+    ),
+    "max_inline_ops": Setting(
+        "KILN_MAX_INLINE_OPS", 120, "a pointwise body past this many ops is always realized", True
+    ),
+    "fallback_unlowered": Setting(
+        "KILN_FALLBACK", True, "run ATen ops without a lowering eagerly (else raise)", False
+    ),
+}
+
+
+def _parse(setting: Setting, raw: str) -> object:
+    if isinstance(setting.default, bool):
+        return raw.lower() not in ("0", "false", "no", "off", "")
+    if isinstance(setting.default, int):
+        return int(raw)
+    return raw
+
+
+@dataclass(frozen=True)
+class Config:
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    log: str = ""
+    debug_dir: str = ""
+    realize_ops_threshold: int = 12
+    max_inline_ops: int = 120
+    fallback_unlowered: bool = True
+
+    @property
+    def log_topics(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.log.split(",") if t.strip())
+
+    def cache_key_part(self) -> str:
+        """The settings that change generated code, as a stable string."""
+        return ";".join(
+            f"{f.name}={getattr(self, f.name)}"
+            for f in fields(self)
+            if SETTINGS[f.name].affects_cache
+        )
+
+
+def read_config() -> Config:
+    """The configuration from the environment (the one place that reads it)."""
+    values: dict[str, object] = {}
+    for name, setting in SETTINGS.items():
+        raw = os.environ.get(setting.env)
+        if raw is not None and raw != "":
+            values[name] = _parse(setting, raw)
+    return Config(**values)
+
+
+def cache_dir() -> Path:
+    return Path(read_config().cache_dir)

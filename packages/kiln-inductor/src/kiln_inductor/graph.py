@@ -1,0 +1,370 @@
+"""GraphLowering: run an ATen FX graph over IR values, producing ``GraphIR``.
+
+Before: an ATen-level FX graph with ``meta['val']`` on every node (missing metadata is
+filled by running the graph on the meta device). After: ``GraphIR`` whose nodes are
+``ComputedBuffer``s and ``ExternKernel``s in program order, and whose outputs are
+realized ``StorageView``s (or constants).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from . import log
+from .config import read_config
+from .errors import LoweringError, source_line
+from .ir.nodes import (
+    Buffer,
+    ComputedBuffer,
+    ConstantBuffer,
+    ExternKernel,
+    ExternOutput,
+    GraphIR,
+    InputBuffer,
+    Layout,
+    Pointwise,
+    Reduction,
+    StorageView,
+    TensorValue,
+    View,
+)
+from .ir.ops import CountingHandler, ops_handler
+from .ir.symbols import coefficients, index_vars, sym
+from .lowering.context import lowering_context
+from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
+
+
+def fill_meta(gm: torch.fx.GraphModule) -> None:
+    """Give every node a ``meta['val']`` by running the graph on the meta device."""
+    if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
+        return
+    env: dict[torch.fx.Node, Any] = {}
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type != "meta":
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            if "val" not in n.meta:
+                raise LoweringError(
+                    f"placeholder {n.name}",
+                    "it has no meta['val'] and no example input was given",
+                    "pass example_inputs to compile_aten_graph",
+                    n,
+                )
+            env[n] = to_meta(n.meta["val"])
+        elif n.op == "get_attr":
+            env[n] = to_meta(getattr(gm, n.target))
+            n.meta.setdefault("val", env[n])
+        elif n.op == "call_function":
+            args = torch.fx.node.map_arg(n.args, lambda a: env[a])
+            kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
+            if "device" in kwargs and kwargs["device"] is not None:
+                kwargs = {**kwargs, "device": "meta"}
+            out = n.target(*args, **kwargs)
+            env[n] = out
+            n.meta.setdefault("val", out)
+    # device of factory outputs: the device of the inputs
+    return
+
+
+def _layout_of(val: torch.Tensor, device: torch.device | None = None) -> Layout:
+    return Layout(
+        device or val.device,
+        val.dtype,
+        tuple(sym(s) for s in val.shape),
+        tuple(sym(s) for s in val.stride()),
+        sym(val.storage_offset()),
+    )
+
+
+def _dense_layout(val: torch.Tensor, device: torch.device) -> Layout:
+    """meta's strides when they are a dense permutation (eager's output strides), else
+    contiguous."""
+    shape, stride = list(val.shape), list(val.stride())
+    order = sorted(range(len(shape)), key=lambda d: (stride[d], -d))
+    expected = 1
+    dense = True
+    for d in order:
+        if shape[d] == 1:
+            continue
+        if stride[d] != expected:
+            dense = False
+            break
+        expected *= shape[d]
+    if dense and val.numel() > 0:
+        strides = [0] * len(shape)
+        acc = 1
+        for d in order:
+            strides[d] = acc
+            acc *= max(shape[d], 1)
+        return Layout(
+            device, val.dtype, tuple(sym(s) for s in shape), tuple(sym(s) for s in strides)
+        )
+    return Layout.contiguous(device, val.dtype, [sym(s) for s in shape])
+
+
+class GraphLowering:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.ir = GraphIR()
+        self.current_node: torch.fx.Node | None = None
+        self.config = read_config()
+        self._count = 0
+        self.device = self._find_device()
+        self.fallback_ops: list[str] = []
+
+    def _find_device(self) -> torch.device:
+        for x in self.example_inputs:
+            if isinstance(x, torch.Tensor):
+                return torch.device(x.device.type if x.device.type != "meta" else "cpu")
+        for n in self.gm.graph.nodes:
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.device.type != "meta":
+                return val.device
+        return torch.device("cpu")
+
+    # -- buffers ---------------------------------------------------------------------------
+    def new_name(self, prefix: str = "buf") -> str:
+        self._count += 1
+        return f"{prefix}{self._count - 1}"
+
+    def add_node(self, node: ComputedBuffer | ExternKernel) -> None:
+        self.ir.nodes.append(node)
+        if isinstance(node, ComputedBuffer):
+            self.ir.buffers[node.name] = node
+        else:
+            for out in node.outputs:
+                self.ir.buffers[out.name] = out
+
+    def origin(self) -> str:
+        n = self.current_node
+        return str(n.target) if n is not None else ""
+
+    def realize(self, value: Any, layout: Layout | None = None) -> StorageView:
+        """A StorageView reading ``value`` from memory, computing it into a buffer if needed."""
+        if isinstance(value, StorageView) and (layout is None or value.layout == layout):
+            return value
+        if layout is None and isinstance(value, View):
+            strided = self.as_strided_view(value)
+            if strided is not None:
+                return strided
+        if layout is None:
+            layout = Layout.contiguous(value.device, value.dtype, value.size)
+        body = Pointwise(value.device, value.dtype, tuple(value.size), value.make_loader())
+        buf = ComputedBuffer(self.new_name(), layout, body, self.origin())
+        self.add_node(buf)
+        return StorageView(buf, layout)
+
+    def realize_reduction(self, red: Reduction) -> StorageView:
+        layout = Layout.contiguous(red.device, red.dtype, red.size)
+        buf = ComputedBuffer(self.new_name(), layout, red, self.origin())
+        self.add_node(buf)
+        return StorageView(buf, layout)
+
+    def as_strided_view(self, value: TensorValue) -> StorageView | None:
+        """If ``value`` is one affine load of a buffer, the StorageView that says so."""
+        rec = _LoadRecorder()
+        idx = index_vars("q", len(value.size))
+        with ops_handler(rec):
+            out = value.make_loader()(idx)
+        if len(rec.loads) != 1 or out is not rec.loads[0]:
+            return None
+        name, expr = rec.loads[0].name, rec.loads[0].index
+        co = coefficients(expr, idx)
+        if co is None or co[1].free_symbols:
+            return None
+        strides = [c if s != 1 else sympy.Integer(c) for c, s in zip(co[0], value.size)]
+        if any(c.free_symbols for c in strides) or any(c < 0 for c in strides) or co[1] < 0:
+            return None
+        buf = self.ir.buffers[name]
+        layout = Layout(buf.device, buf.dtype, tuple(value.size), tuple(strides), co[1])
+        return StorageView(buf, layout)
+
+    def maybe_realize_shared(self, value: Any, n_users: int) -> Any:
+        """Compute a value read by several consumers once, when recomputing it costs."""
+        if not isinstance(value, (Pointwise, View)) or isinstance(value, StorageView):
+            return value
+        cost = CountingHandler()
+        with ops_handler(cost):
+            value.make_loader()(index_vars("q", len(value.size)))
+        if cost.ops >= self.config.max_inline_ops or (
+            n_users > 1 and (cost.ops >= self.config.realize_ops_threshold or cost.expensive >= 2)
+        ):
+            return self.realize(value)
+        return value
+
+    # -- extern and fallback ---------------------------------------------------------------
+    def extern_call(self, op: Any, args: tuple, kwargs: dict, kind: str) -> Any:
+        """Call ``op`` from the wrapper; tensor arguments are realized first."""
+
+        def conv(a: Any) -> Any:
+            if isinstance(a, TensorValue):
+                return self.realize(a)
+            if isinstance(a, (list, tuple)):
+                return type(a)(conv(x) for x in a)
+            return a
+
+        args = tuple(conv(a) for a in args)
+        kwargs = {k: conv(v) for k, v in kwargs.items()}
+        name = self.new_name("extern" if kind == "extern" else "fallback")
+        val = self.current_node.meta["val"] if self.current_node is not None else None
+        outputs: list[ExternOutput] = []
+        results: list[Any] = []
+
+        def make(v: Any, path: tuple[int, ...]) -> Any:
+            if isinstance(v, torch.Tensor):
+                layout = _layout_of(v, self.device)
+                # the wrapper hands kernels data_ptr(), which already holds the offset
+                layout = Layout(layout.device, layout.dtype, layout.size, layout.stride)
+                buf = ExternOutput(self.new_name(), layout, name, path)
+                outputs.append(buf)
+                return StorageView(buf, layout)
+            if isinstance(v, (list, tuple)):
+                return tuple(make(x, (*path, i)) for i, x in enumerate(v))
+            return v
+
+        result = make(val, ())
+        self.add_node(ExternKernel(name, op, args, kwargs, kind, tuple(outputs)))
+        del results
+        return result
+
+    def fallback(self, node: torch.fx.Node, args: tuple, kwargs: dict, why: str) -> Any:
+        op = node.target
+        if not self.config.fallback_unlowered:
+            raise LoweringError(op, why, "write a lowering, or set KILN_FALLBACK=1", node)
+        where = source_line(node)
+        log.warn_once(
+            f"fallback:{op}",
+            f"kiln: {op} runs eagerly (fallback kernel): {why}"
+            + (f"\n  at {where}" if where else ""),
+        )
+        self.fallback_ops.append(str(op))
+        return self.extern_call(op, args, kwargs, "fallback")
+
+    # -- the graph -------------------------------------------------------------------------
+    def run(self) -> GraphIR:
+        fill_meta(self.gm)
+        env: dict[torch.fx.Node, Any] = {}
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        with lowering_context(self):
+            for i, n in enumerate(placeholders):
+                val = n.meta.get("val")
+                if isinstance(val, torch.Tensor):
+                    layout = _layout_of(val, self.device)
+                    layout = Layout(layout.device, layout.dtype, layout.size, layout.stride)
+                    buf = InputBuffer(f"arg{i}", layout)
+                    self.ir.inputs.append(buf)
+                    self.ir.buffers[buf.name] = buf
+                    env[n] = StorageView(buf, layout)
+                else:
+                    self.ir.inputs.append(None)  # type: ignore[arg-type]
+                    env[n] = self.example_inputs[i] if i < len(self.example_inputs) else val
+            for n in self.gm.graph.nodes:
+                self.current_node = n
+                if n.op == "get_attr":
+                    t = getattr(self.gm, n.target)
+                    layout = _layout_of(t, self.device)
+                    layout = Layout(layout.device, layout.dtype, layout.size, layout.stride)
+                    buf = ConstantBuffer(f"const{len(self.ir.constants)}", layout, t)
+                    self.ir.constants.append(buf)
+                    self.ir.buffers[buf.name] = buf
+                    env[n] = StorageView(buf, layout)
+                elif n.op == "call_function":
+                    env[n] = self.lower_node(n, env)
+                elif n.op == "output":
+                    self.lower_outputs(n, env)
+            self.current_node = None
+        return self.ir
+
+    def lower_node(self, n: torch.fx.Node, env: dict) -> Any:
+        args = torch.fx.node.map_arg(n.args, lambda a: env[a])
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
+        if n.target is operator.getitem:
+            return args[0][args[1]]
+        target = n.target
+        if target in EXTERN_OPS:
+            return self.extern_call(target, tuple(args), dict(kwargs), "extern")
+        if target in FALLBACK_OPS:
+            return self.fallback(n, tuple(args), dict(kwargs), FALLBACK_OPS[target])
+        lowering = LOWERINGS.get(target)
+        if lowering is None:
+            return self.fallback(n, tuple(args), dict(kwargs), "kiln has no lowering for it")
+        try:
+            out = lowering(*args, **kwargs)
+        except _Unsupported as e:
+            return self.fallback(n, tuple(args), dict(kwargs), str(e))
+        return self.maybe_realize_shared(out, len(n.users))
+
+    def lower_outputs(self, n: torch.fx.Node, env: dict) -> None:
+        outs = n.args[0]
+        if not isinstance(outs, (list, tuple)):
+            outs = (outs,)
+        for o in outs:
+            if not isinstance(o, torch.fx.Node):
+                self.ir.outputs.append(o)
+                continue
+            self.add_output(env[o], o.meta.get("val"))
+
+    def add_output(self, value: Any, val: Any) -> None:
+        if isinstance(value, (list, tuple)):
+            vals = val if isinstance(val, (list, tuple)) else [None] * len(value)
+            for v, m in zip(value, vals):
+                self.add_output(v, m)
+            return
+        if not isinstance(value, TensorValue):
+            self.ir.outputs.append(value)
+            return
+        if isinstance(value, StorageView):
+            self.ir.outputs.append(value)
+            return
+        layout = _dense_layout(val, self.device) if isinstance(val, torch.Tensor) else None
+        if layout is not None and (layout.dtype != value.dtype or layout.size != tuple(value.size)):
+            layout = None
+        strided = self.as_strided_view(value) if isinstance(value, View) else None
+        self.ir.outputs.append(strided or self.realize(value, layout))
+
+
+class _Unsupported(Exception):
+    """Raised by a lowering for a case it does not handle; the op falls back to eager."""
+
+
+Unsupported = _Unsupported
+
+
+class _Load:
+    def __init__(self, name: str, index: Any):
+        self.name, self.index = name, index
+
+
+class _LoadRecorder:
+    def __init__(self) -> None:
+        self.loads: list[_Load] = []
+
+    def load(self, name: str, index: Any) -> _Load:
+        ld = _Load(name, index)
+        self.loads.append(ld)
+        return ld
+
+    def indirect_indexing(self, *a: Any, **k: Any) -> Any:
+        return sympy.Symbol("indirect", integer=True)
+
+    def masked(self, mask: Any, body: Any, other: Any) -> Any:
+        body()
+        return object()
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: object()
+
+
+def buffer_of(value: Any) -> Buffer | None:
+    return value.buffer if isinstance(value, StorageView) else None

@@ -1,0 +1,188 @@
+"""Index arithmetic: loop variables, floor division and modulo over sympy.
+
+Sizes, strides and indices in the IR are sympy expressions. Loop variables are
+non-negative integer symbols; ``FloorDiv`` and ``ModIndex`` are floor division and
+remainder of non-negative integers, which print as C/C++ ``/`` and ``%``.
+``simplify_index`` removes them where the loop ranges prove them trivial, which is what
+keeps reshapes of contiguous data vectorizable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import sympy
+
+Expr = sympy.Expr
+
+
+def sym(value: object) -> Expr:
+    """A sympy integer expression for a size, stride or index."""
+    if isinstance(value, sympy.Basic):
+        return value  # type: ignore[return-value]
+    return sympy.Integer(int(value))  # type: ignore[call-overload]
+
+
+def index_vars(prefix: str, count: int) -> list[sympy.Symbol]:
+    return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(count)]
+
+
+def product(values: Iterable[Expr]) -> Expr:
+    out: Expr = sympy.Integer(1)
+    for v in values:
+        out = out * v
+    return out
+
+
+def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
+    strides: list[Expr] = []
+    acc: Expr = sympy.Integer(1)
+    for s in reversed(size):
+        strides.append(acc)
+        acc = acc * sympy.Max(s, 1) if not s.is_Integer else acc * max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def flat_index(
+    index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.S.Zero
+) -> Expr:
+    out = offset
+    for i, s in zip(index, strides):
+        if s != 0:
+            out = out + i * s
+    return out
+
+
+def unflatten_index(flat: Expr, size: Sequence[Expr]) -> list[Expr]:
+    """Split a row-major flat index into per-dimension indices of ``size``."""
+    out: list[Expr] = []
+    stride: Expr = sympy.Integer(1)
+    for s in reversed(size):
+        if s == 1:
+            out.append(sympy.Integer(0))
+            continue
+        out.append(ModIndex(FloorDiv(flat, stride), s))
+        stride = stride * s
+    return list(reversed(out))
+
+
+def _split_divisible(base: Expr, divisor: Expr) -> tuple[Expr, Expr]:
+    """base = divisor * q + r, with q collecting the terms whose coefficient divides."""
+    q: Expr = sympy.Integer(0)
+    r: Expr = sympy.Integer(0)
+    for term in sympy.Add.make_args(base):
+        coeff, rest = term.as_coeff_Mul()
+        if divisor.is_Integer and coeff.is_Integer and int(coeff) % int(divisor) == 0:
+            q = q + (coeff // divisor) * rest
+        elif (
+            not divisor.is_Integer
+            and (term / divisor).is_polynomial()
+            and sympy.fraction(sympy.cancel(term / divisor))[1] == 1
+        ):
+            q = q + sympy.cancel(term / divisor)
+        else:
+            r = r + term
+    return q, r
+
+
+class FloorDiv(sympy.Function):
+    """floor(base / divisor) for non-negative integers."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base, divisor):  # type: ignore[override]
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        q, r = _split_divisible(base, divisor)
+        if q != 0:
+            return q + FloorDiv(r, divisor)
+        return None
+
+
+class ModIndex(sympy.Function):
+    """base % divisor for non-negative integers."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base, divisor):  # type: ignore[override]
+        if divisor == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) % int(divisor))
+        q, r = _split_divisible(base, divisor)
+        if q != 0:
+            return ModIndex(r, divisor)
+        return None
+
+
+def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
+    """An upper bound (inclusive) of a non-negative index expression over loop ranges."""
+    expr = sympy.expand(expr)
+    total: Expr = sympy.Integer(0)
+    for term in sympy.Add.make_args(expr):
+        coeff, rest = term.as_coeff_Mul()
+        if rest == 1:
+            total = total + coeff
+            continue
+        if coeff < 0:
+            continue  # dropping a negative term keeps the bound an upper bound
+        if isinstance(rest, sympy.Symbol) and rest in ranges:
+            total = total + coeff * (ranges[rest] - 1)
+        elif isinstance(rest, ModIndex):
+            total = total + coeff * (rest.args[1] - 1)
+        elif isinstance(rest, FloorDiv):
+            inner = upper_bound(rest.args[0], ranges)
+            if inner is None:
+                return None
+            total = total + coeff * FloorDiv(inner, rest.args[1])
+        else:
+            return None
+    return total
+
+
+def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
+    """Drop FloorDiv/ModIndex that the loop ranges prove trivial."""
+
+    def visit(e: Expr) -> Expr:
+        if not e.args:
+            return e
+        args = [visit(a) for a in e.args]
+        e = e.func(*args) if tuple(args) != e.args else e
+        if isinstance(e, (FloorDiv, ModIndex)):
+            base, div = e.args
+            bound = upper_bound(base, ranges)
+            if bound is not None and bound.is_Integer and div.is_Integer and bound < div:
+                return sympy.Integer(0) if isinstance(e, FloorDiv) else base
+            # (a*d + b) // d where 0 <= b < d  ->  a
+            q, r = _split_divisible(sympy.expand(base), div)
+            rb = upper_bound(r, ranges) if r != 0 else sympy.Integer(0)
+            if q != 0 and rb is not None and rb.is_Integer and div.is_Integer and rb < div:
+                return q if isinstance(e, FloorDiv) else r
+        return e
+
+    return visit(sympy.expand(expr))
+
+
+def coefficients(expr: Expr, variables: Sequence[sympy.Symbol]) -> tuple[list[Expr], Expr] | None:
+    """Strides of ``expr`` in each variable and its constant offset, when it is affine."""
+    expr = sympy.expand(expr)
+    coeffs: list[Expr] = []
+    for v in variables:
+        c = expr.coeff(v, 1)
+        coeffs.append(c)
+    rest = sympy.expand(expr - sum((c * v for c, v in zip(coeffs, variables)), sympy.Integer(0)))
+    if any(v in rest.free_symbols for v in variables):
+        return None
+    if any(any(v in c.free_symbols for v in variables) for c in coeffs):
+        return None
+    return coeffs, rest

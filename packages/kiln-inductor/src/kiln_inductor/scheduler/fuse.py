@@ -1,0 +1,314 @@
+"""fuse_nodes: group scheduler nodes into kernels.
+
+Before: ``GraphIR.nodes`` in program order. After: a list of steps, each a ``FusedGroup``
+(one generated kernel) or an ``ExternKernel`` (an ATen call), in an order that respects
+every dependency.
+
+A group has *outer* loops shared by all its members (the longest common prefix of their
+iteration ranges; parallel) and a sequence of *blocks* inside them, each an inner loop nest
+(vectorized) over the rest of a member's ranges: a pointwise block holds nodes of equal
+inner ranges computed in one loop, a reduction block holds reductions over equal ranges
+computed in one pass. Pointwise chains are already one body (inlined at lowering), so
+this fuses: pointwise → reduction → pointwise (softmax, layer_norm: one kernel), and
+independent nodes sharing an iteration space.
+
+A member may read a buffer another member writes only when, for every outer iteration, it
+reads exactly what that iteration wrote (checked on the affine index), and inside one
+block only at the very index it was written. Buffers that no one outside the group reads
+stay in registers (``FusedGroup.local``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Reduction, StorageView
+from ..ir.symbols import (
+    Expr,
+    coefficients,
+    contiguous_strides,
+    index_vars,
+    simplify_index,
+    upper_bound,
+)
+from .access import Access, node_access
+
+MAX_GROUP_NODES = 48
+
+
+@dataclass
+class Block:
+    kind: str  # "pointwise" | "reduction" | "welford"
+    inner: tuple[Expr, ...]  # non-reduced inner ranges
+    rranges: tuple[Expr, ...]
+    vars: tuple[sympy.Symbol, ...]
+    rvars: tuple[sympy.Symbol, ...]
+    nodes: list[ComputedBuffer] = field(default_factory=list)
+
+
+@dataclass
+class FusedGroup:
+    name: str
+    nodes: list[ComputedBuffer]
+    outer: tuple[Expr, ...]
+    outer_vars: tuple[sympy.Symbol, ...]
+    blocks: list[Block]
+    # for each node: (loop vars of its ranges, reduction vars, store index, loads)
+    bound: dict[str, tuple[list[Expr], list[Expr], Expr, list[tuple[str, Expr]]]]
+    local: set[str] = field(default_factory=set)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    aliases: set[str] = field(default_factory=set)  # arguments that may share storage
+
+    def block_of(self, name: str) -> int:
+        for k, b in enumerate(self.blocks):
+            if any(n.name == name for n in b.nodes):
+                return k
+        raise KeyError(name)
+
+
+Step = FusedGroup | ExternKernel
+
+
+def _common_prefix(seqs: Sequence[Sequence[Expr]]) -> tuple[Expr, ...]:
+    out: list[Expr] = []
+    for items in zip(*seqs):
+        if all(x == items[0] for x in items):
+            out.append(items[0])
+        else:
+            break
+    return tuple(out)
+
+
+def _dense_inner(
+    store: Expr,
+    outer_vars: Sequence[sympy.Symbol],
+    inner_vars: Sequence[sympy.Symbol],
+    inner: Sequence[Expr],
+) -> tuple[list[Expr], Expr] | None:
+    """(outer strides, inner extent) when the store covers [0, extent) for each outer index."""
+    co = coefficients(store, [*outer_vars, *inner_vars])
+    if co is None or co[1] != 0:
+        return None
+    outer_strides = co[0][: len(outer_vars)]
+    pairs = sorted(
+        ((s, n) for s, n in zip(co[0][len(outer_vars) :], inner) if n != 1), key=lambda p: str(p[0])
+    )
+    sizes = [n for _, n in sorted(pairs, key=lambda p: p[0] if p[0].is_number else 0, reverse=True)]
+    strides = [
+        s for s, _ in sorted(pairs, key=lambda p: p[0] if p[0].is_number else 0, reverse=True)
+    ]
+    if list(strides) != list(contiguous_strides(sizes)):
+        return None
+    extent: Expr = sympy.Integer(1)
+    for n in sizes:
+        extent = extent * n
+    return outer_strides, extent
+
+
+def plan_group(
+    name: str, nodes: list[ComputedBuffer], accesses: dict[str, Access]
+) -> FusedGroup | None:
+    """Loops and blocks for ``nodes`` as one kernel, or None if they cannot share one."""
+    ranges = [accesses[n.name].ranges for n in nodes]
+    outer = _common_prefix(ranges)
+    if not outer and any(r for r in ranges) and len(nodes) > 1:
+        return None
+    if (
+        len(nodes) > 1
+        and any(s == 1 for s in outer)
+        and sympy.prod(outer) == 1
+        and any(r for r in ranges)
+    ):
+        return None
+    ovars = tuple(sympy.Symbol(f"x{k}", integer=True, nonnegative=True) for k in range(len(outer)))
+    blocks: list[Block] = []
+    bound: dict[str, tuple[list[Expr], list[Expr], Expr, list[tuple[str, Expr]]]] = {}
+    written: dict[str, int] = {}  # buffer -> block index
+    for node in nodes:
+        acc = accesses[node.name]
+        kind = "pointwise"
+        if isinstance(node.body, Reduction):
+            kind = "welford" if node.body.reduction_type.startswith("welford") else "reduction"
+        inner = acc.ranges[len(outer) :]
+        rr = acc.rranges
+        reads_group = [ld for ld in acc.loads if ld[0] in written]
+        if reads_group and acc.indirect:
+            return None
+        last = blocks[-1] if blocks else None
+        same = last is not None and last.kind == kind and last.inner == inner and last.rranges == rr
+        if same and kind != "pointwise":
+            same = not any(written[b] == len(blocks) - 1 for b, _ in reads_group)
+        candidates = [last] if same else []
+        chosen: Block | None = None
+        for block in [*candidates, None]:
+            if block is None:
+                k = len(blocks)
+                bvars = tuple(
+                    sympy.Symbol(f"y{k}_{j}", integer=True, nonnegative=True)
+                    for j in range(len(inner))
+                )
+                brvars = tuple(
+                    sympy.Symbol(f"z{k}_{j}", integer=True, nonnegative=True)
+                    for j in range(len(rr))
+                )
+                block = Block(kind, inner, rr, bvars, brvars)
+            vars_ = [*ovars, *block.vars]
+            subs = dict(zip(acc.vars, vars_)) | dict(zip(acc.rvars, block.rvars))
+            var_ranges = (
+                dict(zip(ovars, outer)) | dict(zip(block.vars, inner)) | dict(zip(block.rvars, rr))
+            )
+            loads = [
+                (b, simplify_index(sympy.expand(e.xreplace(subs)), var_ranges))
+                for b, e in acc.loads
+            ]
+            store = sympy.expand(acc.store.xreplace(subs))
+            ok = True
+            this_block = len(blocks) if block not in blocks else blocks.index(block)
+            for b, e in loads:
+                if b not in written:
+                    continue
+                wb = written[b]
+                wvars, _, wstore, _ = bound[b]
+                if wb == this_block:
+                    if sympy.expand(e - wstore) != 0:
+                        ok = False
+                        break
+                    continue
+                wblock = blocks[wb]
+                dense = _dense_inner(wstore, ovars, wblock.vars, wblock.inner)
+                if dense is None:
+                    ok = False
+                    break
+                co = coefficients(e, list(ovars))
+                if co is None or [sympy.expand(c) for c in co[0]] != [
+                    sympy.expand(c) for c in dense[0]
+                ]:
+                    ok = False
+                    break
+                rest = co[1]
+                if not rest.free_symbols <= set(block.vars) | set(block.rvars):
+                    ok = False
+                    break
+                if not _within(rest, var_ranges, dense[1]):
+                    ok = False
+                    break
+            if ok:
+                chosen = block
+                if block not in blocks:
+                    blocks.append(block)
+                block.nodes.append(node)
+                bound[node.name] = (vars_, list(block.rvars), store, loads)
+                written[node.name] = blocks.index(block)
+                break
+        if chosen is None:
+            return None
+    return FusedGroup(name, list(nodes), outer, ovars, blocks, bound)
+
+
+def _within(rest: Expr, var_ranges: dict[sympy.Symbol, Expr], extent: Expr) -> bool:
+    """0 <= rest <= extent - 1 over the loop ranges (rest affine, coefficients >= 0)."""
+    syms = sorted(rest.free_symbols, key=str)
+    co = coefficients(rest, syms)
+    if co is None or not co[1].is_number or co[1] < 0:
+        return False
+    if any(not c.is_number or c < 0 for c in co[0]):
+        return False
+    ub = upper_bound(rest, var_ranges)
+    return ub is not None and ub.is_number and bool(ub <= extent - 1)
+
+
+def _users(ir: GraphIR, accesses: dict[str, Access]) -> dict[str, set[str]]:
+    users: dict[str, set[str]] = {}
+    for node in ir.nodes:
+        reads = (
+            [b for b, _ in accesses[node.name].loads]
+            if isinstance(node, ComputedBuffer)
+            else node.input_buffers()
+        )
+        for b in reads:
+            users.setdefault(b, set()).add(node.name)
+    for out in ir.outputs:
+        if isinstance(out, StorageView):
+            users.setdefault(out.buffer.name, set()).add("<output>")
+    return users
+
+
+def fuse_nodes(ir: GraphIR) -> list[Step]:
+    accesses = {n.name: node_access(n) for n in ir.nodes if isinstance(n, ComputedBuffer)}
+    users = _users(ir, accesses)
+    steps: list[Step] = []
+    where: dict[str, int] = {}  # buffer -> step index
+    count = 0
+    for node in ir.nodes:
+        if isinstance(node, ExternKernel):
+            steps.append(node)
+            for out in node.outputs:
+                where[out.name] = len(steps) - 1
+            continue
+        deps = [b for b, _ in accesses[node.name].loads if b in where]
+        first = max((where[b] for b in deps), default=0)
+        placed = False
+        for pos in range(first, len(steps)):
+            step = steps[pos]
+            if not isinstance(step, FusedGroup) or len(step.nodes) >= MAX_GROUP_NODES:
+                continue
+            plan = plan_group(step.name, [*step.nodes, node], accesses)
+            if plan is not None:
+                steps[pos] = plan
+                where[node.name] = pos
+                placed = True
+                break
+        if not placed:
+            plan = plan_group(f"kernel{count}", [node], accesses)
+            count += 1
+            assert plan is not None, node.name
+            steps.append(plan)
+            where[node.name] = len(steps) - 1
+    for step in steps:
+        if isinstance(step, FusedGroup):
+            _finish_group(step, users)
+    return steps
+
+
+def _finish_group(group: FusedGroup, users: dict[str, set[str]]) -> None:
+    members = {n.name for n in group.nodes}
+    for node in group.nodes:
+        readers = users.get(node.name, set())
+        if not readers or not readers <= members:
+            continue
+        kb = group.block_of(node.name)
+        block = group.blocks[kb]
+        store = group.bound[node.name][2]
+        if block.kind != "pointwise":
+            if not block.inner:
+                group.local.add(node.name)
+            continue
+        same_index = all(
+            group.block_of(r) == kb
+            and all(sympy.expand(e - store) == 0 for b, e in group.bound[r][3] if b == node.name)
+            for r in readers
+        )
+        if same_index:
+            group.local.add(node.name)
+    reads: list[str] = []
+    for node in group.nodes:
+        for b, _ in group.bound[node.name][3]:
+            if b not in members and b not in reads:
+                reads.append(b)
+    group.inputs = reads
+    group.outputs = [n.name for n in group.nodes if n.name not in group.local]
+
+
+def loop_var_ranges(group: FusedGroup, block: Block) -> dict[sympy.Symbol, Expr]:
+    return (
+        dict(zip(group.outer_vars, group.outer))
+        | dict(zip(block.vars, block.inner))
+        | dict(zip(block.rvars, block.rranges))
+    )
+
+
+_ = index_vars

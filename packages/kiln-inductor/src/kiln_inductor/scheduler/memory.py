@@ -1,0 +1,140 @@
+"""plan_memory: decide, for each kernel output buffer, whether it gets fresh storage or
+reuses the storage of a buffer that is dead by then, and when each buffer can be freed.
+
+Before: the ordered steps of ``fuse_nodes``. After: a ``MemoryPlan``.
+
+Only storage the wrapper allocated itself is recycled (never graph inputs, constants or
+what an ATen call returned, which may alias other tensors). A buffer is dead after the last
+step that reads it; graph outputs never die. A kernel may write its output in place of an
+input it is the last reader of when every read of that input is at the very index it
+writes (a pointwise output written over a dead input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, StorageView
+from .fuse import FusedGroup, Step
+
+
+@dataclass
+class MemoryPlan:
+    # step index -> [(buffer, reused buffer or None, 'new' | 'pool' | 'inplace')]
+    allocations: dict[int, list[tuple[str, str | None, str]]] = field(default_factory=dict)
+    frees: dict[int, list[str]] = field(default_factory=dict)  # freed after the step
+    reused: int = 0
+
+
+def _reads(step: Step) -> list[str]:
+    if isinstance(step, ExternKernel):
+        return step.input_buffers()
+    return list(step.inputs)
+
+
+def plan_memory(steps: list[Step], ir: GraphIR) -> MemoryPlan:
+    plan = MemoryPlan()
+    last_use: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        for b in _reads(step):
+            last_use[b] = k
+        if isinstance(step, ExternKernel) and step.kind == "fallback":
+            # a fallback may return a view of its input: keep the input alive with it
+            pass
+    outputs = {o.buffer.name for o in ir.outputs if isinstance(o, StorageView)}
+    # fallback outputs may alias their inputs: inputs live as long as the outputs
+    for k, step in enumerate(steps):
+        if isinstance(step, ExternKernel) and step.kind == "fallback":
+            ends = [last_use.get(o.name, k) for o in step.outputs]
+            alias_end = max(ends, default=k)
+            if any(o.name in outputs for o in step.outputs):
+                alias_end = len(steps)
+            for b in step.input_buffers():
+                last_use[b] = max(last_use.get(b, k), alias_end)
+    for b in outputs:
+        last_use[b] = len(steps)
+    owned: set[str] = set()
+    pool: list[str] = []  # dead storage the wrapper owns
+    dying_here: dict[int, list[str]] = {}
+    for b, k in last_use.items():
+        dying_here.setdefault(k, []).append(b)
+    for k, step in enumerate(steps):
+        allocs: list[tuple[str, str | None, str]] = []
+        if isinstance(step, FusedGroup):
+            for name in step.outputs:
+                buf = ir.buffers[name]
+                reuse = _pick(pool, buf, ir)
+                kind = "pool" if reuse is not None else "new"
+                if reuse is None:
+                    reuse = _in_place(step, name, k, last_use, owned, ir)
+                    if reuse is not None:
+                        owned.discard(reuse)  # its storage now belongs to ``name``
+                        step.aliases.add(reuse)
+                        step.aliases.add(name)
+                        kind = "inplace"
+                if reuse is not None:
+                    if reuse in pool:
+                        pool.remove(reuse)
+                    plan.reused += 1
+                allocs.append((name, reuse, kind))
+                owned.add(name)
+        plan.allocations[k] = allocs
+        freed = [b for b in dying_here.get(k, []) if b not in outputs]
+        # owned storage stays referenced (in the pool) until a later buffer takes it over
+        plan.frees[k] = [b for b in freed if b not in owned]
+        pool.extend(b for b in freed if b in owned and b not in pool)
+        for name, _, _ in allocs:
+            if last_use.get(name) is None and name not in outputs:
+                pool.append(name)  # written but never read (dead output)
+    return plan
+
+
+def _span_bytes(name: str, ir: GraphIR) -> sympy.Expr:
+    lay = ir.buffers[name].layout
+    return lay.storage_span() * lay.dtype.itemsize
+
+
+def _pick(pool: list[str], buf: ComputedBuffer, ir: GraphIR) -> str | None:
+    need = _span_bytes(buf.name, ir)
+    best, best_size = None, None
+    for cand in pool:
+        have = _span_bytes(cand, ir)
+        if ir.buffers[cand].device != buf.device or not (have - need).is_number or have < need:
+            continue
+        if have > 2 * need:
+            continue  # keep big blocks for big buffers
+        if best_size is None or have < best_size:
+            best, best_size = cand, have
+    return best
+
+
+def _in_place(
+    group: FusedGroup, name: str, k: int, last_use: dict[str, int], owned: set[str], ir: GraphIR
+) -> str | None:
+    store = group.bound[name][2]
+    kb = group.block_of(name)
+    buf = ir.buffers[name]
+    for cand in group.inputs:
+        if cand not in owned or last_use.get(cand) != k:
+            continue
+        other = ir.buffers[cand]
+        if other.layout != buf.layout:
+            continue
+        ok = True
+        for node in group.nodes:
+            for b, e in group.bound[node.name][3]:
+                if b == cand and (group.block_of(node.name) != kb or sympy.expand(e - store) != 0):
+                    ok = False
+        # every reader must be in the block at or before the writer; readers after it would
+        # see the new values
+        if ok:
+            names = [n.name for n in group.blocks[kb].nodes]
+            pos = names.index(name)
+            for later in names[pos + 1 :]:
+                if any(b == cand for b, _ in group.bound[later][3]):
+                    ok = False
+        if ok:
+            return cand
+    return None

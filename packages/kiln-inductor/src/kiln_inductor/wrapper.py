@@ -1,0 +1,109 @@
+"""generate_wrapper: the host Python function of a compiled graph.
+
+Before: ordered steps, a memory plan and one loaded kernel per group. After: Python source
+of ``call(args) -> tuple`` that allocates buffers with their strides (or reuses dead
+storage), launches kernels through the backend's call line, calls extern and fallback ATen
+ops, frees intermediates after their last use, and returns the outputs (views of buffers
+where an output is a view). The same wrapper serves every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .backend import KernelBackend
+from .ir.nodes import Buffer, ExternKernel, GraphIR, Layout, StorageView
+from .scheduler.fuse import FusedGroup, Step
+from .scheduler.memory import MemoryPlan
+
+
+def _tuple(values: Any) -> str:
+    items = [str(int(v)) if getattr(v, "is_Integer", False) else str(v) for v in values]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+class WrapperCodegen:
+    def __init__(
+        self, ir: GraphIR, steps: list[Step], plan: MemoryPlan, backend: KernelBackend | None
+    ):
+        self.ir, self.steps, self.plan, self.backend = ir, steps, plan, backend
+        self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided}
+        self.lines: list[str] = []
+
+    def _global(self, prefix: str, value: Any) -> str:
+        for k, v in self.globals.items():
+            if v is value and k.startswith(prefix):
+                return k
+        name = f"{prefix}{len(self.globals)}"
+        self.globals[name] = value
+        return name
+
+    def view_expr(self, view: StorageView) -> str:
+        """The wrapper expression for a StorageView (the buffer itself or a strided view)."""
+        buf: Buffer = view.buffer
+        if view.layout == buf.layout:
+            return buf.name
+        lay = view.layout
+        return f"{buf.name}.as_strided({_tuple(lay.size)}, {_tuple(lay.stride)}, {buf.name}.storage_offset() + {int(lay.offset)})"
+
+    def _alloc(self, name: str, reuse: str | None, kind: str) -> str:
+        lay: Layout = self.ir.buffers[name].layout
+        if reuse is not None:
+            line = f"{name} = {reuse}.as_strided({_tuple(lay.size)}, {_tuple(lay.stride)}, 0)"
+            return line + (f"; del {reuse}" if kind == "pool" else "  # in place")
+        dtype = self._global("dtype_", lay.dtype)
+        return f"{name} = empty_strided({_tuple(lay.size)}, {_tuple(lay.stride)}, dtype={dtype}, device='{lay.device}')"
+
+    def _arg(self, a: Any) -> str:
+        if isinstance(a, StorageView):
+            return self.view_expr(a)
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self._arg(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return self._global("c_", a)
+        if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
+            return f"float('{a}')"
+        return repr(a)
+
+    def generate(self, kernels: dict[str, str]) -> str:
+        ins = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.ir.inputs)]
+        out = ["def call(args):"]
+        body: list[str] = []
+        if ins:
+            body.append(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
+        for c in self.ir.constants:
+            body.append(f"{c.name} = {self._global('const_', c.value)}")
+        for k, step in enumerate(self.steps):
+            for name, reuse, kind in self.plan.allocations.get(k, []):
+                body.append(self._alloc(name, reuse, kind))
+            if isinstance(step, FusedGroup):
+                args = [*step.inputs, *step.outputs]
+                assert self.backend is not None
+                body.append(self.backend.call_line(kernels[step.name], args) + f"  # {step.name}")
+            else:
+                body.extend(self._extern(step))
+            freed = self.plan.frees.get(k, [])
+            if freed:
+                body.append(f"del {', '.join(freed)}")
+        outs = []
+        for o in self.ir.outputs:
+            outs.append(self.view_expr(o) if isinstance(o, StorageView) else self._arg(o))
+        body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        out.extend("    " + line for line in body)
+        return "\n".join(out) + "\n"
+
+    def _extern(self, step: ExternKernel) -> list[str]:
+        op = self._global("aten_", step.op)
+        args = ", ".join(
+            [self._arg(a) for a in step.args]
+            + [f"{k}={self._arg(v)}" for k, v in step.kwargs.items()]
+        )
+        lines = [f"{step.name} = {op}({args})  # {step.kind} {step.op}"]
+        for o in step.outputs:
+            path = "".join(f"[{i}]" for i in o.path)
+            lines.append(f"{o.name} = {step.name}{path}")
+        lines.append(f"del {step.name}")
+        return lines
