@@ -13,4 +13,18 @@ if tuple(_C.built_for_python()) != sys.version_info[:2]:
         f"{sys.version_info[:2]}; reinstall kiln-capture with this interpreter"
     )
 
-__all__ = ["__version__"]
+from kiln_capture.api import ExplainOutput, OptimizedModule, disable, explain, optimize, reset
+from kiln_capture.breaks import GraphBreak
+from kiln_capture.errors import GraphBreakError
+
+__all__ = [
+    "ExplainOutput",
+    "GraphBreak",
+    "GraphBreakError",
+    "OptimizedModule",
+    "__version__",
+    "disable",
+    "explain",
+    "optimize",
+    "reset",
+]

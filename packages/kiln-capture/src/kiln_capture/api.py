@@ -1,0 +1,139 @@
+"""The public API: optimize, explain, disable, reset."""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import fx, nn
+
+from kiln_capture import _C
+from kiln_capture.breaks import GraphBreak
+from kiln_capture.hook import Context, Recorder, context_stack, reset
+
+
+class _Enabled:
+    """Push a capture context and turn the frame hook on for this thread."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        context_stack().append(self.ctx)
+        self.prev = _C.set_enabled(True)
+
+    def __exit__(self, *exc) -> None:
+        _C.set_enabled(self.prev)
+        context_stack().pop()
+
+
+class OptimizedModule(nn.Module):
+    """An nn.Module whose calls run under capture; parameters stay those of the original."""
+
+    def __init__(self, mod: nn.Module, ctx: Context) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        self._kiln_ctx = ctx
+
+    def forward(self, *args, **kwargs):
+        with _Enabled(self._kiln_ctx):
+            return self._orig_mod(*args, **kwargs)
+
+
+def optimize(backend, fullgraph: bool = False):
+    """Return a decorator: ``optimize(backend)(fn_or_module)`` captures graphs for ``backend``.
+
+    ``backend(gm: torch.fx.GraphModule, example_inputs: list) -> callable`` is called once
+    per captured graph (the protocol of torch.compile custom backends).
+    """
+    ctx = Context(backend=backend, fullgraph=fullgraph)
+
+    def wrap(obj):
+        if isinstance(obj, nn.Module):
+            return OptimizedModule(obj, ctx)
+
+        @functools.wraps(obj)
+        def optimized(*args, **kwargs):
+            with _Enabled(ctx):
+                return obj(*args, **kwargs)
+
+        optimized._kiln_ctx = ctx
+        return optimized
+
+    return wrap
+
+
+def disable(fn=None):
+    """Run ``fn`` without capture (also inside an optimized function: a graph break there)."""
+    if fn is None:
+        return disable
+
+    @functools.wraps(fn)
+    def disabled(*args, **kwargs):
+        prev = _C.set_enabled(False)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _C.set_enabled(prev)
+
+    disabled._kiln_disabled = True
+    return disabled
+
+
+@dataclass
+class ExplainOutput:
+    graphs: list[fx.GraphModule] = field(default_factory=list)
+    breaks: list[GraphBreak] = field(default_factory=list)
+    guards: list[str] = field(default_factory=list)
+    recompiles: list[str] = field(default_factory=list)
+    result: Any = None
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def break_count(self) -> int:
+        return len(self.breaks)
+
+    def __str__(self) -> str:
+        lines = [
+            f"graphs: {self.graph_count}, graph breaks: {self.break_count}, recompiles: {len(self.recompiles)}"
+        ]
+        for i, gm in enumerate(self.graphs):
+            ops = sum(1 for n in gm.graph.nodes if n.op.startswith("call"))
+            lines.append(f"--- graph {i} ({ops} ops) ---\n{gm.code.strip()}")
+        for b in self.breaks:
+            lines.append(f"--- break ---\n{b}")
+        if self.guards:
+            lines.append("--- guards ---\n  " + "\n  ".join(self.guards))
+        for r in self.recompiles:
+            lines.append(f"--- recompile ---\n{r}")
+        return "\n".join(lines)
+
+
+def explain(fn, *args, **kwargs):
+    """``explain(fn)(*args)`` (or ``explain(fn, *args)``): run ``fn`` captured and report
+    its graphs, graph breaks (reason and source line), guards and recompiles."""
+
+    def run(*a, **k) -> ExplainOutput:
+        reset()
+        rec = Recorder()
+
+        def backend(gm, example_inputs):
+            return gm.forward
+
+        ctx = Context(backend=backend, fullgraph=False, recorder=rec)
+        target = fn._orig_mod if isinstance(fn, OptimizedModule) else fn
+        with _Enabled(ctx):
+            result = target(*a, **k)
+        return ExplainOutput(rec.graphs, rec.breaks, rec.guards, rec.recompiles, result)
+
+    if args or kwargs:
+        return run(*args, **kwargs)
+    return run
+
+
+__all__ = ["ExplainOutput", "OptimizedModule", "disable", "explain", "optimize", "reset", "types"]

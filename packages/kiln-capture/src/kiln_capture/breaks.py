@@ -1,0 +1,94 @@
+"""The registry of graph-break reasons: stable ids, an explanation and a hint each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BreakKind:
+    id: str
+    why: str
+    hint: str
+
+
+def _k(id: str, why: str, hint: str) -> BreakKind:
+    return BreakKind(id, why, hint)
+
+
+PRINT = _k(
+    "B001",
+    "print() writes to the outside world",
+    "move the print out of the model, or accept the break",
+)
+TENSOR_BRANCH = _k(
+    "B002",
+    "control flow depends on a tensor's value",
+    "use torch.where, or compute the condition on shapes",
+)
+DATA_DEPENDENT = _k(
+    "B003",
+    "the op's output shape or value depends on tensor data",
+    "the op runs eagerly; avoid it in hot code",
+)
+TENSOR_TO_PYTHON = _k(
+    "B004", "a tensor value is converted to a Python value", "keep the value as a tensor"
+)
+UNKNOWN_CALLABLE = _k(
+    "B005",
+    "a call into a function kiln cannot trace (C function or unsupported object)",
+    "the call runs eagerly; wrap it in kiln_capture.disable to silence this",
+)
+UNSUPPORTED_BYTECODE = _k(
+    "B006",
+    "a bytecode instruction kiln does not evaluate",
+    "rewrite the construct, or accept the break",
+)
+DISABLED = _k(
+    "B007", "the function is marked kiln_capture.disable", "remove the decorator to capture it"
+)
+NO_META = _k(
+    "B008",
+    "the op has no meta-device implementation, so its output cannot be described without running it",
+    "the op runs eagerly",
+)
+UNSUPPORTED_VALUE = _k(
+    "B009", "an operation on a Python value kiln does not model", "the step runs eagerly"
+)
+EXCEPTION = _k(
+    "B010",
+    "the captured code raises an exception",
+    "the frame runs eagerly so that the exception is raised as usual",
+)
+
+ALL: tuple[BreakKind, ...] = (
+    PRINT,
+    TENSOR_BRANCH,
+    DATA_DEPENDENT,
+    TENSOR_TO_PYTHON,
+    UNKNOWN_CALLABLE,
+    UNSUPPORTED_BYTECODE,
+    DISABLED,
+    NO_META,
+    UNSUPPORTED_VALUE,
+    EXCEPTION,
+)
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """One graph break as reported by explain() and the ``breaks`` log."""
+
+    kind: BreakKind
+    detail: str
+    filename: str
+    lineno: int
+    line: str
+    resumed: bool = True
+
+    def __str__(self) -> str:
+        how = "resumed after the step" if self.resumed else "the rest of the frame runs eagerly"
+        return (
+            f"[{self.kind.id}] {self.detail}\n  at {self.filename}:{self.lineno}   {self.line.strip()}\n"
+            f"  why: {self.kind.why}\n  fix: {self.kind.hint} ({how})"
+        )

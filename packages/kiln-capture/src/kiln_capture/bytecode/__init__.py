@@ -1,0 +1,1 @@
+"""Bytecode generation: trampolines for handled frames, continuation (resume) functions."""

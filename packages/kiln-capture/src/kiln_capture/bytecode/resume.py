@@ -1,0 +1,137 @@
+"""Continuation functions: the rest of a frame after a graph break, as a new function.
+
+Design note: "prologue + original body"
+---------------------------------------
+A continuation's code is the original code with a short prologue in front:
+``COPY_FREE_VARS; RESUME; LOAD_FAST <stack values> (PUSH_NULL for NULLs); JUMP_FORWARD
+<resume offset>``. Relative jumps inside the original body stay valid because the body
+moves as a whole; the exception table is shifted by the prologue's length and the
+location table gets "no location" entries for the prologue. The continuation's
+parameters are the saved stack values followed by the live locals, so local slots are
+renumbered (LOAD_FAST/STORE_FAST/... and the cell/free opargs, which index the same
+"localsplus" array on 3.11 and 3.12).
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import types
+
+from kiln_capture import breaks
+from kiln_capture.bytecode.rewrite import (
+    cache_count,
+    emit,
+    encode_exception_table,
+    no_location_entries,
+    parse_exception_table,
+)
+from kiln_capture.errors import Unsupported
+
+_LOCAL_OPS = frozenset(
+    dis.opmap[n]
+    for n in ("LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
+    if n in dis.opmap
+)
+_FREE_OPS = frozenset(dis.hasfree)
+_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+_LOAD_OPS = frozenset(
+    n
+    for n in (
+        "LOAD_FAST",
+        "LOAD_FAST_CHECK",
+        "LOAD_FAST_AND_CLEAR",
+        "DELETE_FAST",
+        "LOAD_CLOSURE",
+        "LOAD_DEREF",
+    )
+    if n in dis.opmap
+)
+
+
+def live_locals(code: types.CodeType, offset: int) -> set[str]:
+    """Names possibly read at or after ``offset`` (conservative: loops widen the range)."""
+    instrs = list(dis.get_instructions(code))
+    start = offset
+    for ins in instrs:
+        if (
+            ins.offset >= offset
+            and ins.opcode in dis.hasjrel
+            and isinstance(ins.argval, int)
+            and ins.argval < start
+        ):
+            start = ins.argval
+    return {ins.argval for ins in instrs if ins.offset >= start and ins.opname in _LOAD_OPS}
+
+
+def make_resume_code(
+    code: types.CodeType, offset: int, stack: list[bool], params: list[str]
+) -> types.CodeType:
+    """Code that continues ``code`` at ``offset``.
+
+    ``stack`` lists the saved stack from bottom to top (False for a NULL); the new code
+    takes ``__k_s<i>`` for each non-NULL entry, then ``params`` (original local names).
+    """
+    if code.co_cellvars:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "resuming a frame that owns closure cells")
+    stack_names = [f"__k_s{i}" for i, present in enumerate(stack) if present]
+    others = [n for n in code.co_varnames if n not in params]
+    varnames = stack_names + list(params) + others
+    nlocalsplus = len(varnames) + len(code.co_freevars)
+    if nlocalsplus > 255:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "too many locals to resume")
+    old_order = list(code.co_varnames) + list(code.co_freevars)
+    new_order = varnames + list(code.co_freevars)
+    remap = {i: new_order.index(n) for i, n in enumerate(old_order)}
+
+    raw = bytearray(code.co_code)
+    i = 0
+    while i < len(raw):
+        op = raw[i]
+        if op in _LOCAL_OPS or op in _FREE_OPS:
+            if i >= 2 and raw[i - 2] == _EXTENDED_ARG:
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, "extended local index")
+            raw[i + 1] = remap[raw[i + 1]]
+        elif op == dis.opmap.get("COPY_FREE_VARS"):
+            pass
+        i += 2 + 2 * cache_count(op)
+
+    prologue = bytearray()
+    if code.co_freevars:
+        prologue += emit("COPY_FREE_VARS", len(code.co_freevars))
+    prologue += emit("RESUME", 0)
+    k = 0
+    for present in stack:
+        if present:
+            prologue += emit("LOAD_FAST", k)
+            k += 1
+        else:
+            prologue += emit("PUSH_NULL")
+    # JUMP_FORWARD's argument counts code units after the jump; size depends on the arg
+    for width in (2, 4, 6):
+        target_units = (len(prologue) + width + offset) // 2
+        delta = target_units - (len(prologue) + width) // 2
+        jump = emit("JUMP_FORWARD", delta)
+        if len(jump) == width:
+            break
+    prologue += jump
+    shift = len(prologue)
+    table = [
+        (s + shift, e + shift, t + shift, d, lasti)
+        for s, e, t, d, lasti in parse_exception_table(code)
+    ]
+    flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    name = f"__kiln_resume_at_{offset}_{code.co_name}"
+    return code.replace(
+        co_code=bytes(prologue) + bytes(raw),
+        co_varnames=tuple(varnames),
+        co_nlocals=len(varnames),
+        co_argcount=len(stack_names) + len(params),
+        co_posonlyargcount=0,
+        co_kwonlyargcount=0,
+        co_flags=flags,
+        co_name=name,
+        co_qualname=name,
+        co_linetable=no_location_entries(shift // 2) + code.co_linetable,
+        co_exceptiontable=encode_exception_table(table),
+    )

@@ -1,0 +1,319 @@
+"""Turning one frame into a cache entry: trace, split at graph breaks, generate code.
+
+The root frame is evaluated symbolically. When a step cannot be captured the whole
+trace restarts with that instruction marked as a break (restarting is simpler and safer
+than undoing a half-done inline); on reaching it, everything before becomes one graph,
+the step runs eagerly in generated code, and a continuation function (bytecode/resume.py)
+runs the rest of the frame, itself captured when the hook sees it.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from kiln_capture import breaks
+from kiln_capture.breaks import GraphBreak
+from kiln_capture.bytecode.resume import live_locals, make_resume_code
+from kiln_capture.bytecode.rewrite import in_exception_range
+from kiln_capture.codegen import CodeGen, build_function, graph_call_lines
+from kiln_capture.errors import GraphBreakError, Unsupported
+from kiln_capture.evaluator import UNBOUND, Return, RootFrame
+from kiln_capture.guards import GuardSet
+from kiln_capture.log import log
+from kiln_capture.output import OutputGraph
+from kiln_capture.variables.base import NullVar, Var
+from kiln_capture.variables.containers import IteratorVar
+
+MAX_RESTARTS = 32
+_STEP_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR"})
+_STEP_JUMPS = {
+    "POP_JUMP_IF_TRUE": True,
+    "POP_JUMP_FORWARD_IF_TRUE": True,
+    "POP_JUMP_BACKWARD_IF_TRUE": True,
+    "POP_JUMP_IF_FALSE": False,
+    "POP_JUMP_FORWARD_IF_FALSE": False,
+    "POP_JUMP_BACKWARD_IF_FALSE": False,
+}
+_STEP_JUMP_OR_POP = {"JUMP_IF_TRUE_OR_POP": True, "JUMP_IF_FALSE_OR_POP": False}
+
+# (code, offset, stack presence, params) -> continuation code; one code object per site
+_RESUME_CODES: dict[tuple, types.CodeType] = {}
+# continuation codes that must run eagerly (a break inside a loop)
+EAGER_RESUME_CODES: set[types.CodeType] = set()
+
+
+@dataclass
+class CacheEntry:
+    guard: types.FunctionType
+    run: types.FunctionType
+    guard_set: GuardSet
+    params: list[str]
+    globals: dict
+    graphs: list[fx.GraphModule] = field(default_factory=list)
+
+
+@dataclass
+class SkipFrame:
+    reason: str
+    graph_break: GraphBreak | None = None
+
+
+class _Restart(Exception):
+    def __init__(self, offset: int, error: Unsupported) -> None:
+        self.offset = offset
+        self.error = error
+
+
+def compile_frame(code: types.CodeType, func, args: tuple, ctx) -> CacheEntry | SkipFrame:
+    break_at: dict[int, Unsupported] = {}
+    for _ in range(MAX_RESTARTS):
+        out = OutputGraph(func.__globals__)
+        try:
+            root = RootFrame(out, code, func, args, set(break_at))
+            kind, value = _run_root(root)
+        except _Restart as r:
+            if r.offset in break_at:
+                return SkipFrame(f"break at offset {r.offset} repeated")
+            break_at[r.offset] = r.error
+            continue
+        except Unsupported as e:  # wrapping the arguments failed
+            return SkipFrame(f"{e.kind.id}: {e.detail}")
+        if kind == "return":
+            return _finish_return(out, root, value, ctx)
+        return _finish_break(out, root, value, break_at[root.instructions[value].offset], ctx)
+    return SkipFrame("too many graph breaks in one frame")
+
+
+def _run_root(root: RootFrame):
+    while True:
+        ins = root.instructions[root.ip]
+        if ins.offset in root.break_at:
+            return "break", root.ip
+        try:
+            root.step()
+        except Return as r:
+            return "return", r.value
+        except Unsupported as e:
+            raise _Restart(ins.offset, e) from None
+
+
+def _compile_graph(
+    out: OutputGraph, cg: CodeGen, ctx
+) -> tuple[object, fx.GraphModule | None, list[str]]:
+    if out.ops == 0:
+        return None, None, []
+    graph = out.graph
+    graph.output(tuple(t.node for t in cg.outputs))
+    kept = []
+    for node in list(graph.nodes):
+        if node.op == "placeholder":
+            if node.users:
+                kept.append(node)
+            else:
+                graph.erase_node(node)
+    inputs = [out.input_sources[n] for n in kept]
+    examples = [out.example_inputs[list(out.input_sources).index(n)] for n in kept]
+    gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnCaptured")
+    log("graphs", f"captured graph {len(ctx.graphs)} ({out.ops} ops)\n{gm.code}")
+    compiled = ctx.backend(gm, examples)
+    ctx.graphs.append(gm)
+    if ctx.recorder is not None:
+        ctx.recorder.graphs.append(gm)
+    return compiled, gm, [s.expr() for s in inputs]
+
+
+def _graph_lines(compiled, inputs: list[str]) -> list[str]:
+    if compiled is None:
+        return []
+    return [f"__k_out = __k_graph({', '.join(inputs)})"]
+
+
+def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEntry | SkipFrame:
+    cg = CodeGen(out)
+    cg.collect([ret, *out.side_effects.values()])
+    try:
+        effects = out.side_effects.replay(cg)
+        ret_expr = cg.rebuild(ret)
+    except Unsupported as e:
+        return SkipFrame(f"{e.kind.id}: {e.detail}")
+    compiled, gm, inputs = _compile_graph(out, cg, ctx)
+    body = _graph_lines(compiled, inputs) + effects + [f"return {ret_expr}"]
+    return _entry(out, root, cg, compiled, gm, body, {})
+
+
+def _entry(out, root, cg, compiled, gm, body, extra_ns) -> CacheEntry:
+    ns = cg.namespace(compiled, extra_ns)
+    run = build_function("__run", root.param_names, body, ns)
+    guard = out.guards.compile(root.param_names, out.globals)
+    log(
+        "guards",
+        f"guards for {root.code.co_qualname} ({root.code.co_filename}:{root.code.co_firstlineno}):\n  "
+        + "\n  ".join(g.what for g in out.guards.guards),
+    )
+    return CacheEntry(
+        guard, run, out.guards, root.param_names, out.globals, [gm] if gm is not None else []
+    )
+
+
+def _loop_around(code: types.CodeType, offset: int, instructions) -> bool:
+    import dis
+
+    return any(
+        ins.offset >= offset
+        and ins.opcode in dis.hasjrel
+        and isinstance(ins.argval, int)
+        and ins.argval <= offset
+        for ins in instructions
+    )
+
+
+def _finish_break(
+    out: OutputGraph, root: RootFrame, idx: int, error: Unsupported, ctx
+) -> CacheEntry | SkipFrame:
+    ins = root.instructions[idx]
+    where = error.where or root.location()
+    brk = GraphBreak(error.kind, error.detail, where[0], where[1], where[2], resumed=True)
+    if ctx.fullgraph:
+        raise GraphBreakError(brk)
+    code = root.code
+    stack = list(root.stack)
+
+    def skip(reason: str) -> SkipFrame:
+        b = GraphBreak(
+            brk.kind, f"{brk.detail}; {reason}", brk.filename, brk.lineno, brk.line, resumed=False
+        )
+        _record_break(ctx, b)
+        return SkipFrame(reason, b)
+
+    if in_exception_range(code, ins.offset):
+        return skip("the break is inside a with/try block")
+    if ins.opname in _STEP_CALLS:
+        if ins.opname == "CALL":
+            base = len(stack) - ins.arg - 2
+        elif ins.opname == "CALL_FUNCTION_EX":
+            base = len(stack) - (3 if ins.arg & 1 else 2) - 1
+        else:
+            base = len(stack) - 2
+        nxt = root.instructions[idx + 1].offset
+        targets = [(nxt, base, True)]
+    elif ins.opname in _STEP_JUMPS or ins.opname in _STEP_JUMP_OR_POP:
+        base = len(stack) - 1
+        nxt = root.instructions[idx + 1].offset
+        targets = [(ins.argval, base, False), (nxt, base, False)]
+    else:
+        return skip(f"no continuation after {ins.opname}")
+    bound = {n: v for n, v in root.locals.items() if v is not UNBOUND and n in code.co_varnames}
+    live = set()
+    for off, _, _ in targets:
+        live |= live_locals(code, off)
+    params = [n for n in code.co_varnames if n in bound and n in live]
+    eager = any(isinstance(v, IteratorVar) for v in stack) or _loop_around(
+        code, ins.offset, root.instructions
+    )
+
+    cg = CodeGen(out)
+    cg.collect(
+        [v for v in stack if not isinstance(v, NullVar)]
+        + [bound[n] for n in params]
+        + out.side_effects.values()
+    )
+    try:
+        effects = out.side_effects.replay(cg)
+        temps = [
+            f"__k_t{i} = {cg.rebuild(v)}" for i, v in enumerate(stack) if not isinstance(v, NullVar)
+        ]
+        local_exprs = [cg.rebuild(bound[n]) for n in params]
+    except Unsupported as e:
+        return skip(f"cannot rebuild a live value ({e.detail})")
+    below = [f"__k_t{i}" for i, v in enumerate(stack[:base]) if not isinstance(v, NullVar)]
+    presence_below = [not isinstance(v, NullVar) for v in stack[:base]]
+
+    extra: dict = {}
+    calls = []
+    for j, (off, _, pushes_result) in enumerate(targets):
+        keep_top = ins.opname in _STEP_JUMP_OR_POP and j == 0
+        presence = presence_below + ([True] if pushes_result or keep_top else [])
+        try:
+            rcode = _resume_code(code, off, presence, params)
+        except Unsupported as e:
+            return skip(e.detail)
+        if eager:
+            EAGER_RESUME_CODES.add(rcode)
+        fn_name = f"__k_resume{j}"
+        if code.co_freevars:
+            extra[f"__k_rc{j}"] = rcode
+            fexpr = (
+                f"__k_FunctionType(__k_rc{j}, __k_G, {rcode.co_name!r}, None, __k_fn.__closure__)"
+            )
+        else:
+            extra[fn_name] = types.FunctionType(rcode, out.globals, rcode.co_name)
+            fexpr = fn_name
+        top = ["__k_r"] if pushes_result else ([f"__k_t{len(stack) - 1}"] if keep_top else [])
+        calls.append(f"{fexpr}({', '.join(below + top + local_exprs)})")
+
+    step = _step_lines(ins, stack, base, root.kw_names, calls)
+    compiled, gm, inputs = _compile_graph(out, cg, ctx)
+    body = (
+        _graph_lines(compiled, inputs) + effects + temps + ["__k_prev = __k_enable(True)", "try:"]
+    )
+    body += ["    " + s for s in step] + ["finally:", "    __k_enable(__k_prev)"]
+    if eager:
+        brk = GraphBreak(
+            brk.kind,
+            brk.detail + "; the rest of the frame runs eagerly (break inside a loop)",
+            brk.filename,
+            brk.lineno,
+            brk.line,
+            resumed=False,
+        )
+    _record_break(ctx, brk)
+    return _entry(out, root, cg, compiled, gm, body, extra)
+
+
+def _step_lines(ins, stack: list[Var], base: int, kw_names: tuple, calls: list[str]) -> list[str]:
+    t = [f"__k_t{i}" if not isinstance(v, NullVar) else None for i, v in enumerate(stack)]
+    if ins.opname == "CALL":
+        region = t[base:]
+        fn, args = (region[1], region[2:]) if region[0] is None else (region[0], region[1:])
+        n = len(kw_names)
+        pos = args[: len(args) - n]
+        kws = [f"{k}={a}" for k, a in zip(kw_names, args[len(args) - n :])] if n else []
+        return [f"__k_r = {fn}({', '.join(pos + kws)})", f"return {calls[0]}"]
+    if ins.opname == "CALL_FUNCTION_EX":
+        region = t[base + 1 :]
+        call = f"{region[0]}(*{region[1]}" + (f", **{region[2]})" if ins.arg & 1 else ")")
+        return [f"__k_r = {call}", f"return {calls[0]}"]
+    if ins.opname == "BINARY_SUBSCR":
+        return [f"__k_r = {t[-2]}[{t[-1]}]", f"return {calls[0]}"]
+    jump_when = _STEP_JUMPS.get(ins.opname, _STEP_JUMP_OR_POP.get(ins.opname))
+    cond = t[-1] if jump_when else f"not {t[-1]}"
+    return [f"if {cond}:", f"    return {calls[0]}", f"return {calls[1]}"]
+
+
+def _resume_code(code, offset, presence, params) -> types.CodeType:
+    key = (code, offset, tuple(presence), tuple(params))
+    rc = _RESUME_CODES.get(key)
+    if rc is None:
+        rc = make_resume_code(code, offset, presence, params)
+        _RESUME_CODES[key] = rc
+    return rc
+
+
+def _record_break(ctx, brk: GraphBreak) -> None:
+    log("breaks", str(brk))
+    if ctx.recorder is not None:
+        ctx.recorder.breaks.append(brk)
+
+
+__all__ = [
+    "EAGER_RESUME_CODES",
+    "CacheEntry",
+    "SkipFrame",
+    "compile_frame",
+    "breaks",
+    "graph_call_lines",
+]

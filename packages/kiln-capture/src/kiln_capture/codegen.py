@@ -1,0 +1,100 @@
+"""Generated Python for one cache entry: the function that runs on a cache hit.
+
+It calls the compiled graph with the inputs re-read from their sources, replays side
+effects, rebuilds the Python values that leave the graph (the return value, or the
+stack and live locals at a graph break) and, at a break, runs the unsupported step
+eagerly and calls the continuation function.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import fx
+
+from kiln_capture.output import OutputGraph
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.tensors import TensorVar
+
+_SAFE_LITERALS = (int, bool, str, type(None), bytes)
+
+
+def _new_object(cls: type, attrs: dict) -> object:
+    obj = cls.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+class CodeGen:
+    def __init__(self, out: OutputGraph) -> None:
+        self.out = out
+        self.outputs: list[TensorVar] = []
+        self._output_index: dict[fx.Node, int] = {}
+
+    def const(self, value: object) -> str:
+        if type(value) in _SAFE_LITERALS or (
+            type(value) is float and value == value and value not in (float("inf"), float("-inf"))
+        ):
+            return repr(value)
+        return self.out.guards.const(value)
+
+    def rebuild(self, var: Var) -> str:
+        return var.reconstruct(self)
+
+    def tensor(self, var: TensorVar) -> str:
+        if var.node.op == "placeholder":
+            return self.out.input_sources[var.node].expr()
+        return f"__k_out[{self._output_index[var.node]}]"
+
+    def collect(self, roots: list[Var]) -> None:
+        """Register every graph-computed tensor reachable from ``roots`` as an output."""
+        seen: set[int] = set()
+
+        def visit(v: Var) -> None:
+            if id(v) in seen:
+                return
+            seen.add(id(v))
+            if isinstance(v, TensorVar):
+                if v.node.op != "placeholder" and v.node not in self._output_index:
+                    self._output_index[v.node] = len(self.outputs)
+                    self.outputs.append(v)
+                return
+            for c in v.children():
+                visit(c)
+            if hasattr(v, "contents") and v.contents is not None:
+                visit(v.contents)
+
+        for r in roots:
+            visit(r)
+
+    def namespace(self, compiled, extra: dict) -> dict:
+        from kiln_capture import _C
+
+        ns = {
+            "__k_C": self.out.guards.consts,
+            "__k_G": self.out.globals,
+            "__k_graph": compiled,
+            "__k_new_object": _new_object,
+            "__k_MethodType": types.MethodType,
+            "__k_FunctionType": types.FunctionType,
+            "__k_enable": _C.set_enabled,
+            "torch": torch,
+        }
+        ns.update(extra)
+        return ns
+
+
+def graph_call_lines(cg: CodeGen, has_graph: bool) -> list[str]:
+    if not has_graph:
+        return []
+    inputs = ", ".join(s.expr() for s in cg.out.input_sources.values())
+    return [f"__k_out = __k_graph({inputs})"]
+
+
+def build_function(name: str, params: list[str], body: list[str], ns: dict) -> types.FunctionType:
+    src = f"def {name}(__k_fn, {', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(src, f"<kiln {name}>", "exec"), ns)
+    fn = ns[name]
+    fn.__kiln_source__ = src
+    return fn

@@ -1,0 +1,50 @@
+"""Typed settings of kiln-capture, read from the environment in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: object
+    help: str
+    affects_cache: bool
+
+
+SETTINGS: dict[str, Setting] = {
+    "cache_size_limit": Setting(
+        "KILN_CACHE_SIZE_LIMIT",
+        8,
+        "cache entries per code object; past it the frame runs eagerly (logged)",
+        affects_cache=True,
+    ),
+    "log": Setting(
+        "KILN_LOG",
+        "",
+        "comma-separated log topics: graphs, guards, breaks, recompiles",
+        affects_cache=False,
+    ),
+}
+
+
+@dataclass
+class CaptureConfig:
+    cache_size_limit: int = 8
+    log_topics: frozenset[str] = field(default_factory=frozenset)
+
+
+def _read() -> CaptureConfig:
+    limit = int(
+        os.environ.get(SETTINGS["cache_size_limit"].env, SETTINGS["cache_size_limit"].default)
+    )
+    topics = os.environ.get(SETTINGS["log"].env, "")
+    return CaptureConfig(
+        cache_size_limit=limit,
+        log_topics=frozenset(t.strip() for t in topics.split(",") if t.strip()),
+    )
+
+
+config: CaptureConfig = _read()

@@ -1,0 +1,665 @@
+"""Symbolic evaluation of CPython 3.11 and 3.12 bytecode.
+
+Design note: "one interpreter, two bytecodes"
+---------------------------------------------
+Instructions come from ``dis.get_instructions`` of the running interpreter, so jump
+targets, names and constants arrive already decoded for either version; handlers are
+keyed by opname and the few that differ (3.11's PRECALL, LOAD_METHOD, JUMP_IF_*_OR_POP
+and direction-specific POP_JUMPs; 3.12's RETURN_CONST, LOAD_SUPER_ATTR, BINARY_SLICE,
+END_FOR, LOAD_FAST_AND_CLEAR, CALL_INTRINSIC_1 and the method bit of LOAD_ATTR) each get
+their own handler. Calls of user functions are inlined by running a child Frame over
+the callee's bytecode; values live on the stack as Vars (see variables/).
+
+A step the evaluator cannot model raises Unsupported. The root frame turns it into a
+graph break at its own current instruction (see capture.py); the innermost source line
+is recorded for the report.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import linecache
+import operator
+import sys
+import types
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.output import OutputGraph
+from kiln_capture.sources import GlobalSource, ItemSource
+from kiln_capture.variables.base import NULL, CellVar, NullVar, Var
+from kiln_capture.variables.builtins import (
+    BINARY_OPS,
+    COMPARE_OPS,
+    binary,
+    contains,
+    identical,
+    unary,
+)
+from kiln_capture.variables.constants import ConstVar
+from kiln_capture.variables.containers import DictVar, IteratorVar, ListVar, SliceVar, TupleVar
+from kiln_capture.variables.contexts import GradModeVar
+from kiln_capture.variables.functions import NestedFunctionVar
+from kiln_capture.variables.objects import SuperVar
+
+PY312 = sys.version_info >= (3, 12)
+MAX_INLINE_DEPTH = 40
+_UNSUPPORTED_CODE_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+class _Unbound(Var):
+    """What LOAD_FAST_AND_CLEAR pushes for a local that was not bound."""
+
+
+UNBOUND = _Unbound()
+
+
+class Return(Exception):
+    def __init__(self, value: Var) -> None:
+        self.value = value
+
+
+class LazyCell(CellVar):
+    """A cell of a real closure; its contents are wrapped (and guarded) on first read."""
+
+    def __init__(self, loader) -> None:
+        super().__init__(None)
+        self.loader = loader
+        self.external = True
+
+    def get(self) -> Var:
+        if self.contents is None:
+            self.contents = self.loader()
+        return self.contents
+
+
+def cell_get(cell: CellVar) -> Var:
+    if isinstance(cell, LazyCell):
+        return cell.get()
+    if cell.contents is None:
+        raise Unsupported(breaks.EXCEPTION, "free variable referenced before assignment")
+    return cell.contents
+
+
+class Frame:
+    def __init__(
+        self,
+        out: OutputGraph,
+        code: types.CodeType,
+        globals_dict: dict,
+        local_vars: dict[str, Var],
+        cells: dict[str, CellVar],
+        name: str,
+        parent: Frame | None = None,
+    ) -> None:
+        if code.co_flags & _UNSUPPORTED_CODE_FLAGS:
+            raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"generator or coroutine {name}")
+        self.out = out
+        self.code = code
+        self.globals = globals_dict
+        self.locals: dict[str, Var] = dict(local_vars)
+        self.cells: dict[str, CellVar] = dict(cells)
+        self.name = name
+        self.parent = parent
+        self.depth = parent.depth + 1 if parent else 0
+        self.instructions = list(dis.get_instructions(code))
+        self.index_of = {ins.offset: i for i, ins in enumerate(self.instructions)}
+        self.stack: list[Var] = []
+        self.ip = 0
+        self.kw_names: tuple[str, ...] = ()
+        self.contexts: list[GradModeVar] = []
+        self.current: dis.Instruction | None = None
+        self.lineno = code.co_firstlineno
+
+    # -- running -------------------------------------------------------------------------
+
+    def run(self) -> Var:
+        try:
+            while True:
+                self.step()
+        except Return as r:
+            return r.value
+
+    def step(self) -> None:
+        ins = self.instructions[self.ip]
+        self.current = ins
+        if ins.positions is not None and ins.positions.lineno is not None:
+            self.lineno = ins.positions.lineno
+        self.ip += 1
+        handler = getattr(self, ins.opname, None)
+        try:
+            if handler is None:
+                raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"bytecode {ins.opname}")
+            handler(ins)
+        except Unsupported as e:
+            if e.where is None:
+                e.where = self.location()
+            raise
+        except (Return, KeyboardInterrupt):
+            raise
+        except RecursionError as e:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "recursion too deep while capturing") from e
+
+    def location(self) -> tuple[str, int, str]:
+        line = linecache.getline(self.code.co_filename, self.lineno)
+        return (self.code.co_filename, self.lineno, line)
+
+    def jump(self, ins: dis.Instruction) -> None:
+        self.ip = self.index_of[ins.argval]
+
+    def push(self, v: Var) -> None:
+        self.stack.append(v)
+
+    def pop(self) -> Var:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Var]:
+        if n == 0:
+            return []
+        out = self.stack[-n:]
+        del self.stack[-n:]
+        return out
+
+    def inline(self, code, globals_dict, bound, cells, name) -> Var:
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"inlining deeper than {MAX_INLINE_DEPTH} calls"
+            )
+        f = self
+        while f is not None:
+            if f.code is code:
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, f"recursive call of {name}")
+            f = f.parent
+        return Frame(self.out, code, globals_dict, bound, cells, name, parent=self).run()
+
+    def zero_arg_super(self):
+        cls = cell_get(self.cells["__class__"]).as_const()
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first)
+        if obj is None and first in self.cells:
+            obj = cell_get(self.cells[first])
+        return cls, obj
+
+    # -- loads and stores ----------------------------------------------------------------
+
+    def NOP(self, ins):
+        pass
+
+    RESUME = PRECALL = CACHE = EXTENDED_ARG = NOP
+
+    def POP_TOP(self, ins):
+        self.pop()
+
+    def PUSH_NULL(self, ins):
+        self.push(NULL)
+
+    def COPY(self, ins):
+        self.push(self.stack[-ins.arg])
+
+    def SWAP(self, ins):
+        i = ins.arg
+        self.stack[-1], self.stack[-i] = self.stack[-i], self.stack[-1]
+
+    def LOAD_CONST(self, ins):
+        self.push(ConstVar(ins.argval))
+
+    def RETURN_CONST(self, ins):
+        raise Return(ConstVar(ins.argval))
+
+    def RETURN_VALUE(self, ins):
+        raise Return(self.pop())
+
+    def LOAD_FAST(self, ins):
+        v = self.locals.get(ins.argval)
+        if v is None:
+            raise Unsupported(breaks.EXCEPTION, f"UnboundLocalError: {ins.argval}")
+        self.push(v)
+
+    LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_AND_CLEAR(self, ins):
+        self.push(self.locals.pop(ins.argval, UNBOUND))
+
+    def STORE_FAST(self, ins):
+        v = self.pop()
+        if v is UNBOUND:
+            self.locals.pop(ins.argval, None)
+        else:
+            self.locals[ins.argval] = v
+
+    def DELETE_FAST(self, ins):
+        self.locals.pop(ins.argval, None)
+
+    def MAKE_CELL(self, ins):
+        self.cells[ins.argval] = CellVar(self.locals.pop(ins.argval, None))
+
+    def COPY_FREE_VARS(self, ins):
+        pass
+
+    def LOAD_CLOSURE(self, ins):
+        self.push(self.cells[ins.argval])
+
+    def LOAD_DEREF(self, ins):
+        self.push(cell_get(self.cells[ins.argval]))
+
+    def STORE_DEREF(self, ins):
+        cell = self.cells[ins.argval]
+        if getattr(cell, "external", False):
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"nonlocal write to {ins.argval} of an outer closure"
+            )
+        cell.contents = self.pop()
+
+    def LOAD_GLOBAL(self, ins):
+        name = ins.argval
+        if ins.arg & 1:
+            self.push(NULL)
+        self.push(self.load_global(name))
+
+    def load_global(self, name: str) -> Var:
+        if self.globals is self.out.globals:
+            pending = self.out.side_effects.global_stores.get(name)
+            if pending is not None:
+                return pending
+        if name in self.globals:
+            if self.globals is self.out.globals:
+                return self.out.wrap(self.globals[name], GlobalSource(name))
+            return self.out.wrap(
+                self.globals[name], ItemSource(self.out.const_ref(self.globals), name)
+            )
+        builtins_dict = self.globals.get("__builtins__", __builtins__)
+        if isinstance(builtins_dict, types.ModuleType):
+            builtins_dict = builtins_dict.__dict__
+        if name not in builtins_dict:
+            raise Unsupported(breaks.EXCEPTION, f"NameError: {name}")
+        return self.out.wrap_value(builtins_dict[name])
+
+    def STORE_GLOBAL(self, ins):
+        if self.globals is not self.out.globals:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "global store into another module")
+        self.out.side_effects.store_global(ins.argval, self.pop())
+
+    def LOAD_ATTR(self, ins):
+        obj = self.pop()
+        method = PY312 and bool(ins.arg & 1)
+        attr = self.getattr(obj, ins.argval)
+        if method:
+            self.push(NULL)
+        self.push(attr)
+
+    def LOAD_METHOD(self, ins):
+        obj = self.pop()
+        attr = self.getattr(obj, ins.argval)
+        self.push(NULL)
+        self.push(attr)
+
+    def getattr(self, obj: Var, name: str) -> Var:
+        try:
+            return obj.getattr(self, name)
+        except AttributeError as e:
+            raise Unsupported(
+                breaks.EXCEPTION, f"AttributeError: {obj!r} has no attribute {name!r}"
+            ) from e
+
+    def LOAD_SUPER_ATTR(self, ins):
+        global_super, cls, obj = self.popn(3)
+        sup = SuperVar(cls.as_const(), obj) if ins.arg & 2 or True else None
+        attr = self.getattr(sup, ins.argval)
+        if ins.arg & 1:
+            self.push(NULL)
+        self.push(attr)
+
+    def STORE_ATTR(self, ins):
+        obj = self.pop()
+        value = self.pop()
+        obj.setattr(self, ins.argval, value)
+
+    def IMPORT_NAME(self, ins):
+        level, fromlist = self.popn(2)
+        module = __import__(ins.argval, self.globals, None, fromlist.as_const(), level.as_const())
+        self.push(self.out.wrap_value(module))
+
+    def IMPORT_FROM(self, ins):
+        self.push(self.getattr(self.stack[-1], ins.argval))
+
+    # -- subscripts, slices, operators ---------------------------------------------------
+
+    def BINARY_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        self.push(container.getitem(self, key))
+
+    def STORE_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        value = self.pop()
+        container.setitem(self, key, value)
+
+    def DELETE_SUBSCR(self, ins):
+        key = self.pop()
+        container = self.pop()
+        if isinstance(container, DictVar | ListVar):
+            container.call_method(self, "pop", [key], {})
+            return
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"del {container!r}[...]")
+
+    def BUILD_SLICE(self, ins):
+        parts = self.popn(ins.arg)
+        if len(parts) == 2:
+            parts.append(ConstVar(None))
+        self.push(SliceVar(*parts))
+
+    def BINARY_SLICE(self, ins):
+        start, stop = self.popn(2)
+        container = self.pop()
+        self.push(container.getitem(self, SliceVar(start, stop, ConstVar(None))))
+
+    def STORE_SLICE(self, ins):
+        start, stop = self.popn(2)
+        container = self.pop()
+        value = self.pop()
+        container.setitem(self, SliceVar(start, stop, ConstVar(None)), value)
+
+    def BINARY_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        self.push(binary(self, BINARY_OPS[ins.argrepr], a, b))
+
+    def COMPARE_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        op = dis.cmp_op[ins.arg >> 4] if PY312 else dis.cmp_op[ins.arg]
+        self.push(binary(self, COMPARE_OPS[op], a, b))
+
+    def IS_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        self.push(ConstVar(identical(self, a, b) != bool(ins.arg)))
+
+    def CONTAINS_OP(self, ins):
+        b = self.pop()
+        a = self.pop()
+        self.push(ConstVar(contains(self, a, b) != bool(ins.arg)))
+
+    def UNARY_NEGATIVE(self, ins):
+        self.push(unary(self, operator.neg, self.pop()))
+
+    def UNARY_POSITIVE(self, ins):
+        self.push(unary(self, operator.pos, self.pop()))
+
+    def UNARY_INVERT(self, ins):
+        self.push(unary(self, operator.invert, self.pop()))
+
+    def UNARY_NOT(self, ins):
+        self.push(ConstVar(not self.pop().truth(self)))
+
+    def CALL_INTRINSIC_1(self, ins):
+        if ins.arg == 5:  # INTRINSIC_UNARY_POSITIVE
+            self.UNARY_POSITIVE(ins)
+        elif ins.arg == 6:  # INTRINSIC_LIST_TO_TUPLE
+            self.push(TupleVar(self.pop().unpack(self)))
+        else:
+            raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"CALL_INTRINSIC_1 {ins.argrepr}")
+
+    # -- building and unpacking ----------------------------------------------------------
+
+    def BUILD_TUPLE(self, ins):
+        self.push(TupleVar(self.popn(ins.arg)))
+
+    def BUILD_LIST(self, ins):
+        self.push(ListVar(self.popn(ins.arg)))
+
+    def BUILD_SET(self, ins):
+        items = self.popn(ins.arg)
+        self.push(ConstVar(frozenset(i.as_const() for i in items)))
+
+    def BUILD_MAP(self, ins):
+        flat = self.popn(2 * ins.arg)
+        self.push(DictVar({flat[i].as_const(): flat[i + 1] for i in range(0, len(flat), 2)}))
+
+    def BUILD_CONST_KEY_MAP(self, ins):
+        keys = self.pop().as_const()
+        values = self.popn(ins.arg)
+        self.push(DictVar(dict(zip(keys, values))))
+
+    def BUILD_STRING(self, ins):
+        parts = self.popn(ins.arg)
+        self.push(ConstVar("".join(p.as_const() for p in parts)))
+
+    def FORMAT_VALUE(self, ins):
+        spec = self.pop().as_const() if ins.arg & 4 else ""
+        v = self.pop()
+        if not v.is_const():
+            raise Unsupported(
+                breaks.TENSOR_TO_PYTHON
+                if type(v).__name__ == "TensorVar"
+                else breaks.UNSUPPORTED_VALUE,
+                f"formatting {v!r} into a string",
+            )
+        value = v.as_const()
+        conv = ins.arg & 3
+        value = {0: value, 1: str(value), 2: repr(value), 3: ascii(value)}[conv]
+        self.push(ConstVar(format(value, spec)))
+
+    def LIST_APPEND(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].items.append(v)
+
+    def SET_ADD(self, ins):
+        v = self.pop()
+        s = self.stack[-ins.arg]
+        self.stack[-ins.arg] = ConstVar(s.as_const() | {v.as_const()})
+
+    def MAP_ADD(self, ins):
+        value = self.pop()
+        key = self.pop()
+        self.stack[-ins.arg].items[key.as_const()] = value
+
+    def LIST_EXTEND(self, ins):
+        v = self.pop()
+        self.stack[-ins.arg].items.extend(v.unpack(self))
+
+    def SET_UPDATE(self, ins):
+        v = self.pop()
+        s = self.stack[-ins.arg]
+        self.stack[-ins.arg] = ConstVar(
+            frozenset(s.as_const()) | frozenset(x.as_const() for x in v.unpack(self))
+        )
+
+    def DICT_UPDATE(self, ins):
+        v = self.pop()
+        target = self.stack[-ins.arg]
+        if isinstance(v, DictVar):
+            target.items.update(v.items)
+        else:
+            for k in v.unpack(self):
+                target.items[k.as_const()] = v.getitem(self, k)
+
+    DICT_MERGE = DICT_UPDATE
+
+    def LIST_TO_TUPLE(self, ins):
+        self.push(TupleVar(self.pop().unpack(self)))
+
+    def UNPACK_SEQUENCE(self, ins):
+        items = self.pop().unpack(self)
+        if len(items) != ins.arg:
+            raise Unsupported(
+                breaks.EXCEPTION,
+                f"ValueError: expected {ins.arg} values to unpack, got {len(items)}",
+            )
+        self.stack.extend(reversed(items))
+
+    def UNPACK_EX(self, ins):
+        before, after = ins.arg & 0xFF, ins.arg >> 8
+        items = self.pop().unpack(self)
+        if len(items) < before + after:
+            raise Unsupported(breaks.EXCEPTION, "ValueError: not enough values to unpack")
+        middle = ListVar(items[before : len(items) - after])
+        out = items[:before] + [middle] + items[len(items) - after :]
+        self.stack.extend(reversed(out))
+
+    # -- calls and functions -------------------------------------------------------------
+
+    def KW_NAMES(self, ins):
+        self.kw_names = self.code.co_consts[ins.arg]
+
+    def CALL(self, ins):
+        argc = ins.arg
+        args = self.popn(argc)
+        second = self.pop()
+        first = self.pop()
+        if isinstance(first, NullVar):
+            fn = second
+        else:
+            fn = first
+            args = [second, *args]
+        kwargs = {}
+        if self.kw_names:
+            n = len(self.kw_names)
+            kwargs = dict(zip(self.kw_names, args[-n:]))
+            args = args[:-n]
+            self.kw_names = ()
+        self.push(self.call(fn, args, kwargs))
+
+    def call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        return fn.call(self, args, kwargs)
+
+    def CALL_FUNCTION_EX(self, ins):
+        kwargs = self.pop() if ins.arg & 1 else DictVar({})
+        args = self.pop()
+        fn = self.pop()
+        null = self.pop()
+        if not isinstance(null, NullVar):  # 3.11/3.12 both keep a NULL below the callable
+            self.push(null)
+        if not isinstance(kwargs, DictVar):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "**kwargs from a non-dict")
+        self.push(self.call(fn, args.unpack(self), {k: v for k, v in kwargs.items.items()}))
+
+    def MAKE_FUNCTION(self, ins):
+        code = self.pop().as_const()
+        closure = self.pop().unpack(self) if ins.arg & 0x08 else []
+        if ins.arg & 0x04:
+            self.pop()
+        kwdefaults = self.pop().items if ins.arg & 0x02 else {}
+        defaults = self.pop().unpack(self) if ins.arg & 0x01 else []
+        self.push(
+            NestedFunctionVar(code, self.globals, defaults, kwdefaults, closure, code.co_qualname)
+        )
+
+    # -- control flow --------------------------------------------------------------------
+
+    def JUMP_FORWARD(self, ins):
+        self.jump(ins)
+
+    JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP = JUMP_NO_INTERRUPT = JUMP_FORWARD
+
+    def _pop_jump(self, ins, when: bool):
+        v = self.pop()
+        if v.truth(self) is when:
+            self.jump(ins)
+
+    def POP_JUMP_IF_TRUE(self, ins):
+        self._pop_jump(ins, True)
+
+    def POP_JUMP_IF_FALSE(self, ins):
+        self._pop_jump(ins, False)
+
+    POP_JUMP_FORWARD_IF_TRUE = POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_IF_TRUE
+    POP_JUMP_FORWARD_IF_FALSE = POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_IF_FALSE
+
+    def _is_none(self, v: Var) -> bool:
+        return v.is_const() and v.as_const() is None
+
+    def POP_JUMP_IF_NONE(self, ins):
+        if self._is_none(self.pop()):
+            self.jump(ins)
+
+    def POP_JUMP_IF_NOT_NONE(self, ins):
+        if not self._is_none(self.pop()):
+            self.jump(ins)
+
+    POP_JUMP_FORWARD_IF_NONE = POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_IF_NONE
+    POP_JUMP_FORWARD_IF_NOT_NONE = POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_IF_NOT_NONE
+
+    def JUMP_IF_TRUE_OR_POP(self, ins):
+        if self.stack[-1].truth(self):
+            self.jump(ins)
+        else:
+            self.pop()
+
+    def JUMP_IF_FALSE_OR_POP(self, ins):
+        if not self.stack[-1].truth(self):
+            self.jump(ins)
+        else:
+            self.pop()
+
+    def GET_ITER(self, ins):
+        v = self.pop()
+        self.push(v if isinstance(v, IteratorVar) else IteratorVar(v.unpack(self)))
+
+    def FOR_ITER(self, ins):
+        it = self.stack[-1]
+        if not isinstance(it, IteratorVar):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"iteration over {it!r}")
+        v = it.next()
+        if v is not None:
+            self.push(v)
+            return
+        self.pop()
+        self.jump(ins)
+        if self.instructions[self.ip].opname == "END_FOR":
+            self.ip += 1
+
+    def END_FOR(self, ins):
+        self.popn(2)
+
+    def BEFORE_WITH(self, ins):
+        ctx = self.pop()
+        if isinstance(ctx, GradModeVar):
+            self.push(ctx.getattr(self, "__exit__"))
+            self.push(ctx.enter(self))
+            return
+        exit_fn = self.getattr(ctx, "__exit__")
+        entered = self.getattr(ctx, "__enter__").call(self, [], {})
+        self.push(exit_fn)
+        self.push(entered)
+
+    def RAISE_VARARGS(self, ins):
+        raise Unsupported(breaks.EXCEPTION, "raise statement")
+
+    def LOAD_ASSERTION_ERROR(self, ins):
+        raise Unsupported(breaks.EXCEPTION, "assertion failed")
+
+
+class RootFrame(Frame):
+    """The frame the hook handed over: arguments are wrapped from their local sources."""
+
+    def __init__(
+        self, out: OutputGraph, code: types.CodeType, func, args: tuple, break_at: set[int]
+    ) -> None:
+        from kiln_capture.sources import ClosureSource, LocalSource
+
+        names = code.co_varnames[: len(args)]
+        local_vars = {n: out.wrap(a, LocalSource(n)) for n, a in zip(names, args)}
+        cells: dict[str, CellVar] = {}
+        closure = getattr(func, "__closure__", None) or ()
+        for i, name in enumerate(code.co_freevars):
+            cell = closure[i]
+
+            def loader(cell=cell, i=i):
+                try:
+                    contents = cell.cell_contents
+                except ValueError:
+                    raise Unsupported(
+                        breaks.EXCEPTION, "free variable referenced before assignment"
+                    ) from None
+                return out.wrap(contents, ClosureSource(None, i))
+
+            cells[name] = LazyCell(loader)
+        super().__init__(out, code, func.__globals__, local_vars, cells, code.co_qualname)
+        self.break_at = break_at
+        self.param_names = list(names)
+
+
+__all__ = ["UNBOUND", "Frame", "Return", "RootFrame"]

@@ -1,0 +1,166 @@
+"""The Python side of the frame hook: the skip list, the cache lookup, and recompiles.
+
+Skip list (documented, by file): frames whose code lives in the standard library, in
+torch (except ``torch/nn/modules/*`` other than ``module.py``, so that a bare
+``nn.Linear`` can be optimized), in kiln_capture itself, in pytest/pluggy, or in
+generated code (``<...>`` file names) are never captured; they run normally, and the
+frames they call are still offered to the hook.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from kiln_capture import _C
+from kiln_capture.bytecode.rewrite import make_trampoline
+from kiln_capture.capture import EAGER_RESUME_CODES, CacheEntry, SkipFrame, compile_frame
+from kiln_capture.config import config
+from kiln_capture.errors import GraphBreakError
+from kiln_capture.log import log
+
+RUN_DEFAULT = object()
+_trampolines: dict[types.CodeType, types.CodeType] = {}
+_skip: set[types.CodeType] = set()
+_cache: dict[tuple[types.CodeType, int], list[CacheEntry]] = {}
+_eager_codes: dict[tuple[types.CodeType, int], str] = {}
+
+
+def _dir(p: str) -> str:
+    return os.path.realpath(p) + os.sep
+
+
+_TORCH_DIR = _dir(os.path.dirname(torch.__file__))
+_TORCH_NN_MODULES = _TORCH_DIR + os.path.join("nn", "modules") + os.sep
+_SKIP_DIRS = tuple(
+    {
+        _dir(sysconfig.get_paths()["stdlib"]),
+        _dir(sysconfig.get_paths()["platstdlib"]),
+        _dir(os.path.dirname(__file__)),
+        _TORCH_DIR,
+    }
+)
+_SKIP_PACKAGES = ("_pytest", "pytest", "pluggy", "pybind11", "typing_extensions")
+
+
+def skipped_file(filename: str) -> bool:
+    """True when frames of ``filename`` are never captured (see the module docstring)."""
+    if filename.startswith("<"):
+        return True
+    path = os.path.realpath(filename)
+    if path.startswith(_TORCH_NN_MODULES) and not path.endswith("module.py"):
+        return False
+    if path.startswith(_SKIP_DIRS):
+        return True
+    parts = path.split(os.sep)
+    return any(p in _SKIP_PACKAGES for p in parts[-3:-1])
+
+
+@dataclass
+class Recorder:
+    """What explain() collects."""
+
+    graphs: list = field(default_factory=list)
+    breaks: list = field(default_factory=list)
+    guards: list = field(default_factory=list)
+    recompiles: list = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    backend: object
+    fullgraph: bool
+    recorder: Recorder | None = None
+    graphs: list = field(default_factory=list)
+
+
+_tls = threading.local()
+
+
+def context_stack() -> list[Context]:
+    s = getattr(_tls, "stack", None)
+    if s is None:
+        s = _tls.stack = []
+    return s
+
+
+def _callback(code: types.CodeType, func, args: tuple):
+    stack = context_stack()
+    if not stack or func is None:
+        return RUN_DEFAULT
+    ctx = stack[-1]
+    key = (code, id(ctx.backend))
+    entries = _cache.get(key)
+    if entries:
+        for e in entries:
+            try:
+                ok = e.guard(func, *args)
+            except Exception:
+                ok = False
+            if ok:
+                return e.run(func, *args)
+    if key in _eager_codes:
+        return RUN_DEFAULT
+    if code in EAGER_RESUME_CODES or skipped_file(code.co_filename) or code.co_name.startswith("<"):
+        _skip.add(code)
+        return RUN_DEFAULT
+    if entries and len(entries) >= config.cache_size_limit:
+        reason = f"{code.co_qualname} hit the cache size limit ({config.cache_size_limit}); it now runs eagerly"
+        log("recompiles", reason)
+        _record_recompile(ctx, reason)
+        _eager_codes[key] = reason
+        return RUN_DEFAULT
+    if entries:
+        why = entries[0].guard_set.first_failure(func, entries[0].params, args, entries[0].globals)
+        reason = f"recompiling {code.co_qualname} ({code.co_filename}:{code.co_firstlineno}): guard failed: {why}"
+        log("recompiles", reason)
+        _record_recompile(ctx, reason)
+    try:
+        result = compile_frame(code, func, args, ctx)
+    except GraphBreakError:
+        raise
+    except Exception as e:  # a bug in kiln: never a wrong answer, run the frame as usual
+        if os.environ.get("KILN_CAPTURE_RAISE_INTERNAL") == "1":
+            raise
+        log(
+            "breaks",
+            f"internal error capturing {code.co_qualname}: {type(e).__name__}: {e}; running it eagerly",
+        )
+        _eager_codes[key] = f"internal error: {e}"
+        return RUN_DEFAULT
+    if isinstance(result, SkipFrame):
+        log("breaks", f"{code.co_qualname} runs eagerly: {result.reason}")
+        _eager_codes[key] = result.reason
+        return RUN_DEFAULT
+    if ctx.recorder is not None:
+        ctx.recorder.guards.extend(g.what for g in result.guard_set.guards)
+    _cache.setdefault(key, []).insert(0, result)
+    if code not in _trampolines:
+        _trampolines[code] = make_trampoline(code)
+    return result.run(func, *args)
+
+
+def _record_recompile(ctx: Context, reason: str) -> None:
+    if ctx.recorder is not None:
+        ctx.recorder.recompiles.append(reason)
+
+
+def reset() -> None:
+    """Forget every cache entry, eager decision and skip."""
+    _cache.clear()
+    _eager_codes.clear()
+    _skip.clear()
+
+
+def cache_entries(code: types.CodeType) -> list[CacheEntry]:
+    return [e for (c, _), es in _cache.items() if c is code for e in es]
+
+
+_C.set_callback(_callback, RUN_DEFAULT, _trampolines, _skip)
+_ = sys

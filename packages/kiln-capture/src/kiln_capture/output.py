@@ -1,0 +1,366 @@
+"""The output of one trace: the FX graph being built, its inputs, guards and side effects.
+
+Values read from the frame are "wrapped" here into Vars with guards (``wrap``); tensor
+operations become FX nodes whose ``meta["val"]`` is computed on the meta device
+(``tensor_op``). ``meta["device"]`` holds the real device, which a meta tensor lacks.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from operator import getitem as _getitem
+
+import torch
+from torch import fx, nn
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.guards import GuardSet
+from kiln_capture.side_effects import SideEffects
+from kiln_capture.sources import AttrSource, ConstRef, ItemSource, Source
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.builtins import BuiltinVar, is_builtin_callable
+from kiln_capture.variables.constants import LITERAL_TYPES, ConstVar, is_constant_value
+from kiln_capture.variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar
+from kiln_capture.variables.functions import BoundMethodVar, TorchFnVar, UserFunctionVar
+from kiln_capture.variables.modules import ModuleVar
+from kiln_capture.variables.objects import ObjectVar
+from kiln_capture.variables.tensors import SizeVar, TensorVar
+
+_DEVICE_LIKE_METHODS = frozenset({"to", "cuda", "cpu", "type_as"})
+
+
+def is_torch_callable(value: object) -> bool:
+    if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return True
+    if isinstance(
+        value,
+        types.BuiltinFunctionType
+        | types.MethodDescriptorType
+        | types.WrapperDescriptorType
+        | types.MethodWrapperType,
+    ):
+        mod = (
+            getattr(value, "__module__", None)
+            or getattr(getattr(value, "__objclass__", None), "__module__", "")
+            or ""
+        )
+        if isinstance(getattr(value, "__self__", None), types.ModuleType):
+            mod = mod or value.__self__.__name__
+        return mod.startswith("torch")
+    if isinstance(value, types.FunctionType):
+        mod = value.__module__ or ""
+        return mod.startswith("torch") and not mod.startswith(("torch.nn.modules", "torch.testing"))
+    return False
+
+
+class OutputGraph:
+    def __init__(self, globals_dict: dict) -> None:
+        self.graph = fx.Graph()
+        self.guards = GuardSet()
+        self.side_effects = SideEffects()
+        self.globals = globals_dict
+        self.grad_enabled = torch.is_grad_enabled()
+        self.initial_grad = self.grad_enabled
+        self.example_inputs: list[torch.Tensor] = []
+        self.input_sources: dict[fx.Node, Source] = {}
+        self._wrapped: dict[int, Var] = {}
+        self._keepalive: list[object] = []
+        self.ops = 0
+
+    # -- wrapping values read from the frame ---------------------------------------------
+
+    def const_ref(self, value: object) -> ConstRef:
+        expr = self.guards.const(value)
+        return ConstRef(int(expr[len("__k_C[") : -1]))
+
+    def wrap_value(self, value: object) -> Var:
+        """A value the trace computed or holds by reference (no guard on its identity)."""
+        if is_constant_value(value):
+            return ConstVar(value)
+        if isinstance(value, torch.Size):
+            return SizeVar([ConstVar(s) for s in value])
+        return self.wrap(value, self.const_ref(value))
+
+    def wrap(self, value: object, source: Source) -> Var:
+        """A value read from ``source``; records the guards the trace relies on."""
+        rooted = not isinstance(source, ConstRef)
+        if isinstance(value, LITERAL_TYPES) or isinstance(
+            value, torch.dtype | torch.device | torch.memory_format | torch.layout
+        ):
+            if rooted:
+                if isinstance(value, LITERAL_TYPES):
+                    self.guards.const_eq(source, value)
+                else:
+                    self.guards.add(
+                        f"{source.expr()} == {self.guards.const(value)}",
+                        f"{source.expr()} == {value}",
+                    )
+            return ConstVar(value, source if rooted else None)
+        key = id(value)
+        seen = self._wrapped.get(key)
+        if seen is not None:
+            if (
+                rooted
+                and seen.source is not None
+                and seen.source != source
+                and not isinstance(seen.source, ConstRef)
+            ):
+                self.guards.same_object(source, seen.source)
+            return seen
+        var = self._make(value, source, rooted)
+        self._wrapped[key] = var
+        self._keepalive.append(value)
+        return var
+
+    def _make(self, value: object, source: Source, rooted: bool) -> Var:
+        g = self.guards
+        if isinstance(value, torch.Tensor):
+            return self._placeholder(value, source)
+        if isinstance(value, nn.Module):
+            if rooted:
+                g.id_is(source, value)
+            return ModuleVar(value, source)
+        if (
+            isinstance(value, tuple | list)
+            and type(value) in (tuple, list)
+            or (isinstance(value, tuple) and hasattr(type(value), "_fields"))
+        ):
+            if rooted:
+                g.type_is(source, value)
+                g.length(source, len(value))
+            items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
+            if type(value) is list:
+                return ListVar(items, source)
+            if type(value) is tuple:
+                return TupleVar(items, source)
+            return NamedTupleVar(type(value), items, source)
+        if isinstance(value, torch.Size):
+            if rooted:
+                g.type_is(source, value)
+                g.add(f"{source.expr()} == {tuple(value)!r}", f"{source.expr()} == {tuple(value)}")
+            return SizeVar([ConstVar(s) for s in value])
+        if type(value) is dict or (
+            isinstance(value, dict) and type(value).__name__ == "OrderedDict"
+        ):
+            if all(isinstance(k, str | int) for k in value):
+                if rooted:
+                    g.type_is(source, value)
+                    g.dict_keys(source, tuple(value))
+                items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
+                return DictVar(items, source, cls=type(value))
+        if is_torch_callable(value):
+            if rooted:
+                g.id_is(source, value)
+            return TorchFnVar(value, source)
+        if is_builtin_callable(value):
+            if rooted:
+                g.id_is(source, value)
+            return BuiltinVar(value, source)
+        if isinstance(value, types.FunctionType):
+            if rooted:
+                g.id_is(source, value)
+            return UserFunctionVar(value, source)
+        if isinstance(value, types.MethodType):
+            fn = self.wrap(value.__func__, AttrSource(source, "__func__"))
+            obj = self.wrap(value.__self__, AttrSource(source, "__self__"))
+            return BoundMethodVar(fn, obj, source)
+        if isinstance(value, type | types.ModuleType):
+            if rooted:
+                g.id_is(source, value)
+            return ObjectVar(value, source)
+        if rooted:
+            g.type_is(source, value)
+        return ObjectVar(value, source)
+
+    def _placeholder(self, t: torch.Tensor, source: Source) -> TensorVar:
+        if type(t) not in (
+            torch.Tensor,
+            nn.Parameter,
+            nn.Buffer if hasattr(nn, "Buffer") else torch.Tensor,
+        ):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor subclass {type(t).__name__}")
+        self.guards.tensor(source, t)
+        name = re.sub(r"\W+", "_", source.expr()).strip("_")[-48:] or "input"
+        node = self.graph.placeholder(name)
+        meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        if t.requires_grad:
+            meta.requires_grad_(True)
+        node.meta["val"] = meta
+        node.meta["device"] = t.device
+        node.meta["source"] = source.expr()
+        self.example_inputs.append(t)
+        self.input_sources[node] = source
+        return TensorVar(node, meta, t.device, source, cls=type(t))
+
+    # -- tensor operations ---------------------------------------------------------------
+
+    def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        node_args = tuple(_to_node(a) for a in args)
+        node_kwargs = {k: _to_node(v) for k, v in kwargs.items()}
+        meta_args = [_to_meta(a) for a in args]
+        meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        device = _infer_device(kind, target, args, kwargs)
+        if "device" in meta_kwargs and meta_kwargs["device"] is not None:
+            meta_kwargs["device"] = "meta"
+        if kind == "call_method" and target in _DEVICE_LIKE_METHODS:
+            meta_args = [meta_args[0]] + ["meta" if _device_like(a) else a for a in meta_args[1:]]
+        name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+        try:
+            with torch.set_grad_enabled(self.grad_enabled), torch.device("meta"):
+                if kind == "call_method":
+                    if target in ("cuda", "cpu"):
+                        result = meta_args[0]
+                    else:
+                        result = getattr(meta_args[0], target)(*meta_args[1:], **meta_kwargs)
+                else:
+                    result = target(*meta_args, **meta_kwargs)
+        except Unsupported:
+            raise
+        except (NotImplementedError, RuntimeError) as e:
+            if "meta" in str(e).lower() and (
+                "not implemented" in str(e).lower()
+                or "could not run" in str(e).lower()
+                or isinstance(e, NotImplementedError)
+            ):
+                raise Unsupported(breaks.NO_META, f"{name}: {str(e).splitlines()[0]}") from e
+            raise Unsupported(
+                breaks.EXCEPTION,
+                f"{name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            ) from e
+        except Exception as e:
+            raise Unsupported(breaks.EXCEPTION, f"{name} raised {type(e).__name__}: {e}") from e
+        node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        self.ops += 1
+        return self._wrap_result(node, result, device)
+
+    def _wrap_result(self, node: fx.Node, result, device) -> Var:
+        if isinstance(result, torch.Tensor):
+            node.meta["val"] = result
+            node.meta["device"] = device
+            return TensorVar(node, result, device)
+        if (
+            isinstance(result, tuple | list)
+            and result
+            and all(isinstance(r, torch.Tensor) for r in result)
+        ):
+            node.meta["val"] = tuple(result) if isinstance(result, tuple) else list(result)
+            node.meta["device"] = device
+            items: list[Var] = []
+            for i, r in enumerate(result):
+                item = self.graph.call_function(_getitem, (node, i))
+                item.meta["val"] = r
+                item.meta["device"] = device
+                items.append(TensorVar(item, r, device))
+            if isinstance(result, list):
+                return ListVar(items)
+            if type(result) is not tuple:
+                return NamedTupleVar(type(result), items)
+            return TupleVar(items)
+        if result is None:
+            node.meta["val"] = None
+            return ConstVar(None)
+        self.graph.erase_node(node)
+        self.ops -= 1
+        if is_constant_value(result):
+            return ConstVar(result)
+        if isinstance(result, torch.Size):
+            return SizeVar([ConstVar(s) for s in result])
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"op returned a {type(result).__name__}")
+
+    def set_grad(self, enabled: bool) -> bool:
+        prev = self.grad_enabled
+        if prev != enabled:
+            self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+            self.grad_enabled = enabled
+        return prev
+
+
+def _device_like(v) -> bool:
+    if isinstance(v, torch.device):
+        return True
+    if isinstance(v, str):
+        try:
+            torch.device(v)
+            return True
+        except RuntimeError:
+            return False
+    return False
+
+
+def _infer_device(kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> torch.device:
+    dev = kwargs.get("device")
+    if dev is not None and dev.is_const() and dev.as_const() is not None:
+        d = dev.as_const()
+        return torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+    if kind == "call_method" and target == "cpu":
+        return torch.device("cpu")
+    if kind == "call_method" and target == "cuda":
+        idx = args[1].as_const() if len(args) > 1 else None
+        return torch.device(
+            "cuda",
+            idx
+            if idx is not None
+            else torch.cuda.current_device()
+            if torch.cuda.is_available()
+            else 0,
+        )
+    if kind == "call_method" and target in ("to", "type_as"):
+        for a in args[1:]:
+            if isinstance(a, TensorVar):
+                return a.device
+            if a.is_const() and _device_like(a.as_const()):
+                return torch.device(a.as_const())
+    for a in args:
+        t = _first_tensor(a)
+        if t is not None:
+            return t.device
+    for a in kwargs.values():
+        t = _first_tensor(a)
+        if t is not None:
+            return t.device
+    return torch.get_default_device()
+
+
+def _first_tensor(v: Var) -> TensorVar | None:
+    if isinstance(v, TensorVar):
+        return v
+    for c in v.children():
+        t = _first_tensor(c)
+        if t is not None:
+            return t
+    return None
+
+
+def _to_node(v: Var):
+    if isinstance(v, TensorVar):
+        return v.node
+    if isinstance(v, TupleVar | SizeVar) and not v.is_const():
+        return tuple(_to_node(i) for i in v.items)
+    if isinstance(v, ListVar):
+        return [_to_node(i) for i in v.items]
+    if type(v).__name__ == "SliceVar":
+        return slice(*(_to_node(p) for p in v.parts))
+    if isinstance(v, DictVar):
+        return {k: _to_node(i) for k, i in v.items.items()}
+    try:
+        return v.as_const()
+    except Unsupported:
+        raise Unsupported(
+            breaks.UNSUPPORTED_VALUE, f"{v!r} as an argument of a tensor op"
+        ) from None
+
+
+def _to_meta(v: Var):
+    if isinstance(v, TensorVar):
+        return v.meta
+    if isinstance(v, TupleVar | SizeVar) and not v.is_const():
+        return tuple(_to_meta(i) for i in v.items)
+    if isinstance(v, ListVar):
+        return [_to_meta(i) for i in v.items]
+    if type(v).__name__ == "SliceVar":
+        return slice(*(_to_meta(p) for p in v.parts))
+    if isinstance(v, DictVar):
+        return {k: _to_meta(i) for k, i in v.items.items()}
+    return v.as_const()

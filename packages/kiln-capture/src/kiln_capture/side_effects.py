@@ -1,0 +1,74 @@
+"""Side effects of the captured region, replayed after the graph in program order:
+mutated input lists and dicts (their final contents), attribute stores, global stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln_capture.variables.base import Var
+
+
+@dataclass
+class SideEffects:
+    mutated_containers: list[Var] = field(default_factory=list)
+    attr_stores: dict[tuple[int, str], tuple[Var, str, Var]] = field(default_factory=dict)
+    global_stores: dict[str, Var] = field(default_factory=dict)
+    order: list[tuple[str, object]] = field(default_factory=list)
+
+    def mutated(self, container: Var) -> None:
+        if container.source is None:
+            return  # created inside the trace: rebuilt when it escapes
+        if all(c is not container for c in self.mutated_containers):
+            self.mutated_containers.append(container)
+            self.order.append(("container", container))
+
+    def store_attr(self, obj: Var, name: str, value: Var) -> None:
+        key = (id(obj), name)
+        if key not in self.attr_stores:
+            self.order.append(("attr", key))
+        self.attr_stores[key] = (obj, name, value)
+
+    def pending_attr(self, obj: Var, name: str) -> Var | None:
+        entry = self.attr_stores.get((id(obj), name))
+        return entry[2] if entry is not None else None
+
+    def store_global(self, name: str, value: Var) -> None:
+        if name not in self.global_stores:
+            self.order.append(("global", name))
+        self.global_stores[name] = value
+
+    def values(self) -> list[Var]:
+        out: list[Var] = []
+        for kind, key in self.order:
+            if kind == "container":
+                out.extend(key.children())
+            elif kind == "attr":
+                out.append(self.attr_stores[key][2])
+            else:
+                out.append(self.global_stores[key])
+        return out
+
+    def replay(self, cg) -> list[str]:
+        """Python statements that apply the effects, in order."""
+        from kiln_capture.variables.containers import DictVar
+
+        lines = []
+        for kind, key in self.order:
+            if kind == "container":
+                src = key.source.expr()
+                if isinstance(key, DictVar):
+                    body = ", ".join(
+                        f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in key.items.items()
+                    )
+                    lines.append(f"__k_d = {src}; __k_d.clear(); __k_d.update({{{body}}})")
+                else:
+                    lines.append(f"{src}[:] = [{', '.join(cg.rebuild(i) for i in key.items)}]")
+            elif kind == "attr":
+                obj, name, value = self.attr_stores[key]
+                lines.append(f"setattr({cg.rebuild(obj)}, {name!r}, {cg.rebuild(value)})")
+            else:
+                lines.append(f"__k_G[{key!r}] = {cg.rebuild(self.global_stores[key])}")
+        return lines
+
+    def __bool__(self) -> bool:
+        return bool(self.order)

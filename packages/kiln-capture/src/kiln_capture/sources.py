@@ -1,0 +1,83 @@
+"""Sources: where a value the trace read comes from, as a Python expression.
+
+Guards and generated code re-read inputs through these expressions. In generated code
+the frame's arguments are plain parameters, ``__k_fn`` is the running function and
+``__k_G`` its globals dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Source:
+    def expr(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LocalSource(Source):
+    name: str
+
+    def expr(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class GlobalSource(Source):
+    name: str
+
+    def expr(self) -> str:
+        return f"__k_G[{self.name!r}]"
+
+
+@dataclass(frozen=True)
+class ClosureSource(Source):
+    fn: Source | None  # None: the frame's own function
+    index: int
+
+    def expr(self) -> str:
+        base = self.fn.expr() if self.fn is not None else "__k_fn"
+        return f"{base}.__closure__[{self.index}].cell_contents"
+
+
+@dataclass(frozen=True)
+class AttrSource(Source):
+    base: Source
+    name: str
+
+    def expr(self) -> str:
+        if self.name.isidentifier() and not self.name.startswith("__"):
+            return f"{self.base.expr()}.{self.name}"
+        return f"getattr({self.base.expr()}, {self.name!r})"
+
+
+@dataclass(frozen=True)
+class DictEntrySource(Source):
+    """``base.<table>[key]`` for nn.Module tables (_modules, _parameters, _buffers)."""
+
+    base: Source
+    table: str
+    key: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.table}[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class ItemSource(Source):
+    base: Source
+    key: object  # int or str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class ConstRef(Source):
+    """An object held by the cache entry itself (``__k_C[i]``): no guard needed on it."""
+
+    index: int
+
+    def expr(self) -> str:
+        return f"__k_C[{self.index}]"

@@ -1,0 +1,492 @@
+"""Python builtins and operators: folded on constants, graph nodes on tensors."""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+
+import torch
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.constants import ConstVar, fold
+from kiln_capture.variables.containers import (
+    DictVar,
+    IteratorVar,
+    ListVar,
+    NamedTupleVar,
+    SequenceVar,
+    TupleVar,
+)
+from kiln_capture.variables.tensors import SizeVar, TensorVar
+
+BINARY_OPS = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+    "@": operator.matmul,
+    "&": operator.and_,
+    "|": operator.or_,
+    "^": operator.xor,
+    "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd,
+    "-=": operator.isub,
+    "*=": operator.imul,
+    "/=": operator.itruediv,
+    "//=": operator.ifloordiv,
+    "%=": operator.imod,
+    "**=": operator.ipow,
+    "@=": operator.imatmul,
+    "&=": operator.iand,
+    "|=": operator.ior,
+    "^=": operator.ixor,
+    "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+COMPARE_OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+_INPLACE_TO_PLAIN = {
+    operator.iadd: operator.add,
+    operator.isub: operator.sub,
+    operator.imul: operator.mul,
+    operator.itruediv: operator.truediv,
+    operator.ifloordiv: operator.floordiv,
+    operator.imod: operator.mod,
+    operator.ipow: operator.pow,
+    operator.imatmul: operator.matmul,
+    operator.iand: operator.and_,
+    operator.ior: operator.or_,
+    operator.ixor: operator.xor,
+    operator.ilshift: operator.lshift,
+    operator.irshift: operator.rshift,
+}
+
+
+def binary(tx, fn, a: Var, b: Var) -> Var:
+    """``fn(a, b)`` for an operator function (operator.add, operator.lt, ...)."""
+    if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        if fn in _INPLACE_TO_PLAIN and not isinstance(a, TensorVar):
+            fn = _INPLACE_TO_PLAIN[fn]
+        return tx.out.tensor_op("call_function", fn, [a, b], {})
+    if a.is_const() and b.is_const():
+        return tx.out.wrap_value(fold(fn, a.as_const(), b.as_const()))
+    plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if isinstance(a, ListVar) and fn is operator.iadd:
+        a.call_method(tx, "extend", [b], {})
+        return a
+    if (
+        isinstance(a, SequenceVar | SizeVar)
+        and isinstance(b, SequenceVar | SizeVar)
+        and plain is operator.add
+    ):
+        items = a.unpack(tx) + b.unpack(tx)
+        return (
+            ListVar(items)
+            if isinstance(a, ListVar)
+            else (SizeVar(items) if isinstance(a, SizeVar) else TupleVar(items))
+        )
+    if isinstance(a, SequenceVar) and plain is operator.mul and b.is_const():
+        return (
+            type(a)(a.items * b.as_const())
+            if not isinstance(a, NamedTupleVar)
+            else TupleVar(a.items * b.as_const())
+        )
+    if (
+        plain in (operator.eq, operator.ne)
+        and isinstance(a, SequenceVar | SizeVar)
+        and isinstance(b, SequenceVar | SizeVar)
+    ):
+        la, lb = a.unpack(tx), b.unpack(tx)
+        same = len(la) == len(lb) and all(
+            binary(tx, operator.eq, x, y).truth(tx) for x, y in zip(la, lb)
+        )
+        return ConstVar(same if plain is operator.eq else not same)
+    if (
+        plain in (operator.eq, operator.ne)
+        and a.python_type() is not b.python_type()
+        and (a.is_const() or b.is_const())
+    ):
+        # e.g. `module == None`, `obj != "x"`: objects of different types compare unequal
+        if type(a).__name__ != "ObjectVar" and type(b).__name__ != "ObjectVar":
+            return ConstVar(plain is operator.ne)
+    if isinstance(a, DictVar) and isinstance(b, DictVar) and plain is operator.or_:
+        return DictVar({**a.items, **b.items}, cls=a.cls)
+    dunder = getattr(a, "dunder_call", None)
+    if dunder is not None:
+        return dunder(tx, fn, b)
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on {a!r} and {b!r}")
+
+
+def identical(tx, a: Var, b: Var) -> bool:
+    """The ``is`` operator."""
+    if a is b:
+        return True
+    if a.is_const() and b.is_const():
+        return a.as_const() is b.as_const()
+    if a.is_const() or b.is_const():
+        return False  # a constant is never the same object as a tensor/container/...
+    obj_a, obj_b = getattr(a, "value", None), getattr(b, "value", None)
+    if obj_a is not None and obj_b is not None:
+        return obj_a is obj_b
+    return False
+
+
+def contains(tx, item: Var, container: Var) -> bool:
+    if isinstance(container, DictVar):
+        return item.as_const() in container.items
+    if isinstance(container, SequenceVar | SizeVar):
+        return any(
+            identical(tx, item, x) or binary(tx, operator.eq, item, x).truth(tx)
+            for x in container.unpack(tx)
+        )
+    if container.is_const():
+        return item.as_const() in container.as_const()
+    if hasattr(container, "contains"):
+        return container.contains(tx, item)
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"`in` on {container!r}")
+
+
+def unary(tx, fn, a: Var) -> Var:
+    if isinstance(a, TensorVar):
+        return tx.out.tensor_op("call_function", fn, [a], {})
+    if fn is operator.not_:
+        return ConstVar(not a.truth(tx))
+    return tx.out.wrap_value(fold(fn, a.as_const()))
+
+
+def isinstance_check(tx, obj: Var, cls: Var) -> bool:
+    classes = cls.as_const()
+    t = obj.python_type()
+    return issubclass(t, classes)
+
+
+class BuiltinVar(Var):
+    """A builtin function (len, isinstance, range...) or one of math/operator."""
+
+    def __init__(self, fn, source=None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def as_const(self) -> object:
+        return self.fn
+
+    def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        fn = self.fn
+        handler = _HANDLERS.get(fn)
+        if handler is not None:
+            return handler(tx, *args, **kwargs)
+        if fn in _OPERATOR_BINARY and len(args) == 2:
+            return binary(tx, fn, args[0], args[1])
+        if (
+            fn in (operator.neg, operator.pos, operator.invert, operator.not_, abs)
+            and len(args) == 1
+        ):
+            return unary(tx, fn, args[0])
+        if fn is operator.getitem:
+            return args[0].getitem(tx, args[1])
+        if fn is operator.setitem:
+            args[0].setitem(tx, args[1], args[2])
+            return ConstVar(None)
+        if (
+            all(a.is_const() for a in args)
+            and all(v.is_const() for v in kwargs.values())
+            and fn not in _IMPURE
+        ):
+            return tx.out.wrap_value(
+                fold(
+                    lambda: fn(
+                        *[a.as_const() for a in args],
+                        **{k: v.as_const() for k, v in kwargs.items()},
+                    )
+                )
+            )
+        if any(isinstance(a, TensorVar) for a in args):
+            if getattr(fn, "__module__", None) == "math" or fn in (
+                int,
+                float,
+                bool,
+                complex,
+                round,
+            ):
+                raise Unsupported(breaks.TENSOR_TO_PYTHON, f"{fn.__name__}() of a tensor")
+        if fn is print:
+            raise Unsupported(breaks.PRINT, "print()")
+        raise Unsupported(
+            breaks.UNKNOWN_CALLABLE, f"builtin {getattr(fn, '__name__', fn)} on these arguments"
+        )
+
+
+_OPERATOR_BINARY = frozenset(BINARY_OPS.values()) | frozenset(COMPARE_OPS.values())
+_IMPURE = frozenset(
+    {print, input, open, id, hash, exec, eval, setattr, delattr, globals, locals, vars, iter, next}
+)
+
+
+def _len(tx, x: Var) -> Var:
+    if isinstance(x, TensorVar):
+        if x.meta.dim() == 0:
+            raise Unsupported(breaks.EXCEPTION, "len() of a 0-d tensor")
+        return ConstVar(x.meta.shape[0])
+    if isinstance(x, SequenceVar | SizeVar | DictVar):
+        return ConstVar(len(x.unpack(tx)))
+    if x.is_const():
+        return ConstVar(len(x.as_const()))
+    if hasattr(x, "length"):
+        return ConstVar(x.length(tx))
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"len() of {x!r}")
+
+
+def _isinstance(tx, obj, cls) -> Var:
+    return ConstVar(isinstance_check(tx, obj, cls))
+
+
+def _issubclass(tx, a, b) -> Var:
+    return ConstVar(issubclass(a.as_const(), b.as_const()))
+
+
+def _getattr(tx, obj, name, *default) -> Var:
+    try:
+        return obj.getattr(tx, name.as_const())
+    except AttributeError:
+        if default:
+            return default[0]
+        raise Unsupported(breaks.EXCEPTION, f"AttributeError: {name.as_const()}") from None
+
+
+def _hasattr(tx, obj, name) -> Var:
+    try:
+        obj.getattr(tx, name.as_const())
+        return ConstVar(True)
+    except AttributeError:
+        return ConstVar(False)
+
+
+def _setattr(tx, obj, name, value) -> Var:
+    obj.setattr(tx, name.as_const(), value)
+    return ConstVar(None)
+
+
+def _range(tx, *args) -> Var:
+    return ConstVar(range(*[a.as_const() for a in args]))
+
+
+def _items(tx, x: Var) -> list[Var]:
+    if isinstance(x, IteratorVar):
+        return x.unpack(tx)
+    return x.unpack(tx)
+
+
+def _enumerate(tx, it, start=None) -> Var:
+    s = start.as_const() if start is not None else 0
+    return IteratorVar([TupleVar([ConstVar(i + s), v]) for i, v in enumerate(_items(tx, it))])
+
+
+def _zip(tx, *its, strict=None) -> Var:
+    lists = [_items(tx, i) for i in its]
+    return IteratorVar([TupleVar(list(t)) for t in zip(*lists)])
+
+
+def _reversed(tx, it) -> Var:
+    return IteratorVar(list(reversed(_items(tx, it))))
+
+
+def _map(tx, fn, *its) -> Var:
+    lists = [_items(tx, i) for i in its]
+    return IteratorVar([fn.call(tx, list(t), {}) for t in zip(*lists)])
+
+
+def _filter(tx, fn, it) -> Var:
+    out = []
+    for v in _items(tx, it):
+        keep = v if fn.is_const() and fn.as_const() is None else fn.call(tx, [v], {})
+        if keep.truth(tx):
+            out.append(v)
+    return IteratorVar(out)
+
+
+def _list(tx, it=None) -> Var:
+    return ListVar(_items(tx, it) if it is not None else [])
+
+
+def _tuple(tx, it=None) -> Var:
+    return TupleVar(_items(tx, it) if it is not None else [])
+
+
+def _dict(tx, it=None, **kwargs) -> Var:
+    items: dict = {}
+    if isinstance(it, DictVar):
+        items.update(it.items)
+    elif it is not None:
+        for pair in _items(tx, it):
+            k, v = pair.unpack(tx)
+            items[k.as_const()] = v
+    items.update(kwargs)
+    return DictVar(items)
+
+
+def _iter(tx, it) -> Var:
+    if isinstance(it, IteratorVar):
+        return it
+    return IteratorVar(_items(tx, it))
+
+
+def _next(tx, it, *default) -> Var:
+    v = it.next() if isinstance(it, IteratorVar) else None
+    if v is None:
+        if default:
+            return default[0]
+        raise Unsupported(breaks.EXCEPTION, "StopIteration")
+    return v
+
+
+def _minmax(fn):
+    def handler(tx, *args, **kwargs):
+        items = _items(tx, args[0]) if len(args) == 1 else list(args)
+        if all(i.is_const() for i in items) and not kwargs:
+            return tx.out.wrap_value(fold(fn, [i.as_const() for i in items]))
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{fn.__name__}() of non-constants")
+
+    return handler
+
+
+def _sum(tx, it, start=None) -> Var:
+    acc = start if start is not None else ConstVar(0)
+    for v in _items(tx, it):
+        acc = binary(tx, operator.add, acc, v)
+    return acc
+
+
+def _any_all(fn):
+    def handler(tx, it):
+        return ConstVar(fn(v.truth(tx) for v in _items(tx, it)))
+
+    return handler
+
+
+def _bool(tx, x=None) -> Var:
+    return ConstVar(x.truth(tx) if x is not None else False)
+
+
+def _type(tx, x) -> Var:
+    return tx.out.wrap_value(x.python_type())
+
+
+def _callable(tx, x) -> Var:
+    if x.is_const():
+        return ConstVar(callable(x.as_const()))
+    return ConstVar(callable(x.python_type()) or hasattr(x, "call"))
+
+
+def _sorted(tx, it, key=None, reverse=None) -> Var:
+    items = _items(tx, it)
+    if key is None and all(i.is_const() for i in items):
+        return ListVar(
+            [
+                ConstVar(v)
+                for v in sorted(
+                    (i.as_const() for i in items), reverse=bool(reverse and reverse.as_const())
+                )
+            ]
+        )
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, "sorted() of non-constants")
+
+
+def _print(tx, *args, **kwargs) -> Var:
+    raise Unsupported(breaks.PRINT, "print()")
+
+
+def _super(tx, *args) -> Var:
+    from kiln_capture.variables.objects import SuperVar
+
+    if args:
+        return SuperVar(args[0].as_const(), args[1])
+    cls, obj = tx.zero_arg_super()
+    return SuperVar(cls, obj)
+
+
+def _object_setattr(tx, obj, name, value) -> Var:
+    obj.setattr(tx, name.as_const(), value)
+    return ConstVar(None)
+
+
+_HANDLERS = {
+    len: _len,
+    isinstance: _isinstance,
+    issubclass: _issubclass,
+    getattr: _getattr,
+    hasattr: _hasattr,
+    setattr: _setattr,
+    range: _range,
+    enumerate: _enumerate,
+    zip: _zip,
+    reversed: _reversed,
+    map: _map,
+    filter: _filter,
+    list: _list,
+    tuple: _tuple,
+    dict: _dict,
+    iter: _iter,
+    next: _next,
+    min: _minmax(min),
+    max: _minmax(max),
+    sum: _sum,
+    any: _any_all(any),
+    all: _any_all(all),
+    bool: _bool,
+    type: _type,
+    callable: _callable,
+    sorted: _sorted,
+    print: _print,
+    super: _super,
+    object.__setattr__: _object_setattr,
+}
+
+BUILTIN_MODULES = ("builtins", "math", "operator", "_operator")
+
+
+def is_builtin_callable(value: object) -> bool:
+    return (
+        value in _HANDLERS
+        or (
+            callable(value)
+            and getattr(value, "__module__", None) in BUILTIN_MODULES
+            and not isinstance(value, type)
+        )
+        or value in (int, float, str, complex, abs, round, divmod, pow, repr, format, chr, ord)
+        or (
+            getattr(value, "__module__", None) is None
+            and getattr(value, "__self__", None) in (math, operator, builtins)
+        )
+    )
+
+
+__all__ = [
+    "BINARY_OPS",
+    "COMPARE_OPS",
+    "BuiltinVar",
+    "binary",
+    "contains",
+    "identical",
+    "is_builtin_callable",
+    "unary",
+    "torch",
+]

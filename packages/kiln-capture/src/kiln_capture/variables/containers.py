@@ -1,0 +1,301 @@
+"""Tuples, lists, dicts, named tuples, slices and iterators over them.
+
+Lists and dicts that came from the frame's inputs keep their source; mutating them marks
+them in the side-effect log, and their final contents are written back after the graph.
+"""
+
+from __future__ import annotations
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.constants import ConstVar
+
+
+def consts_of(items: list[Var]) -> list[object]:
+    return [i.as_const() for i in items]
+
+
+class SequenceVar(Var):
+    kind = "sequence"
+
+    def __init__(self, items: list[Var], source=None) -> None:
+        self.items = list(items)
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.items!r})"
+
+    def is_const(self) -> bool:
+        return all(i.is_const() for i in self.items)
+
+    def truth(self, tx) -> bool:
+        return bool(self.items)
+
+    def unpack(self, tx) -> list[Var]:
+        return list(self.items)
+
+    def children(self) -> list[Var]:
+        return list(self.items)
+
+    def getitem(self, tx, key: Var) -> Var:
+        k = key.as_const()
+        if isinstance(k, slice):
+            return self.new(self.items[k])
+        try:
+            return self.items[k]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(breaks.EXCEPTION, f"index {k!r}: {e}") from e
+
+    def new(self, items: list[Var]) -> SequenceVar:
+        return type(self)(items)
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        if name == "index":
+            return ConstVar(consts_of(self.items).index(args[0].as_const()))
+        if name == "count":
+            return ConstVar(consts_of(self.items).count(args[0].as_const()))
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__len__":
+            return ConstVar(len(self.items))
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.python_type().__name__}.{name}")
+
+
+class TupleVar(SequenceVar):
+    def python_type(self) -> type:
+        return tuple
+
+    def as_const(self) -> object:
+        return tuple(consts_of(self.items))
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        return "(" + "".join(cg.rebuild(i) + ", " for i in self.items) + ")"
+
+
+class NamedTupleVar(TupleVar):
+    """A namedtuple or a structseq (``torch.return_types.max``) of Vars."""
+
+    def __init__(self, cls: type, items: list[Var], source=None) -> None:
+        super().__init__(items, source)
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def new(self, items):
+        return TupleVar(items)
+
+    def as_const(self):
+        return self._make(consts_of(self.items))
+
+    def _make(self, values):
+        if hasattr(self.cls, "_make"):
+            return self.cls._make(values)
+        return self.cls(tuple(values))
+
+    def getattr(self, tx, name):
+        probe = self._make(range(len(self.items)))
+        try:
+            idx = getattr(probe, name)
+        except AttributeError as e:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}.{name}") from e
+        if isinstance(idx, int) and not callable(idx):
+            return self.items[idx]
+        if name == "_asdict":
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}._asdict")
+        return ConstVar(getattr(self.cls, name))
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        items = "".join(cg.rebuild(i) + ", " for i in self.items)
+        if hasattr(self.cls, "_make"):
+            return f"{cg.const(self.cls)}({items})"
+        return f"{cg.const(self.cls)}(({items}))"
+
+
+class ListVar(SequenceVar):
+    def python_type(self) -> type:
+        return list
+
+    def as_const(self) -> object:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "a list is not a constant")
+
+    def is_const(self) -> bool:
+        return False
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        return "[" + ", ".join(cg.rebuild(i) for i in self.items) + "]"
+
+    def _mutated(self, tx) -> None:
+        tx.out.side_effects.mutated(self)
+
+    def setitem(self, tx, key, value) -> None:
+        k = key.as_const()
+        if isinstance(k, slice):
+            self.items[k] = value.unpack(tx)
+        else:
+            self.items[k] = value
+        self._mutated(tx)
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        if name == "append":
+            self.items.append(args[0])
+        elif name == "extend":
+            self.items.extend(args[0].unpack(tx))
+        elif name == "insert":
+            self.items.insert(args[0].as_const(), args[1])
+        elif name == "pop":
+            v = self.items.pop(*(a.as_const() for a in args))
+            self._mutated(tx)
+            return v
+        elif name == "clear":
+            self.items.clear()
+        elif name == "reverse":
+            self.items.reverse()
+        elif name == "copy":
+            return ListVar(list(self.items))
+        elif name == "__setitem__":
+            self.setitem(tx, args[0], args[1])
+        else:
+            return super().call_method(tx, name, args, kwargs)
+        self._mutated(tx)
+        return ConstVar(None)
+
+
+class DictVar(Var):
+    """A dict with constant keys; ``cls`` is dict or OrderedDict."""
+
+    def __init__(self, items: dict[object, Var], source=None, cls: type = dict) -> None:
+        self.items = dict(items)
+        self.source = source
+        self.cls = cls
+
+    def __repr__(self) -> str:
+        return f"Dict({self.items!r})"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def truth(self, tx) -> bool:
+        return bool(self.items)
+
+    def children(self) -> list[Var]:
+        return list(self.items.values())
+
+    def unpack(self, tx) -> list[Var]:
+        return [ConstVar(k) for k in self.items]
+
+    def getitem(self, tx, key: Var) -> Var:
+        k = key.as_const()
+        if k not in self.items:
+            raise Unsupported(breaks.EXCEPTION, f"KeyError {k!r}")
+        return self.items[k]
+
+    def setitem(self, tx, key: Var, value: Var) -> None:
+        self.items[key.as_const()] = value
+        tx.out.side_effects.mutated(self)
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        c = [a.as_const() for a in args[:1]]
+        if name == "get":
+            default = args[1] if len(args) > 1 else ConstVar(None)
+            return self.items.get(c[0], default)
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__contains__":
+            return ConstVar(c[0] in self.items)
+        if name == "keys":
+            return ListVar([ConstVar(k) for k in self.items])
+        if name == "values":
+            return ListVar(list(self.items.values()))
+        if name == "items":
+            return ListVar([TupleVar([ConstVar(k), v]) for k, v in self.items.items()])
+        if name == "copy":
+            return DictVar(self.items, cls=self.cls)
+        if name in ("__setitem__", "setdefault", "pop", "update", "clear", "popitem"):
+            tx.out.side_effects.mutated(self)
+            if name == "__setitem__":
+                self.items[c[0]] = args[1]
+            elif name == "setdefault":
+                return self.items.setdefault(c[0], args[1] if len(args) > 1 else ConstVar(None))
+            elif name == "pop":
+                if c[0] in self.items or len(args) < 2:
+                    return self.items.pop(c[0])
+                return args[1]
+            elif name == "update":
+                other = args[0] if args else DictVar({})
+                if not isinstance(other, DictVar):
+                    raise Unsupported(breaks.UNSUPPORTED_VALUE, "dict.update with a non-dict")
+                self.items.update(other.items)
+                self.items.update(kwargs)
+            elif name == "clear":
+                self.items.clear()
+            else:
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, "dict.popitem")
+            return ConstVar(None)
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"dict.{name}")
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        body = ", ".join(f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in self.items.items())
+        if self.cls is dict:
+            return "{" + body + "}"
+        return f"{cg.const(self.cls)}({{{body}}})"
+
+
+class SliceVar(Var):
+    def __init__(self, start: Var, stop: Var, step: Var) -> None:
+        self.parts = [start, stop, step]
+
+    def __repr__(self) -> str:
+        return f"Slice({self.parts!r})"
+
+    def python_type(self) -> type:
+        return slice
+
+    def is_const(self) -> bool:
+        return all(p.is_const() for p in self.parts)
+
+    def as_const(self) -> object:
+        return slice(*consts_of(self.parts))
+
+    def children(self) -> list[Var]:
+        return list(self.parts)
+
+    def reconstruct(self, cg) -> str:
+        return "slice(" + ", ".join(cg.rebuild(p) for p in self.parts) + ")"
+
+
+class IteratorVar(Var):
+    """An iterator over materialized items (lists, tuples, ranges, zip, enumerate...)."""
+
+    def __init__(self, items: list[Var]) -> None:
+        self.items = list(items)
+        self.pos = 0
+
+    def __repr__(self) -> str:
+        return f"Iterator({self.items[self.pos :]!r})"
+
+    def next(self) -> Var | None:
+        if self.pos >= len(self.items):
+            return None
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def unpack(self, tx) -> list[Var]:
+        rest = self.items[self.pos :]
+        self.pos = len(self.items)
+        return rest
+
+    def children(self) -> list[Var]:
+        return self.items[self.pos :]
+
+    def reconstruct(self, cg) -> str:
+        return "iter([" + ", ".join(cg.rebuild(i) for i in self.items[self.pos :]) + "])"

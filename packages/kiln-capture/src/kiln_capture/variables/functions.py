@@ -1,0 +1,250 @@
+"""Functions: user functions (inlined), bound methods, closures made inside the trace,
+and torch functions (graph nodes, or constants when no tensor is involved)."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.sources import AttrSource, ClosureSource
+from kiln_capture.variables.base import CellVar, Var
+from kiln_capture.variables.constants import ConstVar
+from kiln_capture.variables.containers import DictVar, TupleVar
+from kiln_capture.variables.tensors import DATA_DEPENDENT_FUNCTIONS, TensorVar
+
+
+def bind_args(
+    code: types.CodeType,
+    name: str,
+    args: list[Var],
+    kwargs: dict[str, Var],
+    defaults: list[Var],
+    kwdefaults: dict[str, Var],
+) -> dict[str, Var]:
+    """Map a call's arguments onto ``code``'s parameters, as CPython does."""
+    nargs, nkw = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    pos_names, kwonly = names[:nargs], names[nargs : nargs + nkw]
+    idx = nargs + nkw
+    varargs = names[idx] if code.co_flags & inspect.CO_VARARGS else None
+    if varargs:
+        idx += 1
+    varkw = names[idx] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    bound: dict[str, Var] = dict(zip(pos_names, args))
+    if len(args) > nargs:
+        if varargs is None:
+            raise Unsupported(
+                breaks.EXCEPTION,
+                f"{name}() takes {nargs} positional arguments but {len(args)} were given",
+            )
+        bound[varargs] = TupleVar(args[nargs:])
+    elif varargs:
+        bound[varargs] = TupleVar([])
+    rest: dict[str, Var] = {}
+    for k, v in kwargs.items():
+        if k in pos_names[code.co_posonlyargcount :] or k in kwonly:
+            if k in bound:
+                raise Unsupported(
+                    breaks.EXCEPTION, f"{name}() got multiple values for argument {k!r}"
+                )
+            bound[k] = v
+        elif varkw:
+            rest[k] = v
+        else:
+            raise Unsupported(
+                breaks.EXCEPTION, f"{name}() got an unexpected keyword argument {k!r}"
+            )
+    first_default = nargs - len(defaults)
+    for i, p in enumerate(pos_names):
+        if p not in bound:
+            if i < first_default:
+                raise Unsupported(breaks.EXCEPTION, f"{name}() missing required argument {p!r}")
+            bound[p] = defaults[i - first_default]
+    for p in kwonly:
+        if p not in bound:
+            if p not in kwdefaults:
+                raise Unsupported(breaks.EXCEPTION, f"{name}() missing keyword-only argument {p!r}")
+            bound[p] = kwdefaults[p]
+    if varkw:
+        bound[varkw] = DictVar(rest)
+    return bound
+
+
+class UserFunctionVar(Var):
+    """A Python function defined outside torch: calls are inlined."""
+
+    def __init__(self, fn: types.FunctionType, source=None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"UserFunction({self.fn.__qualname__})"
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def as_const(self) -> object:
+        return self.fn
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstVar(getattr(self.fn, name))
+        if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
+            src = AttrSource(self.source, name) if self.source else None
+            return tx.out.wrap(self.fn.__wrapped__, src)
+        raise AttributeError(name)
+
+    def call(self, tx, args, kwargs) -> Var:
+        fn = self.fn
+        if getattr(fn, "_kiln_disabled", False):
+            raise Unsupported(breaks.DISABLED, f"{fn.__qualname__} is disabled")
+        defaults = [tx.out.wrap_value(d) for d in (fn.__defaults__ or ())]
+        kwdefaults = {k: tx.out.wrap_value(v) for k, v in (fn.__kwdefaults__ or {}).items()}
+        bound = bind_args(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
+        cells = {}
+        for i, name in enumerate(fn.__code__.co_freevars):
+            cell = fn.__closure__[i]
+            try:
+                contents = cell.cell_contents
+            except ValueError:
+                cells[name] = CellVar(None)
+                continue
+            src = ClosureSource(self.source, i) if self.source is not None else None
+            cells[name] = CellVar(
+                tx.out.wrap(contents, src) if src else tx.out.wrap_value(contents)
+            )
+        return tx.inline(fn.__code__, fn.__globals__, bound, cells, fn.__qualname__)
+
+
+class NestedFunctionVar(Var):
+    """A function created by MAKE_FUNCTION inside the trace."""
+
+    def __init__(
+        self, code, globals_dict, defaults, kwdefaults, closure: list[CellVar], qualname: str
+    ) -> None:
+        self.code = code
+        self.globals = globals_dict
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.closure = closure
+        self.qualname = qualname
+
+    def __repr__(self) -> str:
+        return f"NestedFunction({self.qualname})"
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, tx, args, kwargs) -> Var:
+        bound = bind_args(self.code, self.qualname, args, kwargs, self.defaults, self.kwdefaults)
+        cells = dict(zip(self.code.co_freevars, self.closure))
+        return tx.inline(self.code, self.globals, bound, cells, self.qualname)
+
+    def reconstruct(self, cg) -> str:
+        raise Unsupported(
+            breaks.UNSUPPORTED_VALUE, f"a closure ({self.qualname}) escaping the captured region"
+        )
+
+
+class BoundMethodVar(Var):
+    def __init__(self, fn: Var, obj: Var, source=None) -> None:
+        self.fn = fn
+        self.obj = obj
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"BoundMethod({self.fn!r}, {self.obj!r})"
+
+    def call(self, tx, args, kwargs) -> Var:
+        return self.fn.call(tx, [self.obj, *args], kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__self__":
+            return self.obj
+        if name == "__func__":
+            return self.fn
+        return self.fn.getattr(tx, name)
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        return f"__k_MethodType({cg.rebuild(self.fn)}, {cg.rebuild(self.obj)})"
+
+
+def contains_tensor(v: Var) -> bool:
+    if isinstance(v, TensorVar):
+        return True
+    return any(contains_tensor(c) for c in v.children())
+
+
+_CUDA_QUERIES = {
+    "is_available",
+    "device_count",
+    "current_device",
+    "get_device_capability",
+    "get_device_name",
+}
+
+
+class TorchFnVar(Var):
+    """A function of the torch namespace, torch.nn.functional or a Tensor method descriptor."""
+
+    def __init__(self, fn, source=None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"TorchFn({getattr(self.fn, '__qualname__', self.fn)})"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def as_const(self) -> object:
+        return self.fn
+
+    def getattr(self, tx, name):
+        return tx.out.wrap_value(getattr(self.fn, name))
+
+    def call(self, tx, args, kwargs) -> Var:
+        fn = self.fn
+        name = getattr(fn, "__name__", "")
+        mod = getattr(fn, "__module__", "") or ""
+        if fn in DATA_DEPENDENT_FUNCTIONS or (fn is torch.where and len(args) == 1):
+            raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
+        if fn is torch.is_grad_enabled:
+            return ConstVar(tx.out.grad_enabled)
+        if name.startswith(("set_", "_set_", "manual_seed")) or (
+            mod.startswith("torch.cuda") and name not in _CUDA_QUERIES
+        ):
+            raise Unsupported(breaks.UNKNOWN_CALLABLE, f"{mod}.{name} changes global state")
+        if (
+            isinstance(fn, types.MethodDescriptorType | types.WrapperDescriptorType)
+            and args
+            and isinstance(args[0], TensorVar)
+        ):
+            return args[0].call_method(tx, name, list(args[1:]), kwargs)
+        if any(contains_tensor(a) for a in args) or any(
+            contains_tensor(v) for v in kwargs.values()
+        ):
+            return tx.out.tensor_op("call_function", fn, list(args), kwargs)
+        try:
+            consts = [a.as_const() for a in args]
+            kw = {k: v.as_const() for k, v in kwargs.items()}
+        except Unsupported:
+            raise Unsupported(
+                breaks.UNKNOWN_CALLABLE, f"torch function {name} on non-constant Python values"
+            ) from None
+        with torch.device("meta"):
+            try:
+                probe = fn(*consts, **kw)
+            except Exception as e:
+                raise Unsupported(breaks.EXCEPTION, f"{name} raised {type(e).__name__}: {e}") from e
+        if isinstance(probe, torch.Tensor) or (
+            isinstance(probe, tuple | list) and any(isinstance(p, torch.Tensor) for p in probe)
+        ):
+            return tx.out.tensor_op("call_function", fn, list(args), kwargs)
+        return tx.out.wrap_value(probe)

@@ -1,0 +1,207 @@
+"""nn.Module instances: parameters and buffers become graph inputs (lifted), submodules
+and attributes are read through guarded sources, calls inline ``forward`` with hooks."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.sources import AttrSource, DictEntrySource
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.constants import ConstVar
+from kiln_capture.variables.containers import TupleVar
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+def lookup_class_attr(tx, obj_var: Var, cls: type, name: str, src):
+    """Resolve ``name`` on ``cls`` (descriptors included) for the instance ``obj_var``."""
+    try:
+        attr = inspect.getattr_static(cls, name)
+    except AttributeError:
+        return None
+    from kiln_capture.variables.functions import BoundMethodVar
+
+    if isinstance(attr, staticmethod):
+        return tx.out.wrap_value(attr.__func__)
+    if isinstance(attr, classmethod):
+        return BoundMethodVar(tx.out.wrap_value(attr.__func__), tx.out.wrap_value(cls))
+    if isinstance(attr, property):
+        if attr.fget is None:
+            raise AttributeError(name)
+        return tx.out.wrap_value(attr.fget).call(tx, [obj_var], {})
+    if inspect.isfunction(attr):
+        return BoundMethodVar(tx.out.wrap_value(attr), obj_var)
+    if hasattr(attr, "__get__") and not isinstance(attr, type):
+        # other descriptors (slots, functools.cached_property, C methods): read for real
+        value = getattr(obj_var.value, name)
+        return (
+            tx.out.wrap(value, AttrSource(src, name))
+            if src is not None
+            else tx.out.wrap_value(value)
+        )
+    return tx.out.wrap(attr, AttrSource(src, name)) if src is not None else tx.out.wrap_value(attr)
+
+
+class ModuleVar(Var):
+    def __init__(self, module: nn.Module, source=None) -> None:
+        self.value = module
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Module({type(self.value).__name__})"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def as_const(self) -> object:
+        return self.value
+
+    def _entry(self, tx, table: str, name: str) -> Var:
+        value = self.value.__dict__[table][name]
+        if value is None:
+            return ConstVar(None)
+        src = DictEntrySource(self.source, table, name) if self.source is not None else None
+        return tx.out.wrap(value, src) if src is not None else tx.out.wrap_value(value)
+
+    def getattr(self, tx, name: str) -> Var:
+        m = self.value
+        d = m.__dict__
+        pending = tx.out.side_effects.pending_attr(self, name)
+        if pending is not None:
+            return pending
+        for table in ("_parameters", "_buffers", "_modules"):
+            if name in d.get(table, {}):
+                return self._entry(tx, table, name)
+        src = AttrSource(self.source, name) if self.source is not None else None
+        if name in d:
+            return tx.out.wrap(d[name], src) if src is not None else tx.out.wrap_value(d[name])
+        found = lookup_class_attr(tx, self, type(m), name, self.source)
+        if found is not None:
+            return found
+        raise AttributeError(name)
+
+    def setattr(self, tx, name: str, value: Var) -> None:
+        if name in self.value.__dict__.get("_parameters", {}) or name in self.value.__dict__.get(
+            "_modules", {}
+        ):
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"assigning module parameter/submodule {name!r}"
+            )
+        tx.out.side_effects.store_attr(self, name, value)
+
+    def call(self, tx, args, kwargs) -> Var:
+        m = self.value
+        if type(m).__call__ is not nn.Module.__call__:
+            return self.getattr(tx, "__call__").call(tx, args, kwargs)
+        if getattr(m.forward, "_kiln_disabled", False):
+            raise Unsupported(breaks.DISABLED, f"{type(m).__name__}.forward is disabled")
+        if self.source is not None and not (m._forward_hooks or m._forward_pre_hooks):
+            tx.out.guards.no_hooks(self.source)
+        if (
+            m._backward_hooks
+            or m._backward_pre_hooks
+            or getattr(m, "_forward_hooks_with_kwargs", None)
+            or getattr(m, "_forward_pre_hooks_with_kwargs", None)
+        ):
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE,
+                f"{type(m).__name__} has backward or keyword-argument hooks",
+            )
+        if self.source is not None and (m._forward_hooks or m._forward_pre_hooks):
+            tx.out.guards.dict_keys(
+                AttrSource(self.source, "_forward_hooks"), tuple(m._forward_hooks)
+            )
+            tx.out.guards.dict_keys(
+                AttrSource(self.source, "_forward_pre_hooks"), tuple(m._forward_pre_hooks)
+            )
+        for hook in m._forward_pre_hooks.values():
+            result = tx.out.wrap_value(hook).call(tx, [self, TupleVar(args)], {})
+            if not (result.is_const() and result.as_const() is None):
+                args = result.unpack(tx) if isinstance(result, TupleVar) else [result]
+        out = self.getattr(tx, "forward").call(tx, args, kwargs)
+        for hook in m._forward_hooks.values():
+            result = tx.out.wrap_value(hook).call(tx, [self, TupleVar(args), out], {})
+            if not (result.is_const() and result.as_const() is None):
+                out = result
+        return out
+
+    # -- containers ---------------------------------------------------------------------
+
+    def _children(self, tx) -> list[Var]:
+        m = self.value
+        if isinstance(m, nn.ParameterList | nn.ParameterDict):
+            return [self._entry(tx, "_parameters", k) for k in m._parameters]
+        return [self._entry(tx, "_modules", k) for k in m._modules]
+
+    def unpack(self, tx) -> list[Var]:
+        m = self.value
+        if isinstance(m, nn.ModuleDict | nn.ParameterDict):
+            return [
+                ConstVar(k) for k in (m._modules if isinstance(m, nn.ModuleDict) else m._parameters)
+            ]
+        if isinstance(m, _CONTAINERS):
+            return self._children(tx)
+        return super().unpack(tx)
+
+    def length(self, tx) -> int:
+        if isinstance(self.value, _CONTAINERS):
+            return len(self.value)
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"len() of {type(self.value).__name__}")
+
+    def contains(self, tx, item: Var) -> bool:
+        if isinstance(self.value, nn.ModuleDict | nn.ParameterDict):
+            return item.as_const() in self.value
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"`in` on {type(self.value).__name__}")
+
+    def getitem(self, tx, key: Var) -> Var:
+        m = self.value
+        k = key.as_const()
+        if isinstance(m, nn.ModuleDict):
+            return self._entry(tx, "_modules", k)
+        if isinstance(m, nn.ParameterDict):
+            return self._entry(tx, "_parameters", k)
+        if isinstance(m, _CONTAINERS) and isinstance(k, int):
+            return self._children(tx)[k]
+        if isinstance(m, nn.ModuleList) and isinstance(k, slice):
+            from kiln_capture.variables.containers import ListVar
+
+            return ListVar(self._children(tx)[k])
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{type(m).__name__}[{k!r}]")
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        m = self.value
+        from kiln_capture.variables.containers import ListVar
+
+        if isinstance(m, nn.ModuleDict | nn.ParameterDict) and name in ("items", "keys", "values"):
+            keys = self.unpack(tx)
+            vals = [self.getitem(tx, k) for k in keys]
+            if name == "keys":
+                return ListVar(keys)
+            if name == "values":
+                return ListVar(vals)
+            return ListVar([TupleVar([k, v]) for k, v in zip(keys, vals)])
+        if name in ("children", "parameters", "buffers", "named_children", "modules") and not args:
+            if name in ("children", "named_children"):
+                table = "_modules"
+            else:
+                table = "_parameters" if name == "parameters" else "_buffers"
+            if name == "modules":
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, "Module.modules()")
+            keys = list(m.__dict__[table])
+            if name == "parameters" and m._modules:
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, "Module.parameters() over submodules")
+            entries = [self._entry(tx, table, k) for k in keys]
+            if name == "named_children":
+                return ListVar([TupleVar([ConstVar(k), e]) for k, e in zip(keys, entries)])
+            return ListVar(entries)
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        return super().call_method(tx, name, args, kwargs)
+
+
+__all__ = ["ModuleVar", "lookup_class_attr", "torch"]

@@ -1,0 +1,360 @@
+"""Other Python objects: classes, Python modules, user objects (configs, dataclasses),
+objects created during the trace, and ``super()``."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+
+import torch
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.sources import AttrSource
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.constants import ConstVar, is_constant_value
+from kiln_capture.variables.containers import NamedTupleVar, TupleVar
+from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, GradModeVar
+from kiln_capture.variables.modules import lookup_class_attr
+from kiln_capture.variables.tensors import SizeVar
+
+# Modules whose attributes are taken as constants without a guard: nobody patches them
+# between calls, and guarding `torch.relu` on every call would cost more than it protects.
+TRUSTED_MODULE_PREFIXES = (
+    "torch",
+    "math",
+    "operator",
+    "builtins",
+    "functools",
+    "itertools",
+    "collections",
+    "typing",
+    "numbers",
+)
+
+
+class ObjectVar(Var):
+    """An existing Python object read through a source (or held as a constant)."""
+
+    def __init__(self, value: object, source=None) -> None:
+        self.value = value
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Object({type(self.value).__name__})"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def as_const(self) -> object:
+        if isinstance(
+            self.value, type | types.ModuleType | types.FunctionType
+        ) or is_constant_value(self.value):
+            return self.value
+        return super().as_const()
+
+    def is_const(self) -> bool:
+        return isinstance(self.value, type)
+
+    def truth(self, tx) -> bool:
+        t = type(self.value)
+        if isinstance(self.value, type) or not (hasattr(t, "__bool__") or hasattr(t, "__len__")):
+            return True
+        if inspect.isfunction(getattr(t, "__bool__", None)):
+            return self.call_method(tx, "__bool__", [], {}).truth(tx)
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"truth value of {t.__name__}")
+
+    def _child(self, tx, value, name):
+        if self.source is not None:
+            return tx.out.wrap(value, AttrSource(self.source, name))
+        return tx.out.wrap_value(value)
+
+    def getattr(self, tx, name: str) -> Var:
+        v = self.value
+        pending = tx.out.side_effects.pending_attr(self, name)
+        if pending is not None:
+            return pending
+        if isinstance(v, types.ModuleType):
+            attr = getattr(v, name)
+            if v.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES:
+                return tx.out.wrap_value(attr)
+            return self._child(tx, attr, name)
+        if isinstance(v, type):
+            attr = inspect.getattr_static(v, name)
+            if isinstance(attr, staticmethod):
+                return tx.out.wrap_value(attr.__func__)
+            if isinstance(attr, classmethod):
+                from kiln_capture.variables.functions import BoundMethodVar
+
+                return BoundMethodVar(tx.out.wrap_value(attr.__func__), self)
+            return self._child(tx, getattr(v, name), name)
+        d = getattr(v, "__dict__", None)
+        if (
+            d is not None
+            and name in d
+            and not inspect.isdatadescriptor(getattr(type(v), name, None))
+        ):
+            return self._child(tx, d[name], name)
+        found = lookup_class_attr(tx, self, type(v), name, self.source)
+        if found is not None:
+            return found
+        ga = inspect.getattr_static(type(v), "__getattr__", None)
+        if inspect.isfunction(ga):
+            return tx.out.wrap_value(ga).call(tx, [self, ConstVar(name)], {})
+        raise AttributeError(name)
+
+    def setattr(self, tx, name: str, value: Var) -> None:
+        if isinstance(self.value, type | types.ModuleType):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"setting {name!r} on a class or module")
+        tx.out.side_effects.store_attr(self, name, value)
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def call(self, tx, args, kwargs) -> Var:
+        v = self.value
+        if isinstance(v, type):
+            return construct(tx, v, args, kwargs)
+        call = inspect.getattr_static(type(v), "__call__", None)
+        if inspect.isfunction(call):
+            return tx.out.wrap_value(call).call(tx, [self, *args], kwargs)
+        raise Unsupported(breaks.UNKNOWN_CALLABLE, f"call of a {type(v).__name__} object")
+
+    def getitem(self, tx, key):
+        gi = inspect.getattr_static(type(self.value), "__getitem__", None)
+        if inspect.isfunction(gi):
+            return tx.out.wrap_value(gi).call(tx, [self, key], {})
+        if (
+            self.source is not None
+            and key.is_const()
+            and isinstance(self.value, list | tuple | dict)
+        ):
+            from kiln_capture.sources import ItemSource
+
+            return tx.out.wrap(self.value[key.as_const()], ItemSource(self.source, key.as_const()))
+        return super().getitem(tx, key)
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        return cg.const(self.value)
+
+
+def _is_record(cls: type) -> bool:
+    """dataclasses that are also dicts (transformers' ModelOutput): built opaquely."""
+    return dataclasses.is_dataclass(cls) and issubclass(cls, dict)
+
+
+def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if cls in GRAD_MODE_CLASSES:
+        return GradModeVar(tx, cls, args)
+    if cls is torch.Size:
+        return SizeVar(args[0].unpack(tx) if args else [])
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        names = cls._fields
+        values = dict(zip(names, args))
+        values.update(kwargs)
+        defaults = getattr(cls, "_field_defaults", {})
+        return NamedTupleVar(
+            cls, [values[n] if n in values else tx.out.wrap_value(defaults[n]) for n in names]
+        )
+    if _is_record(cls):
+        fields = [f.name for f in dataclasses.fields(cls)]
+        values = dict(zip(fields, args))
+        values.update(kwargs)
+        return RecordVar(cls, values)
+    if (
+        all(a.is_const() for a in args)
+        and all(v.is_const() for v in kwargs.values())
+        and is_constant_value_type(cls)
+    ):
+        return tx.out.wrap_value(
+            cls(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()})
+        )
+    if issubclass(cls, BaseException):
+        raise Unsupported(breaks.EXCEPTION, f"{cls.__name__} raised in captured code")
+    if (
+        cls.__new__ is object.__new__
+        and inspect.isfunction(getattr(cls, "__init__", None))
+        and not hasattr(cls, "__slots__")
+    ):
+        obj = NewObjectVar(cls)
+        tx.out.wrap_value(cls.__init__).call(tx, [obj, *args], kwargs)
+        return obj
+    raise Unsupported(breaks.UNKNOWN_CALLABLE, f"construction of {cls.__qualname__}")
+
+
+def is_constant_value_type(cls: type) -> bool:
+    return cls in (
+        int,
+        float,
+        bool,
+        str,
+        complex,
+        range,
+        slice,
+        torch.device,
+        torch.dtype,
+        torch.finfo,
+        torch.iinfo,
+        frozenset,
+    )
+
+
+class NewObjectVar(Var):
+    """An instance of a plain Python class created inside the trace."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.attrs: dict[str, Var] = {}
+
+    def __repr__(self) -> str:
+        return f"New({self.cls.__name__})"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def children(self) -> list[Var]:
+        return list(self.attrs.values())
+
+    def getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "__class__":
+            return tx.out.wrap_value(self.cls)
+        found = lookup_class_attr(tx, self, self.cls, name, None)
+        if found is not None:
+            return found
+        raise AttributeError(name)
+
+    def setattr(self, tx, name, value) -> None:
+        self.attrs[name] = value
+
+    def call_method(self, tx, name, args, kwargs):
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def reconstruct(self, cg) -> str:
+        attrs = ", ".join(f"{k!r}: {cg.rebuild(v)}" for k, v in self.attrs.items())
+        return f"__k_new_object({cg.const(self.cls)}, {{{attrs}}})"
+
+
+class RecordVar(Var):
+    """A ModelOutput-style record (a dataclass that is a dict), rebuilt with ``cls(**fields)``.
+
+    Indexing follows ModelOutput: string keys and integer positions over non-None fields.
+    """
+
+    def __init__(self, cls: type, values: dict[str, Var]) -> None:
+        self.cls = cls
+        self.values = values
+
+    def __repr__(self) -> str:
+        return f"Record({self.cls.__name__})"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def children(self) -> list[Var]:
+        return list(self.values.values())
+
+    def _present(self) -> list[tuple[str, Var]]:
+        out = []
+        for f in dataclasses.fields(self.cls):
+            v = self.values.get(f.name)
+            if v is not None and not (v.is_const() and v.as_const() is None):
+                out.append((f.name, v))
+        return out
+
+    def getattr(self, tx, name):
+        if name in self.values:
+            return self.values[name]
+        if name in {f.name for f in dataclasses.fields(self.cls)}:
+            return ConstVar(None)
+        if name == "to_tuple":
+            return _RecordToTuple(self)
+        found = lookup_class_attr(tx, self, self.cls, name, None)
+        if found is not None:
+            return found
+        raise AttributeError(name)
+
+    def getitem(self, tx, key):
+        k = key.as_const()
+        present = self._present()
+        if isinstance(k, str):
+            return dict(present)[k]
+        if isinstance(k, slice):
+            return TupleVar([v for _, v in present][k])
+        return present[k][1]
+
+    def setattr(self, tx, name, value):
+        self.values[name] = value
+
+    def setitem(self, tx, key, value):
+        self.values[key.as_const()] = value
+
+    def unpack(self, tx):
+        return [ConstVar(k) for k, _ in self._present()]
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "keys":
+            return TupleVar([ConstVar(k) for k, _ in self._present()])
+        if name == "get":
+            return self.values.get(args[0].as_const(), args[1] if len(args) > 1 else ConstVar(None))
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def reconstruct(self, cg) -> str:
+        fields = ", ".join(f"{k}={cg.rebuild(v)}" for k, v in self.values.items())
+        return f"{cg.const(self.cls)}({fields})"
+
+
+class _RecordToTuple(Var):
+    def __init__(self, rec: RecordVar) -> None:
+        self.rec = rec
+
+    def call(self, tx, args, kwargs):
+        return TupleVar([v for _, v in self.rec._present()])
+
+
+class SuperVar(Var):
+    def __init__(self, cls: type, obj: Var) -> None:
+        self.cls = cls
+        self.obj = obj
+
+    def __repr__(self) -> str:
+        return f"Super({self.cls.__name__})"
+
+    def getattr(self, tx, name):
+        mro = self.obj.python_type().__mro__
+        for klass in mro[mro.index(self.cls) + 1 :]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                from kiln_capture.variables.functions import BoundMethodVar
+
+                if isinstance(attr, staticmethod):
+                    return tx.out.wrap_value(attr.__func__)
+                if isinstance(attr, classmethod):
+                    return BoundMethodVar(
+                        tx.out.wrap_value(attr.__func__), tx.out.wrap_value(self.obj.python_type())
+                    )
+                if inspect.isfunction(attr):
+                    return BoundMethodVar(tx.out.wrap_value(attr), self.obj)
+                if isinstance(attr, property):
+                    return tx.out.wrap_value(attr.fget).call(tx, [self.obj], {})
+                if klass is object and name == "__setattr__":
+                    return tx.out.wrap_value(object.__setattr__)
+                if klass is object and name == "__init__":
+                    return _NoopVar()
+                raise Unsupported(
+                    breaks.UNSUPPORTED_VALUE, f"super().{name} ({type(attr).__name__})"
+                )
+        raise AttributeError(name)
+
+
+class _NoopVar(Var):
+    """``object.__init__`` reached through ``super().__init__()``."""
+
+    def call(self, tx, args, kwargs):
+        return ConstVar(None)

@@ -1,0 +1,238 @@
+"""Tensors: FX nodes with metadata computed on the meta device, never on real data.
+
+A TensorVar holds its FX node, a meta tensor with the output's shape/stride/dtype/
+requires_grad, and the real device (a meta tensor cannot carry it). Ops whose result
+depends on tensor data (``nonzero``, ``.item()``, boolean masks...) are graph breaks.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.constants import ConstVar
+
+# Data-dependent: the output's shape or a Python value depends on tensor contents.
+DATA_DEPENDENT_METHODS = frozenset(
+    {
+        "item",
+        "tolist",
+        "numpy",
+        "nonzero",
+        "unique",
+        "unique_consecutive",
+        "data_ptr",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "backward",
+        "equal",
+        "allclose",
+        "masked_select",
+        "argwhere",
+        "bincount",
+        "storage",
+        "untyped_storage",
+        "__array__",
+        "register_hook",
+    }
+)
+DATA_DEPENDENT_FUNCTIONS = frozenset(
+    {
+        torch.nonzero,
+        torch.unique,
+        torch.unique_consecutive,
+        torch.masked_select,
+        torch.equal,
+        torch.allclose,
+        torch.argwhere,
+        torch.bincount,
+        torch.histc,
+        torch.manual_seed,
+        torch.seed,
+        torch.set_default_dtype,
+        torch.set_printoptions,
+    }
+)
+# Methods answered from metadata (no graph node).
+META_METHODS = frozenset(
+    {
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "stride",
+        "is_contiguous",
+        "element_size",
+        "is_floating_point",
+        "is_complex",
+        "storage_offset",
+        "is_signed",
+    }
+)
+TENSOR_VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+
+
+class TensorVar(Var):
+    def __init__(
+        self,
+        node: torch.fx.Node,
+        meta: torch.Tensor,
+        device: torch.device,
+        source=None,
+        cls: type = torch.Tensor,
+    ) -> None:
+        self.node = node
+        self.meta = meta
+        self.device = device
+        self.source = source
+        self.cls = cls
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.node.name}: {str(self.meta.dtype)[6:]}{list(self.meta.shape)})"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def truth(self, tx) -> bool:
+        raise Unsupported(breaks.TENSOR_BRANCH, f"bool() of tensor {self.node.name}")
+
+    def getattr(self, tx, name: str) -> Var:
+        m = self.meta
+        if name == "shape":
+            return SizeVar([ConstVar(s) for s in m.shape])
+        if name == "device":
+            return ConstVar(self.device)
+        if name in (
+            "dtype",
+            "ndim",
+            "requires_grad",
+            "layout",
+            "is_sparse",
+            "is_quantized",
+            "is_leaf",
+        ):
+            return ConstVar(getattr(m, name))
+        if name in ("is_cuda", "is_cpu", "is_mps", "is_xpu"):
+            return ConstVar(self.device.type == name[3:])
+        if name == "is_meta":
+            return ConstVar(self.device.type == "meta")
+        if name in TENSOR_VIEW_PROPERTIES:
+            return tx.out.tensor_op("call_function", getattr, [self, ConstVar(name)], {})
+        if name == "data":
+            return tx.out.tensor_op("call_method", "detach", [self], {})
+        if name in ("grad", "grad_fn", "_base", "_version"):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor.{name}")
+        if callable(getattr(torch.Tensor, name, None)):
+            return TensorMethodVar(self, name)
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor attribute {name!r}")
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        return TensorMethodVar(self, name).call(tx, args, kwargs)
+
+    def unpack(self, tx) -> list[Var]:
+        if self.meta.dim() == 0:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "iteration over a 0-d tensor")
+        return [
+            tx.out.tensor_op("call_function", operator.getitem, [self, ConstVar(i)], {})
+            for i in range(self.meta.shape[0])
+        ]
+
+    def getitem(self, tx, key: Var) -> Var:
+        check_index(key)
+        return tx.out.tensor_op("call_function", operator.getitem, [self, key], {})
+
+    def setitem(self, tx, key: Var, value: Var) -> None:
+        check_index(key)
+        tx.out.tensor_op("call_function", operator.setitem, [self, key, value], {})
+
+    def reconstruct(self, cg) -> str:
+        return cg.tensor(self)
+
+
+def check_index(key: Var) -> None:
+    """Boolean-mask indexing has a data-dependent output shape."""
+    items = key.children() if not isinstance(key, TensorVar) else [key]
+    for k in items:
+        if isinstance(k, TensorVar) and k.meta.dtype in (torch.bool, torch.uint8):
+            raise Unsupported(breaks.DATA_DEPENDENT, "indexing with a boolean mask")
+
+
+class TensorMethodVar(Var):
+    def __init__(self, tensor: TensorVar, name: str) -> None:
+        self.tensor = tensor
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"TensorMethod({self.name})"
+
+    def call(self, tx, args, kwargs) -> Var:
+        name, t = self.name, self.tensor
+        if name in DATA_DEPENDENT_METHODS:
+            kind = (
+                breaks.TENSOR_TO_PYTHON
+                if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__")
+                else breaks.DATA_DEPENDENT
+            )
+            raise Unsupported(kind, f"Tensor.{name}()")
+        if name in META_METHODS:
+            consts = [a.as_const() for a in args]
+            kw = {k: v.as_const() for k, v in kwargs.items()}
+            value = getattr(t.meta, name)(*consts, **kw)
+            if isinstance(value, torch.Size):
+                return SizeVar([ConstVar(s) for s in value])
+            return tx.out.wrap_value(value)
+        if name == "get_device":
+            return ConstVar(t.device.index if t.device.type != "cpu" else -1)
+        if name == "__getitem__":
+            return t.getitem(tx, args[0])
+        if name == "__setitem__":
+            t.setitem(tx, args[0], args[1])
+            return ConstVar(None)
+        return tx.out.tensor_op("call_method", name, [t, *args], kwargs)
+
+
+class SizeVar(Var):
+    """torch.Size of constant ints (shapes are static; every size is guarded)."""
+
+    def __init__(self, items: list[Var]) -> None:
+        self.items = items
+
+    def __repr__(self) -> str:
+        return f"Size({[i.as_const() for i in self.items]})"
+
+    def python_type(self) -> type:
+        return torch.Size
+
+    def is_const(self) -> bool:
+        return all(i.is_const() for i in self.items)
+
+    def as_const(self) -> object:
+        return torch.Size([i.as_const() for i in self.items])
+
+    def truth(self, tx) -> bool:
+        return bool(self.items)
+
+    def unpack(self, tx) -> list[Var]:
+        return list(self.items)
+
+    def getitem(self, tx, key: Var) -> Var:
+        k = key.as_const()
+        if isinstance(k, slice):
+            return SizeVar(self.items[k])
+        return self.items[k]
+
+    def getattr(self, tx, name):
+        return ConstVar(self.as_const()).getattr(tx, name)
+
+    def children(self) -> list[Var]:
+        return list(self.items)
+
+    def reconstruct(self, cg) -> str:
+        return cg.const(self.as_const())
