@@ -96,6 +96,9 @@ def trace_joint(
                 [fw[j][1] for j in diff], [fakes[i] for i in wanted], tangents, allow_unused=True
             )
         grad_out = [(i, tracer.node_of(g)) for i, g in zip(wanted, grads) if g is not None]
+    placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
+    for i, _ in muts:
+        placeholders[i].meta["kiln_aot_mutated"] = True  # partitioners avoid saving it
     outputs = [node for _, _, node in fw] + [n for _, n in muts] + [n for _, n in grad_out]
     tracer.graph.output(tuple(outputs))
     trace_info = TraceInfo(len(flat_args), tuple(infos), spec, tuple(i for i, _ in muts))

@@ -114,6 +114,10 @@ class CompiledFunction(torch.autograd.Function):
     def forward(ctx, plan: TrainingPlan, *args):
         outs = _as_tuple(plan.fw(*args))
         fw_outs, saved = outs[: plan.num_fwd_outputs], outs[plan.num_fwd_outputs :]
+        if plan.info.mutated_inputs:
+            # A saved input that is about to be overwritten keeps its pre-write value.
+            written = {id(args[i]) for i in plan.info.mutated_inputs}
+            saved = tuple(s.clone() if id(s) in written else s for s in saved)
         ctx.plan = plan
         ctx.save_for_backward(*saved)
         diff = set(plan.differentiable)

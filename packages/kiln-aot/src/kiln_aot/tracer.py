@@ -179,6 +179,9 @@ class Tracer:
         node.meta["val"] = tuple(out)
         items = []
         for i, o in enumerate(out):
+            if o is None:  # e.g. convolution_backward's gradients not asked for
+                items.append(None)
+                continue
             g = self.graph.call_function(operator.getitem, (node, i))
             g.meta["val"] = o
             items.append(g)
@@ -200,7 +203,7 @@ class Tracer:
         """Record a core/kept op called on fakes and return fakes for its outputs."""
         out = self.emit_node(func, self.graph_args(args), self.graph_args(kwargs))
         if isinstance(out, list):
-            return tuple(self.wrap(n) for n in out)
+            return tuple(None if n is None else self.wrap(n) for n in out)
         if func in core_ops.VIEW_OPS:
             bound = bind_args(func, args, kwargs)
             return self.wrap(out, args[0], ViewStep(func, bound[1:]))

@@ -220,3 +220,9 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
         )
     zeros = aten.full.default([num_weights, dim], 0, dtype=grad.dtype, device=grad.device)
     return aten.index_put.default(zeros, [flat_idx], flat_grad, True)
+
+
+@register(aten.threshold_backward.default)
+def threshold_backward(grad, x, threshold):
+    zero = aten.scalar_tensor.default(0, dtype=grad.dtype, device=grad.device)
+    return aten.where.self(aten.le.Scalar(x, threshold), zero, grad)

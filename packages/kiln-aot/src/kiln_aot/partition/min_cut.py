@@ -97,6 +97,14 @@ def recomputable(node: fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
 
 
+def _tie_break(node: fx.Node) -> int:
+    """Among equal sizes: save a primal (alive anyway), then an intermediate, and last an
+    input the graph overwrites (saving it costs a copy at run time)."""
+    if node.op == "placeholder":
+        return 2 if node.meta.get("kiln_aot_mutated") else 0
+    return 1
+
+
 def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     graph = joint.graph
     backward = tangent_dependent(graph)
@@ -113,7 +121,7 @@ def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     ]
     for n in forward:
         size = nbytes(n)
-        cap = INF if size is None else size * 4 + (0 if n.op == "placeholder" else 1)
+        cap = INF if size is None else size * 4 + _tie_break(n)
         net.add_edge((n, "in"), (n, "out"), cap)
         if n.op == "placeholder" or not recomputable(n):
             net.add_edge(src, (n, "in"), INF)
