@@ -43,9 +43,7 @@ def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
     return tuple(reversed(strides))
 
 
-def flat_index(
-    index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.S.Zero
-) -> Expr:
+def flat_index(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.S.Zero) -> Expr:
     out = offset
     for i, s in zip(index, strides):
         if s != 0:

@@ -45,7 +45,17 @@ register_fallback(
     aten._unique2,
 )
 register_fallback(
-    "scatters and sorts are not lowered yet",
+    "backward kernels of convolution and pooling run in ATen",
+    aten.convolution_backward,
+    aten.max_pool2d_with_indices_backward,
+    aten.avg_pool2d_backward,
+    aten._adaptive_avg_pool2d_backward,
+)
+register_fallback(
+    "scatters, sorts and these special functions are not lowered yet",
+    aten.erfinv,
+    aten.as_strided_scatter,
+    aten.diagonal_scatter,
     aten.scatter,
     aten.scatter_add,
     aten.scatter_reduce,

@@ -101,7 +101,10 @@ def _pick(pool: list[str], buf: ComputedBuffer, ir: GraphIR) -> str | None:
     best, best_size = None, None
     for cand in pool:
         have = _span_bytes(cand, ir)
-        if ir.buffers[cand].device != buf.device or not (have - need).is_number or have < need:
+        other = ir.buffers[cand]
+        if other.device != buf.device or other.dtype != buf.dtype:
+            continue
+        if not (have - need).is_number or have < need:
             continue
         if have > 2 * need:
             continue  # keep big blocks for big buffers

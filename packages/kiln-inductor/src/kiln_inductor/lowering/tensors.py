@@ -1,0 +1,392 @@
+"""Lowerings that build or rearrange tensors: factories (full, arange, empty...), cat/stack,
+constant_pad_nd, gather/index/index_select/embedding, slice_scatter/select_scatter, copy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..ir.nodes import Pointwise, TensorValue
+from ..ir.ops import ops
+from ..ir.symbols import Expr, FloorDiv, sym
+from .context import current_graph
+from .graph_unsupported import unsupported
+from .registry import register_lowering
+from .values import broadcast_loader, broadcast_sizes, compute_dtype, normalize_dim, to_dtype
+from .views import unsqueeze
+
+aten = torch.ops.aten
+
+
+def _device(device: Any) -> torch.device:
+    if device is None:
+        return current_graph().device
+    d = torch.device(device)
+    return current_graph().device if d.type == "meta" else d
+
+
+def _scalar_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    return torch.get_default_dtype()
+
+
+def full(
+    size: Sequence[Any], value: Any, dtype: torch.dtype | None, device: Any = None
+) -> Pointwise:
+    dtype = dtype or _scalar_dtype(value)
+    cdt = compute_dtype(dtype)
+
+    def inner(index: Sequence[Expr]) -> Any:
+        v = ops.constant(value, cdt)
+        return ops.to_dtype(v, dtype) if cdt != dtype else v
+
+    return Pointwise(_device(device), dtype, tuple(sym(s) for s in size), inner)
+
+
+@register_lowering(aten.full)
+def _full(
+    size: Sequence[Any],
+    fill_value: Any,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> Pointwise:
+    return full(size, fill_value, dtype, device)
+
+
+@register_lowering(aten.scalar_tensor)
+def _scalar_tensor(
+    value: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> Pointwise:
+    return full((), value, dtype or torch.get_default_dtype(), device)
+
+
+@register_lowering(aten.full_like)
+def _full_like(
+    x: TensorValue,
+    value: Any,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    memory_format: Any = None,
+) -> Pointwise:
+    return full(x.size, value, dtype or x.dtype, device or x.device)
+
+
+@register_lowering(aten.zeros_like, aten.ones_like, aten.empty_like)
+def _zeros_like(
+    x: TensorValue,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    memory_format: Any = None,
+) -> Pointwise:
+    from .context import current_node
+
+    one = current_node().target.overloadpacket is aten.ones_like
+    return full(x.size, 1 if one else 0, dtype or x.dtype, device or x.device)
+
+
+@register_lowering(aten.zeros, aten.ones, aten.empty)
+def _zeros(
+    size: Sequence[Any],
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    memory_format: Any = None,
+) -> Pointwise:
+    from .context import current_node
+
+    one = current_node().target.overloadpacket is aten.ones
+    return full(size, 1 if one else 0, dtype or torch.get_default_dtype(), device)
+
+
+@register_lowering(aten.empty_strided)
+def _empty_strided(
+    size: Sequence[Any],
+    stride: Sequence[Any],
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> Pointwise:
+    # contents are unspecified: zeros are as good as any, and deterministic
+    return full(size, 0, dtype or torch.get_default_dtype(), device)
+
+
+@register_lowering(aten.fill)
+def _fill(x: TensorValue, value: Any) -> Pointwise:
+    if isinstance(value, TensorValue):
+        return Pointwise(
+            x.device, x.dtype, x.size, lambda i: to_dtype(value, x.dtype).make_loader()([])
+        )
+    return full(x.size, value, x.dtype, x.device)
+
+
+@register_lowering(aten.arange)
+def arange(
+    start: Any,
+    end: Any = None,
+    step: Any = 1,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> Pointwise:
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        dtype = (
+            torch.int64
+            if all(isinstance(v, int) for v in (start, end, step))
+            else torch.get_default_dtype()
+        )
+    import math
+
+    n = max(math.ceil((end - start) / step), 0)
+
+    def inner(index: Sequence[Expr]) -> Any:
+        if not dtype.is_floating_point:
+            return ops.index_expr(start + index[0] * step, dtype)
+        i = ops.index_expr(index[0], torch.float64)
+        v = ops.add(
+            ops.constant(start, torch.float64), ops.mul(i, ops.constant(step, torch.float64))
+        )
+        return ops.to_dtype(v, dtype)
+
+    return Pointwise(_device(device), dtype, (sym(n),), inner)
+
+
+def _clamp_index(i: Expr, lo: Expr, hi: Expr) -> Expr:
+    return sympy.Min(sympy.Max(i, lo), hi)
+
+
+@register_lowering(aten.cat)
+def cat(tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.size[0] == 0)]
+    if len(tensors) == 1:
+        t = tensors[0]
+        return Pointwise(t.device, t.dtype, t.size, t.make_loader())
+    ref = tensors[0]
+    dim = normalize_dim(dim, ref.ndim)
+    from .values import promote
+
+    dtype = promote(*tensors)
+    parts = [(to_dtype(t, dtype), t.size[dim]) for t in tensors if t.size[dim] != 0]
+    total = sum((n for _, n in parts), sympy.Integer(0))
+    size = list(ref.size)
+    size[dim] = total
+    loaders = [(t.make_loader(), n) for t, n in parts]
+
+    def inner(index: Sequence[Expr]) -> Any:
+        i = index[dim]
+        offset: Expr = sympy.Integer(0)
+        pieces = []
+        for loader, n in loaders:
+            idx = list(index)
+            idx[dim] = _clamp_index(i - offset, 0, n - 1)
+            pieces.append((offset + n, loader(idx)))
+            offset = offset + n
+        out = pieces[-1][1]
+        pos = ops.index_expr(i, torch.int64)
+        for end, value in reversed(pieces[:-1]):
+            out = ops.where(ops.lt(pos, ops.index_expr(end, torch.int64)), value, out)
+        return out
+
+    return Pointwise(ref.device, dtype, tuple(size), inner)
+
+
+@register_lowering(aten.stack)
+def stack(tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
+    dim = normalize_dim(dim, tensors[0].ndim + 1)
+    return cat([unsqueeze(t, dim) for t in tensors], dim)
+
+
+@register_lowering(aten.constant_pad_nd)
+def constant_pad_nd(x: TensorValue, pad: Sequence[int], value: Any = 0) -> TensorValue:
+    n = len(pad) // 2
+    size = list(x.size)
+    lows: dict[int, int] = {}
+    for k in range(n):
+        d = x.ndim - 1 - k
+        lo, hi = pad[2 * k], pad[2 * k + 1]
+        lows[d] = lo
+        size[d] = size[d] + lo + hi
+    loader = x.make_loader()
+    cdt = compute_dtype(x.dtype)
+
+    def inner(index: Sequence[Expr]) -> Any:
+        idx = list(index)
+        mask = None
+        for d, lo in lows.items():
+            src = index[d] - lo
+            idx[d] = _clamp_index(src, 0, x.size[d] - 1)
+            i = ops.index_expr(src, torch.int64)
+            ok = ops.logical_and(
+                ops.ge(i, ops.constant(0, torch.int64)),
+                ops.lt(i, ops.constant(int(x.size[d]), torch.int64)),
+            )
+            mask = ok if mask is None else ops.logical_and(mask, ok)
+        v = loader(idx)
+        if mask is None:
+            return v
+        fill = ops.constant(value, cdt)
+        if cdt != x.dtype:
+            fill = ops.to_dtype(fill, x.dtype)
+        return ops.where(mask, v, fill)
+
+    return Pointwise(x.device, x.dtype, tuple(size), inner)
+
+
+def _indirect(value: Any, size: Expr) -> Expr:
+    return ops.indirect_indexing(value, size)
+
+
+@register_lowering(aten.gather)
+def gather(x: TensorValue, dim: int, index: TensorValue, sparse_grad: bool = False) -> TensorValue:
+    dim = normalize_dim(dim, x.ndim)
+    xl, il = x.make_loader(), index.make_loader()
+
+    def inner(idx: Sequence[Expr]) -> Any:
+        src = list(idx)
+        if x.ndim:
+            src[dim] = _indirect(il(idx), x.size[dim])
+        return xl(src)
+
+    return Pointwise(x.device, x.dtype, tuple(index.size), inner)
+
+
+@register_lowering(aten.index_select)
+def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
+    dim = normalize_dim(dim, x.ndim)
+    xl, il = x.make_loader(), index.make_loader()
+    size = list(x.size)
+    if x.ndim:
+        size[dim] = index.size[0] if index.ndim else sympy.Integer(1)
+
+    def inner(idx: Sequence[Expr]) -> Any:
+        src = list(idx)
+        if x.ndim:
+            src[dim] = _indirect(il([idx[dim]] if index.ndim else []), x.size[dim])
+        return xl(src)
+
+    return Pointwise(x.device, x.dtype, tuple(size), inner)
+
+
+@register_lowering(aten.embedding)
+def embedding(
+    weight: TensorValue,
+    indices: TensorValue,
+    padding_idx: int = -1,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> TensorValue:
+    return index(weight, [indices])
+
+
+@register_lowering(aten.index)
+def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    given = [(d, t) for d, t in enumerate(indices) if t is not None]
+    for _, t in given:
+        if t.dtype in (torch.bool, torch.uint8):
+            raise unsupported("indexing with a boolean mask has a data-dependent shape")
+    dims = [d for d, _ in given]
+    bshape = broadcast_sizes(*[t.size for _, t in given])
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    rest = [d for d in range(x.ndim) if d not in dims]
+    if adjacent:
+        before = [d for d in rest if d < dims[0]]
+        after = [d for d in rest if d > dims[-1]]
+    else:
+        before, after = [], rest
+    size = [x.size[d] for d in before] + list(bshape) + [x.size[d] for d in after]
+    loaders = [(d, broadcast_loader(t, bshape)) for d, t in given]
+    xl = x.make_loader()
+    nb, nbs = len(before), len(bshape)
+
+    def inner(idx: Sequence[Expr]) -> Any:
+        src: list[Expr] = [sympy.Integer(0)] * x.ndim
+        for k, d in enumerate(before):
+            src[d] = idx[k]
+        bidx = list(idx[nb : nb + nbs])
+        for d, ld in loaders:
+            src[d] = _indirect(ld(bidx), x.size[d])
+        for k, d in enumerate(after):
+            src[d] = idx[nb + nbs + k]
+        return xl(src)
+
+    return Pointwise(x.device, x.dtype, tuple(size), inner)
+
+
+@register_lowering(aten.slice_scatter)
+def slice_scatter(
+    x: TensorValue,
+    src: TensorValue,
+    dim: int = 0,
+    start: Any = None,
+    end: Any = None,
+    step: int = 1,
+) -> TensorValue:
+    dim = normalize_dim(dim, x.ndim)
+    n = int(x.size[dim])
+    start = 0 if start is None else (start + n if start < 0 else start)
+    end = n if end is None else (end + n if end < 0 else end)
+    start, end = max(min(start, n), 0), max(min(end, n), 0)
+    xl, sl = x.make_loader(), to_dtype(src, x.dtype).make_loader()
+    m = int(src.size[dim]) if src.ndim else 1
+
+    def inner(idx: Sequence[Expr]) -> Any:
+        i = idx[dim]
+        j = list(idx)
+        j[dim] = _clamp_index(FloorDiv(i - start, step), 0, max(m - 1, 0))
+        ii = ops.index_expr(i, torch.int64)
+        inside = ops.logical_and(
+            ops.ge(ii, ops.constant(start, torch.int64)), ops.lt(ii, ops.constant(end, torch.int64))
+        )
+        if step != 1:
+            on_step = ops.eq(
+                ops.remainder(
+                    ops.sub(ii, ops.constant(start, torch.int64)), ops.constant(step, torch.int64)
+                ),
+                ops.constant(0, torch.int64),
+            )
+            inside = ops.logical_and(inside, on_step)
+        return ops.where(inside, sl(j), xl(idx))
+
+    return Pointwise(x.device, x.dtype, x.size, inner)
+
+
+@register_lowering(aten.select_scatter)
+def select_scatter(x: TensorValue, src: TensorValue, dim: int, index: int) -> TensorValue:
+    dim = normalize_dim(dim, x.ndim)
+    index = index + int(x.size[dim]) if index < 0 else index
+    xl, sl = x.make_loader(), to_dtype(src, x.dtype).make_loader()
+
+    def inner(idx: Sequence[Expr]) -> Any:
+        at = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.constant(index, torch.int64))
+        return ops.where(at, sl([*idx[:dim], *idx[dim + 1 :]]), xl(idx))
+
+    return Pointwise(x.device, x.dtype, x.size, inner)
+
+
+@register_lowering(aten.copy)
+def copy(x: TensorValue, src: TensorValue, non_blocking: bool = False) -> TensorValue:
+    value = to_dtype(src, x.dtype) if isinstance(src, TensorValue) else src
+    loader = broadcast_loader(value, x.size)
+    return Pointwise(x.device, x.dtype, x.size, loader)
