@@ -1,0 +1,66 @@
+"""Attention: the math form of the CPU flash-attention backward (its forward is decomposed
+by torch's table), recomputing the probabilities from the saved log-sum-exp."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln_aot.decompositions.registry import register
+
+aten = torch.ops.aten
+
+
+def _t(x):
+    return aten.transpose.int(x, -2, -1)
+
+
+def _masked_scores(q, k, is_causal, attn_mask, scale):
+    scores = aten.mul.Tensor(aten.matmul.default(q, _t(k)), scale)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = aten.masked_fill.Scalar(
+                scores, aten.logical_not.default(attn_mask), float("-inf")
+            )
+        else:
+            scores = aten.add.Tensor(scores, attn_mask)
+    if is_causal:
+        L, S = q.shape[-2], k.shape[-2]
+        keep = aten.tril.default(aten.full.default([L, S], True, dtype=torch.bool, device=q.device))
+        scores = aten.masked_fill.Scalar(scores, aten.logical_not.default(keep), float("-inf"))
+    return scores
+
+
+@register(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def flash_attention_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """Returns (output, logsumexp [B, H, L]) like the kernel (torch's table returns the
+    probabilities in place of the log-sum-exp, which the backward cannot use)."""
+    if dropout_p != 0 or q.shape[1] != k.shape[1] or q.dtype != torch.float32:
+        return NotImplemented
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = _masked_scores(q, k, is_causal, attn_mask, scale)
+    m = aten.amax.default(scores, [-1], True)
+    e = aten.exp.default(aten.sub.Tensor(scores, m))
+    total = aten.sum.dim_IntList(e, [-1], True)
+    out = aten.matmul.default(aten.div.Tensor(e, total), v)
+    lse = aten.squeeze.dims(aten.add.Tensor(aten.log.default(total), m), [-1])
+    return out, lse
+
+
+@register(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def flash_attention_cpu_backward(
+    grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
+):
+    if dropout_p != 0 or q.shape[1] != k.shape[1]:
+        return NotImplemented
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = _masked_scores(q, k, is_causal, attn_mask, scale)
+    probs = aten.exp.default(aten.sub.Tensor(scores, aten.unsqueeze.default(logsumexp, -1)))
+    grad_v = aten.matmul.default(_t(probs), grad_out)
+    grad_p = aten.matmul.default(grad_out, _t(v))
+    delta = aten.sum.dim_IntList(aten.mul.Tensor(grad_out, out), [-1], True)
+    grad_s = aten.mul.Tensor(aten.mul.Tensor(probs, aten.sub.Tensor(grad_p, delta)), scale)
+    grad_q = aten.matmul.default(grad_s, k)
+    grad_k = aten.matmul.default(_t(grad_s), q)
+    return grad_q, grad_k, grad_v
