@@ -29,7 +29,7 @@ from kiln_capture.variables.base import NullVar, Var
 from kiln_capture.variables.containers import IteratorVar
 
 MAX_RESTARTS = 32
-_STEP_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR"})
+_STEP_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "FORMAT_VALUE"})
 _STEP_JUMPS = {
     "POP_JUMP_IF_TRUE": True,
     "POP_JUMP_FORWARD_IF_TRUE": True,
@@ -196,6 +196,8 @@ def _finish_break(
             base = len(stack) - ins.arg - 2
         elif ins.opname == "CALL_FUNCTION_EX":
             base = len(stack) - (3 if ins.arg & 1 else 2) - 1
+        elif ins.opname == "FORMAT_VALUE":
+            base = len(stack) - (2 if ins.arg & 4 else 1)
         else:
             base = len(stack) - 2
         nxt = root.instructions[idx + 1].offset
@@ -287,6 +289,11 @@ def _step_lines(ins, stack: list[Var], base: int, kw_names: tuple, calls: list[s
         region = t[base + 1 :]
         call = f"{region[0]}(*{region[1]}" + (f", **{region[2]})" if ins.arg & 1 else ")")
         return [f"__k_r = {call}", f"return {calls[0]}"]
+    if ins.opname == "FORMAT_VALUE":
+        conv = {0: "", 1: "str", 2: "repr", 3: "ascii"}[ins.arg & 3]
+        spec = t[-1] if ins.arg & 4 else "''"
+        value = t[base]
+        return [f"__k_r = format({conv}({value}), {spec})", f"return {calls[0]}"]
     if ins.opname == "BINARY_SUBSCR":
         return [f"__k_r = {t[-2]}[{t[-1]}]", f"return {calls[0]}"]
     jump_when = _STEP_JUMPS.get(ins.opname, _STEP_JUMP_OR_POP.get(ins.opname))

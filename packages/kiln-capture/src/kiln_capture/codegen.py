@@ -79,6 +79,7 @@ class CodeGen:
             "__k_MethodType": types.MethodType,
             "__k_FunctionType": types.FunctionType,
             "__k_enable": _C.set_enabled,
+            "__k_cell": types.CellType,
             "torch": torch,
         }
         ns.update(extra)

@@ -93,8 +93,13 @@ class Frame:
         name: str,
         parent: Frame | None = None,
     ) -> None:
-        if code.co_flags & _UNSUPPORTED_CODE_FLAGS:
-            raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"generator or coroutine {name}")
+        self.yielded: list[Var] | None = None
+        if code.co_flags & inspect.CO_GENERATOR and not code.co_flags & (
+            inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+        ):
+            self.yielded = []  # generators are run to completion; their values are collected
+        elif code.co_flags & _UNSUPPORTED_CODE_FLAGS:
+            raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"coroutine {name}")
         self.out = out
         self.code = code
         self.globals = globals_dict
@@ -119,7 +124,18 @@ class Frame:
             while True:
                 self.step()
         except Return as r:
+            if self.yielded is not None:
+                return IteratorVar(self.yielded)
             return r.value
+
+    def RETURN_GENERATOR(self, ins):
+        self.push(ConstVar(None))
+
+    def YIELD_VALUE(self, ins):
+        if self.yielded is None:
+            raise Unsupported(breaks.UNSUPPORTED_BYTECODE, "yield")
+        self.yielded.append(self.pop())
+        self.push(ConstVar(None))
 
     def step(self) -> None:
         ins = self.instructions[self.ip]

@@ -31,7 +31,11 @@ class Var:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"truth value of {self!r}")
 
     def getattr(self, tx: Frame, name: str) -> Var:
-        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"attribute {name!r} of {self!r}")
+        if type(self).call_method is not Var.call_method and callable(
+            getattr(self.python_type(), name, None)
+        ):
+            return MethodCallVar(self, name)
+        raise AttributeError(name)
 
     def setattr(self, tx: Frame, name: str, value: Var) -> None:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"setting attribute {name!r} of {self!r}")
@@ -69,6 +73,26 @@ class Var:
         if self.source is not None:
             return self.source.expr()
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"cannot rebuild {self!r} outside the graph")
+
+
+class MethodCallVar(Var):
+    """``obj.method`` for Vars that model their methods in ``call_method``."""
+
+    def __init__(self, obj: Var, name: str) -> None:
+        self.obj = obj
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Method({self.obj!r}.{self.name})"
+
+    def call(self, tx: Frame, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def children(self) -> list[Var]:
+        return [self.obj]
+
+    def reconstruct(self, cg) -> str:
+        return f"{cg.rebuild(self.obj)}.{self.name}"
 
 
 class NullVar(Var):

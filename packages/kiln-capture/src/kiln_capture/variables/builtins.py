@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import operator
 
@@ -410,6 +411,14 @@ def _sorted(tx, it, key=None, reverse=None) -> Var:
     raise Unsupported(breaks.UNSUPPORTED_VALUE, "sorted() of non-constants")
 
 
+def _reduce(tx, fn, it, *initial) -> Var:
+    items = _items(tx, it)
+    acc = initial[0] if initial else items.pop(0)
+    for v in items:
+        acc = fn.call(tx, [acc, v], {})
+    return acc
+
+
 def _print(tx, *args, **kwargs) -> Var:
     raise Unsupported(breaks.PRINT, "print()")
 
@@ -456,14 +465,28 @@ _HANDLERS = {
     callable: _callable,
     sorted: _sorted,
     print: _print,
+    pow: lambda tx, a, b: binary(tx, operator.pow, a, b),
     super: _super,
     object.__setattr__: _object_setattr,
+    functools.reduce: _reduce,
 }
 
 BUILTIN_MODULES = ("builtins", "math", "operator", "_operator")
 
 
 def is_builtin_callable(value: object) -> bool:
+    if not callable(value):
+        return False
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    if (
+        isinstance(value, type)
+        and value not in _HANDLERS
+        and value not in (int, float, str, complex, bool)
+    ):
+        return False
     return (
         value in _HANDLERS
         or (

@@ -92,6 +92,9 @@ class ConstMethodVar(Var):
     def __repr__(self) -> str:
         return f"ConstMethod({self.obj!r}.{self.name})"
 
+    def reconstruct(self, cg) -> str:
+        return f"{cg.const(self.obj)}.{self.name}"
+
     def call(self, tx, args, kwargs) -> Var:
         if not all(a.is_const() for a in args) or not all(v.is_const() for v in kwargs.values()):
             if isinstance(self.obj, str) and self.name == "format":

@@ -202,7 +202,7 @@ class DictVar(Var):
         tx.out.side_effects.mutated(self)
 
     def call_method(self, tx, name, args, kwargs) -> Var:
-        c = [a.as_const() for a in args[:1]]
+        c = [args[0].as_const()] if args and name not in ("update",) else []
         if name == "get":
             default = args[1] if len(args) > 1 else ConstVar(None)
             return self.items.get(c[0], default)

@@ -145,9 +145,25 @@ class NestedFunctionVar(Var):
         return tx.inline(self.code, self.globals, bound, cells, self.qualname)
 
     def reconstruct(self, cg) -> str:
-        raise Unsupported(
-            breaks.UNSUPPORTED_VALUE, f"a closure ({self.qualname}) escaping the captured region"
+        if any(c.contents is None for c in self.closure) or self.kwdefaults:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE,
+                f"a closure ({self.qualname}) escaping the captured region",
+            )
+        defaults = (
+            "(" + "".join(cg.rebuild(d) + ", " for d in self.defaults) + ")"
+            if self.defaults
+            else "None"
         )
+        cells = (
+            "(" + "".join(f"__k_cell({cg.rebuild(c.contents)}), " for c in self.closure) + ")"
+            if self.closure
+            else "None"
+        )
+        return f"__k_FunctionType({cg.const(self.code)}, {cg.const(self.globals)}, {self.code.co_name!r}, {defaults}, {cells})"
+
+    def children(self) -> list[Var]:
+        return list(self.defaults) + [c.contents for c in self.closure if c.contents is not None]
 
 
 class BoundMethodVar(Var):

@@ -131,6 +131,8 @@ class TensorVar(Var):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor.{name}")
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVar(self, name)
+        if not hasattr(torch.Tensor, name):
+            raise AttributeError(name)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs) -> Var:
@@ -171,6 +173,12 @@ class TensorMethodVar(Var):
 
     def __repr__(self) -> str:
         return f"TensorMethod({self.name})"
+
+    def reconstruct(self, cg) -> str:
+        return f"{cg.rebuild(self.tensor)}.{self.name}"
+
+    def children(self) -> list[Var]:
+        return [self.tensor]
 
     def call(self, tx, args, kwargs) -> Var:
         name, t = self.name, self.tensor

@@ -1,0 +1,179 @@
+"""Graph breaks: print, tensor-dependent branches, .item()/.tolist(), data-dependent ops,
+unknown callables, disabled functions; capture resumes after each."""
+
+import torch
+from torch import nn
+
+from corpus import T, case
+from kiln_capture import disable
+
+
+@case(graphs=2, breaks=1)
+def print_in_middle(x):
+    y = x + 1
+    print("shape", y.shape)
+    return y * 2
+
+
+@case(graphs=1, breaks=1)
+def print_at_start(x):
+    print("start")
+    return x * 2
+
+
+@case(graphs=2, breaks=1)
+def tensor_if(x):
+    y = x.sum(1)
+    if y.sum() > 0:
+        return y * 2
+    return y - 1
+
+
+@case(graphs=2, breaks=1, args=lambda: (T(4, 4),))
+def tensor_if_both_branches_keep_locals(x):
+    a = x * 2
+    b = x + 3
+    if (a > 100).any():
+        c = a
+    else:
+        c = b
+    return c * a
+
+
+@case(graphs=2, breaks=1)
+def item_straight_line(x):
+    s = x.sum()
+    v = s.item()
+    return x * v
+
+
+@case(graphs=2, breaks=1)
+def tolist_then_python(x):
+    vals = x[0].tolist()
+    return x * len(vals)
+
+
+@case(graphs=2, breaks=1)
+def nonzero_break(x):
+    y = x * 2
+    idx = torch.nonzero(y > 0)
+    return idx.shape[0] * y
+
+
+@case(graphs=2, breaks=1)
+def boolean_mask(x):
+    y = x + 1
+    picked = y[y > 1]
+    return picked * 2
+
+
+@case(graphs=2, breaks=1)
+def unique_break(x):
+    y = (x * 3).round()
+    u = torch.unique(y)
+    return u + 1
+
+
+@disable
+def eager_only(x):
+    return x + 100
+
+
+@case(graphs=2, breaks=1)
+def disabled_call(x):
+    y = x * 2
+    z = eager_only(y)
+    return z - 1
+
+
+@case(graphs=2, breaks=2)
+def two_prints(x):
+    y = x + 1
+    print("a")
+    print("b")
+    return y * 2
+
+
+@case(graphs=3, breaks=2)
+def break_with_live_stack_values(x):
+    return x * 2 + helper_print(x)
+
+
+def helper_print(v):
+    print("inside helper")
+    return v + 1
+
+
+@case(graphs=3, breaks=2)
+def break_in_inlined_function_resumes_in_callee(x):
+    y = x * 3
+    z = helper_print(y)
+    return z * y
+
+
+@case(graphs=1, breaks=1)
+def break_inside_loop_runs_rest_eagerly(x):
+    x = x * 2
+    for i in range(3):
+        x = x + i
+        print(i)
+    return x
+
+
+@case(graphs=0, breaks=1)
+def break_inside_with_block_runs_frame_eagerly(x):
+    with torch.no_grad():
+        y = x * 2
+        print("inside no_grad")
+    return y
+
+
+class ItemInForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        scale = y.abs().max().item()
+        return y / scale
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = ItemInForward()
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = x * 2
+        h = self.inner(h)
+        return self.out(h)
+
+
+_OUTER = Outer().eval()
+
+
+@case(graphs=4, breaks=3)
+def item_in_inlined_submodule_forward(x):
+    return _OUTER(x)
+
+
+@case(graphs=2, breaks=1)
+def tensor_while_condition(x):
+    y = x * 2
+    if y.max() > 1000:
+        y = y / 2
+    return y + 1
+
+
+@case(graphs=2, breaks=1)
+def float_of_tensor(x):
+    s = float(x.sum())
+    return x * s
+
+
+@case(graphs=2, breaks=1)
+def fstring_of_tensor(x):
+    msg = f"{x.sum()}"
+    return x * len(msg)

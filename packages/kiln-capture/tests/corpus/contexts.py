@@ -1,0 +1,46 @@
+"""Grad-mode contexts: no_grad, enable_grad, set_grad_enabled."""
+
+import torch
+
+from corpus import T, case
+
+
+def _g():
+    return (T(3, 3, grad=True),)
+
+
+@case(args=_g)
+def no_grad_block(x):
+    with torch.no_grad():
+        y = x * 2
+    return y + x, y.requires_grad
+
+
+@case(args=_g)
+def enable_grad_inside_no_grad(x):
+    with torch.no_grad():
+        a = x * 2
+        with torch.enable_grad():
+            b = x * 3
+    return a, b, a.requires_grad, b.requires_grad
+
+
+@case(args=_g)
+def set_grad_enabled_ctx(x):
+    with torch.set_grad_enabled(False):
+        y = x + 1
+    return y
+
+
+@case(args=_g)
+def is_grad_enabled_query(x):
+    with torch.no_grad():
+        flag = torch.is_grad_enabled()
+    return x * 2, flag
+
+
+@case(args=_g)
+def grad_flag_propagates(x):
+    y = x.detach()
+    z = y * x
+    return z, z.requires_grad
