@@ -6,6 +6,7 @@ import sys
 
 COMMANDS = {
     "demo": "compile a GPT-2-style model on the CPU, check it against eager, print the speed-up",
+    "report": "run a script with kiln's logging on and write one HTML compile report",
 }
 
 
@@ -19,7 +20,9 @@ def main(argv: list[str]) -> int:
         from kiln.demo import main as demo
 
         return demo(argv[1:])
-    return 2
+    from kiln.report import main as report
+
+    return report(argv[1:])
 
 
 if __name__ == "__main__":

@@ -73,7 +73,12 @@ def compile(
     guarded = backends.with_fallback(
         name, fn, allow_fallback=not (fullgraph or resolved["raise_on_error"])
     )
-    optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph, dynamic=dynamic)
+    if dynamic:
+        log.info(
+            "kiln.compile(dynamic=True): symbolic shapes are not implemented yet; "
+            "each new input shape compiles a specialized graph (up to the recompile limit)"
+        )
+    optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
         return _compiled_module(model, optimize(model))
     return optimize(model)

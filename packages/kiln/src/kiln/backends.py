@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -49,19 +50,20 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 def inductor(
     gm: torch.fx.GraphModule, example_inputs: list, *, options: dict[str, Any]
 ) -> Callable:
-    import kiln_cpp  # noqa: F401  (registers the CPU kernel backend with kiln-inductor)
-    import kiln_inductor
+    """kiln's compiler: kiln-triton for graphs on CUDA tensors, kiln-cpp otherwise."""
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    if "cuda" in devices:
+        import kiln_triton
 
-    try:
-        import kiln_triton  # noqa: F401  (registers the CUDA kernel backend)
-    except ImportError as e:  # triton absent: CUDA graphs fall back inside kiln-inductor
-        log.debug("kiln_triton unavailable: %s", e)
-    return kiln_inductor.compile_fx(gm, example_inputs, options=inductor_options(options))
+        return kiln_triton.compile_fx(gm, example_inputs, options=triton_options(options))
+    import kiln_cpp
+
+    return kiln_cpp.compile_fx(gm, example_inputs)
 
 
-def inductor_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The subset of kiln.compile options that kiln-inductor reads."""
-    keep = ("debug_dir", "triton.cudagraphs", "max_autotune")
+def triton_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The subset of kiln.compile options that kiln-triton reads."""
+    keep = ("triton.cudagraphs", "max_autotune")
     return {k: options[k] for k in keep if k in options}
 
 
@@ -88,7 +90,27 @@ def lookup(backend: str | Backend, options: dict[str, Any]) -> tuple[str, Backen
     fn = NAMED[backend]
     if backend == "inductor":
         fn = functools.partial(fn, options=options)
+    if options.get("debug_dir"):
+        fn = _with_debug_dir(fn, options["debug_dir"])
     return backend, fn
+
+
+def _with_debug_dir(backend: Backend, debug_dir: str) -> Backend:
+    """Point the packages' debug dumps (``KILN_DEBUG_DIR``) at ``debug_dir`` while compiling."""
+
+    @functools.wraps(backend)
+    def dumping(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        saved = os.environ.get("KILN_DEBUG_DIR")
+        os.environ["KILN_DEBUG_DIR"] = debug_dir
+        try:
+            return backend(gm, example_inputs)
+        finally:
+            if saved is None:
+                del os.environ["KILN_DEBUG_DIR"]
+            else:
+                os.environ["KILN_DEBUG_DIR"] = saved
+
+    return dumping
 
 
 def with_fallback(name: str, backend: Backend, *, allow_fallback: bool) -> Backend:

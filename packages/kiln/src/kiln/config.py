@@ -55,13 +55,6 @@ OPTIONS: dict[str, Option] = {
             "autotune launch configs and matmul templates (set by mode='max-autotune')",
             True,
         ),
-        Option(
-            "trace.graph_diagram",
-            bool,
-            False,
-            "also write each captured graph as a readable diagram in debug_dir",
-            False,
-        ),
     )
 }
 
