@@ -1,0 +1,135 @@
+"""Partitioners: max-flow correctness, what min-cut saves and recomputes, contract of the split."""
+
+import itertools
+import random
+
+import pytest
+import torch
+from models import Block, GeluMLP
+
+from kiln_aot import config, min_cut_partition, save_all_partition
+from kiln_aot.joint import trace_joint
+from kiln_aot.module_state import state_names, state_tensors, swapped_state
+from kiln_aot.partition import saved_bytes
+from kiln_aot.partition.graph_split import placeholders, tangent_dependent
+from kiln_aot.partition.maxflow import INF, FlowNetwork
+
+aten = torch.ops.aten
+
+
+def _brute_force_min_cut(n, edges, s, t):
+    best = INF
+    others = [v for v in range(n) if v not in (s, t)]
+    for bits in itertools.product([0, 1], repeat=len(others)):
+        side = {s} | {v for v, b in zip(others, bits) if b}
+        best = min(best, sum(c for u, v, c in edges if u in side and v not in side))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_max_flow_equals_brute_force_min_cut(seed):
+    rng = random.Random(seed)
+    n = rng.randint(3, 8)
+    edges = [
+        (u, v, rng.choice([1, 2, 5, 9, INF]))
+        for u in range(n)
+        for v in range(n)
+        if u != v and rng.random() < 0.35
+    ]
+    net = FlowNetwork()
+    for v in range(n):
+        net.node(v)
+    for u, v, c in edges:
+        net.add_edge(u, v, c)
+    value, side = net.min_cut(0, n - 1)
+    expected = _brute_force_min_cut(n, edges, 0, n - 1)
+    assert min(value, INF) == min(expected, INF)
+    if value < INF:
+        assert 0 in side and n - 1 not in side
+        assert sum(c for u, v, c in edges if u in side and v not in side) == value
+
+
+def _joint(model, x):
+    names = state_names(model)
+
+    def flat_fn(*flat):
+        with swapped_state(model, names, flat[: len(names)]):
+            return model(*flat[len(names) :])
+
+    flat = [*state_tensors(model, names), x]
+    return trace_joint(flat_fn, flat, [a.requires_grad for a in flat])
+
+
+def test_min_cut_saves_fewer_bytes_than_save_all_on_a_gelu_mlp():
+    joint, info = _joint(GeluMLP(32, 128), torch.randn(16, 32))
+    fw_a, _ = save_all_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    fw_m, bw_m = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    saved_all = _saved_nodes(fw_a, info.num_fwd_outputs)
+    saved_min = _saved_nodes(fw_m, info.num_fwd_outputs)
+    assert saved_bytes(saved_min) < saved_bytes(saved_all)
+    # the GELU is recomputed from its input; the matmuls are not
+    targets = {n.target for n in bw_m.graph.nodes if n.op == "call_function"}
+    assert aten.erf.default in targets
+
+
+def _saved_nodes(fw, num_fwd_outputs):
+    return list(fw.graph.output_node().args[0][num_fwd_outputs:])
+
+
+def test_min_cut_never_recomputes_matmuls_or_large_reductions():
+    joint, info = _joint(Block(32, 4, 0.0).train(), torch.randn(2, 16, 32))
+    fw, bw = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    backward = tangent_dependent(joint.graph)
+    forward_names = {
+        n.name for n in joint.graph.nodes if n not in backward and n.op == "call_function"
+    }
+    for n in bw.graph.nodes:
+        if n.op == "call_function" and n.name in forward_names:  # recomputed forward node
+            assert n.target not in (aten.mm.default, aten.bmm.default, aten.convolution.default)
+            if n.target in (aten.sum.dim_IntList, aten.amax.default):
+                assert n.args[0].meta["val"].numel() <= config.current().recompute_reduction_numel
+
+
+def test_reduction_recompute_threshold_is_configurable():
+    joint, info = _joint(Block(32, 4, 0.0).train(), torch.randn(2, 16, 32))
+    with config.override(recompute_reduction_numel=0):
+        fw0, _ = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    with config.override(recompute_reduction_numel=10**9):
+        fw1, _ = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    b0 = saved_bytes(_saved_nodes(fw0, info.num_fwd_outputs))
+    b1 = saved_bytes(_saved_nodes(fw1, info.num_fwd_outputs))
+    assert b1 <= b0
+
+
+@pytest.mark.parametrize("partition_fn", [min_cut_partition, save_all_partition])
+def test_split_contract(partition_fn):
+    joint, info = _joint(GeluMLP(8, 16), torch.randn(4, 8, requires_grad=True))
+    fw, bw = partition_fn(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    n_saved = len(fw.graph.output_node().args[0]) - info.num_fwd_outputs
+    bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    assert [n.name for n in placeholders(fw.graph, "primals")] == [
+        n.name for n in placeholders(joint.graph, "primals")
+    ]
+    assert len(bw_inputs) == n_saved + len(placeholders(joint.graph, "tangents"))
+    assert all(n.name.startswith(("saved_", "tangents")) for n in bw_inputs)
+    assert len(bw.graph.output_node().args[0]) == len(info.grad_inputs)
+    # running fw then bw reproduces the joint graph's outputs
+    args = [torch.randn(n.meta["val"].shape) for n in placeholders(joint.graph, "primals")]
+    tangents = [torch.randn(n.meta["val"].shape) for n in placeholders(joint.graph, "tangents")]
+    expected = joint(*args, *tangents)
+    fw_out = fw(*args)
+    grads = bw(*fw_out[info.num_fwd_outputs :], *tangents)
+    for a, b in zip([*fw_out[: info.num_fwd_outputs], *grads], expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_relu_saves_a_boolean_mask_not_its_float_output():
+    def f(x, w):
+        return torch.relu(x @ w).sum(-1)
+
+    x, w = torch.randn(8, 16), torch.randn(16, 32, requires_grad=True)
+    joint, info = trace_joint(f, [x, w], [False, True])
+    fw, _ = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    saved = _saved_nodes(fw, info.num_fwd_outputs)
+    dtypes = sorted(str(n.meta["val"].dtype) for n in saved)
+    assert "torch.bool" in dtypes

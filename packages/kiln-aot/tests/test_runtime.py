@@ -1,0 +1,102 @@
+"""Runtime wrapper: autograd.Function behaviour, non-differentiable outputs, write-back."""
+
+import pytest
+import torch
+from kiln_aot_testing import assert_close
+
+from kiln_aot import DoubleBackwardError, aot_function
+
+
+def test_double_backward_raises_a_clear_error(compiler):
+    cf = aot_function(lambda x: (x.sin() * x).sum(), compiler)
+    x = torch.randn(5, requires_grad=True)
+    (g,) = torch.autograd.grad(cf(x), x, create_graph=True)
+    assert_close(g, x.cos() * x + x.sin())  # first-order gradients are still right
+    with pytest.raises(RuntimeError) as e:
+        g.sum().backward()
+    assert "double backward" in str(e.value)
+    assert DoubleBackwardError.MESSAGE.splitlines()[0] in str(e.value)
+
+
+def test_non_differentiable_outputs(compiler):
+    def f(x):
+        y = x * 2
+        return y, y > 0, y.argmax(), x.shape[0]
+
+    cf = aot_function(f, compiler)
+    x = torch.randn(6, requires_grad=True)
+    y, mask, idx, n = cf(x)
+    assert n == 6 and mask.dtype == torch.bool and not mask.requires_grad
+    assert torch.equal(mask, (x * 2) > 0) and int(idx) == int((x * 2).argmax())
+    y.sum().backward()
+    assert_close(x.grad, torch.full((6,), 2.0))
+
+
+def test_inputs_that_do_not_require_grad_get_no_gradient(compiler):
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(3, 4)
+    cf = aot_function(lambda x, w: (x @ w).tanh(), compiler)
+    cf(x, w).sum().backward()
+    assert x.grad is None
+    assert_close(w.grad, x.t() @ (1 - (x @ w).tanh() ** 2))
+
+
+def test_unused_output_gradients_are_zero(compiler):
+    cf = aot_function(lambda x: (x * 3, x * 5), compiler)
+    x = torch.randn(4, requires_grad=True)
+    a, _ = cf(x)
+    a.sum().backward()
+    assert_close(x.grad, torch.full((4,), 3.0))
+
+
+def test_non_contiguous_upstream_gradient(compiler):
+    cf = aot_function(lambda x: x.exp(), compiler)
+    x = torch.randn(4, 6, requires_grad=True)
+    out = cf(x)
+    g = torch.randn(6, 4).t()  # non-contiguous
+    out.backward(g)
+    assert_close(x.grad, x.exp() * g)
+
+
+def test_saved_input_that_is_overwritten_keeps_its_old_value(compiler):
+    def f(x, w):
+        h = x.expand(3, 5).exp()  # min-cut saves x (5 floats) rather than h (15)
+        x.add_(1)
+        return h * w
+
+    x, w = torch.randn(5), torch.randn(3, 5, requires_grad=True)
+    x0 = x.clone()
+    out = aot_function(f, compiler)(x, w)
+    fw = compiler.graphs[0]
+    saved = fw.graph.output_node().args[0][1 + 1 :]  # after the output and x's new value
+    assert [n.name for n in saved] == ["primals_1"]
+    out.sum().backward()
+    assert_close(x, x0 + 1)
+    assert_close(w.grad, x0.exp().expand(3, 5))
+
+
+def test_write_to_an_input_that_requires_grad_is_unsupported(compiler):
+    from kiln_aot import Unsupported
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(Unsupported):
+        aot_function(lambda x: x.mul_(2), compiler)(x.clone())
+
+
+def test_recompiles_per_signature_and_reuses_cache(compiler):
+    cf = aot_function(lambda x: x.relu() + 1, compiler)
+    with torch.no_grad():
+        cf(torch.randn(3))
+        cf(torch.randn(3))
+        assert len(compiler.graphs) == 1
+        cf(torch.randn(4, 2))
+        assert len(compiler.graphs) == 2
+
+
+def test_grad_mode_off_at_call_time_compiles_forward_only(compiler):
+    cf = aot_function(lambda x: x.sigmoid(), compiler)
+    x = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        out = cf(x)
+    assert not out.requires_grad and len(compiler.graphs) == 1
+    assert all(not n.name.startswith("tangents") for n in compiler.graphs[0].graph.nodes)
