@@ -1,6 +1,5 @@
 """Side effects replayed after the graph: input lists/dicts, object attributes, globals."""
 
-
 from corpus import T, case
 
 COUNTER = 0

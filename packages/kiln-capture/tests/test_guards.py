@@ -1,0 +1,227 @@
+"""Soundness: when an assumption of a trace stops holding, the next call recompiles and
+still matches eager; past the cache limit the frame runs eagerly."""
+
+import torch
+from helpers import CountingBackend
+from torch import nn
+
+import kiln_capture
+from kiln_capture import hook
+from kiln_capture.config import config
+
+SCALE = 2.0
+
+
+def uses_global(x):
+    return x * SCALE
+
+
+def test_global_change_recompiles():
+    global SCALE
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(uses_global)
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x), x * 2.0)
+    SCALE = 5.0
+    try:
+        torch.testing.assert_close(f(x), x * 5.0)
+    finally:
+        SCALE = 2.0
+    assert len(b.graphs) == 2
+
+
+def test_closure_variable_change_recompiles():
+    k = 1.0
+
+    def f(x):
+        return x + k
+
+    b = CountingBackend()
+    of = kiln_capture.optimize(b)(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(of(x), x + 1.0)
+    k = 4.0
+    torch.testing.assert_close(of(x), x + 4.0)
+    assert len(b.graphs) == 2
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.scale = 1.0
+
+    def forward(self, x):
+        y = self.lin(x) * self.scale
+        if self.training:
+            y = y + 1
+        return y
+
+
+def test_module_attribute_change_recompiles():
+    m = Scaled().eval()
+    b = CountingBackend()
+    om = kiln_capture.optimize(b)(m)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(om(x), m(x))
+    m.scale = 3.0
+    torch.testing.assert_close(om(x), m(x))
+    assert len(b.graphs) == 2
+
+
+def test_training_flag_change_recompiles():
+    m = Scaled().eval()
+    b = CountingBackend()
+    om = kiln_capture.optimize(b)(m)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(om(x), m(x))
+    m.train()
+    torch.testing.assert_close(om(x), m(x))
+    m.eval()
+    torch.testing.assert_close(om(x), m(x))
+    assert len(b.graphs) == 2  # the eval entry is reused
+
+
+def test_parameter_update_is_seen_without_recompiling():
+    m = Scaled().eval()
+    b = CountingBackend()
+    om = kiln_capture.optimize(b)(m)
+    x = torch.randn(2, 3)
+    om(x)
+    with torch.no_grad():
+        m.lin.weight.mul_(3)
+    torch.testing.assert_close(om(x), m(x))
+    assert len(b.graphs) == 1
+
+
+def sum_list(xs):
+    out = xs[0]
+    for t in xs[1:]:
+        out = out + t
+    return out
+
+
+def test_container_length_change_recompiles():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(sum_list)
+    xs = [torch.randn(3) for _ in range(4)]
+    torch.testing.assert_close(f(xs[:2]), sum_list(xs[:2]))
+    torch.testing.assert_close(f(xs), sum_list(xs))
+    assert len(b.graphs) == 2
+
+
+def keyed(d):
+    return sum(v * i for i, v in enumerate(d.values()))
+
+
+def test_dict_keys_change_recompiles():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(keyed)
+    a = {"a": torch.randn(2), "b": torch.randn(2)}
+    c = {"b": a["b"], "a": a["a"]}
+    torch.testing.assert_close(f(a), keyed(a))
+    torch.testing.assert_close(f(c), keyed(c))
+    assert len(b.graphs) == 2
+
+
+def double(x):
+    return x * 2 + x.shape[0]
+
+
+def test_dtype_shape_stride_requires_grad_changes_recompile():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(double)
+    inputs = [
+        torch.randn(3, 4),
+        torch.randn(3, 4, dtype=torch.float64),
+        torch.randn(5, 4),
+        torch.randn(4, 3).t(),
+        torch.randn(3, 4, requires_grad=True),
+    ]
+    for x in inputs:
+        out = f(x)
+        ref = double(x)
+        torch.testing.assert_close(out, ref)
+        assert out.requires_grad == ref.requires_grad and out.dtype == ref.dtype
+    assert len(b.graphs) == len(inputs)
+    for x in inputs:  # all hit the cache now
+        f(x)
+    assert len(b.graphs) == len(inputs)
+
+
+def test_python_constant_argument_change_recompiles():
+    def f(x, n):
+        return x * n
+
+    b = CountingBackend()
+    of = kiln_capture.optimize(b)(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(of(x, 2), x * 2)
+    torch.testing.assert_close(of(x, 3), x * 3)
+    torch.testing.assert_close(of(x, 2), x * 2)
+    assert len(b.graphs) == 2
+
+
+def test_cache_size_limit_falls_back_to_eager(monkeypatch):
+    monkeypatch.setattr(config, "cache_size_limit", 3)
+
+    def f(x):
+        return x.sum(0) * 2
+
+    b = CountingBackend()
+    of = kiln_capture.optimize(b)(f)
+    for n in range(1, 7):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(of(x), f(x))
+    assert len(b.graphs) == 3
+    assert any("cache size limit" in r for r in hook._eager_codes.values())
+
+
+def add_one(x):
+    return x + 1
+
+
+def loop_calls(xs):
+    out = []
+    for t in xs:
+        print("a break inside a loop: the rest runs eagerly, add_one is captured alone")
+        out.append(add_one(t))
+    return out
+
+
+def test_recompiles_are_reported_by_explain():
+    xs = [torch.randn(2), torch.randn(3)]
+    out = kiln_capture.explain(loop_calls)(xs)
+    assert len(out.recompiles) == 1 and "add_one" in out.recompiles[0]
+    assert "x: float32[2]" in out.recompiles[0]
+    assert out.graph_count == 2
+    for a, t in zip(out.result, xs):
+        torch.testing.assert_close(a, t + 1)
+
+
+def test_guards_are_one_generated_function():
+    def f(x, y, scale):
+        return x * scale + y
+
+    b = CountingBackend()
+    of = kiln_capture.optimize(b)(f)
+    of(torch.randn(2), torch.randn(2), 3)
+    entries = hook.cache_entries(f.__code__)
+    assert len(entries) == 1
+    src = entries[0].guard.__kiln_source__
+    assert src.startswith("def __guard(__k_fn, x, y, scale):")
+    assert "scale == 3" in src and "__k_tensor_check(x" in src
+    assert entries[0].guard(f, torch.randn(2), torch.randn(2), 3)
+    assert not entries[0].guard(f, torch.randn(2), torch.randn(2), 4)
+    assert not entries[0].guard(f, torch.randn(3), torch.randn(2), 3)
+
+
+def test_tied_parameters_share_one_input():
+    m = nn.Sequential(nn.Linear(3, 3, bias=False), nn.Linear(3, 3, bias=False))
+    m[1].weight = m[0].weight
+    b = CountingBackend()
+    om = kiln_capture.optimize(b)(m)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(om(x), m(x))
+    placeholders = [n for n in b.graphs[0].graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == 2  # x and the shared weight

@@ -1,0 +1,131 @@
+"""The frame hook: on only while an optimized function runs, per thread; skips torch and
+the standard library; safe under recursion, exceptions and threads."""
+
+import threading
+
+import pytest
+import torch
+from helpers import CountingBackend
+
+import kiln_capture
+from kiln_capture import _C, hook
+
+
+def test_hook_is_off_outside_optimized_calls():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(lambda x: x + 1)
+    assert not _C.is_enabled()
+    f(torch.randn(2))
+    assert not _C.is_enabled()
+
+
+def test_skip_list():
+    assert hook.skipped_file(torch.__file__)
+    assert hook.skipped_file(threading.__file__)
+    assert hook.skipped_file(kiln_capture.__file__)
+    assert not hook.skipped_file(torch.nn.modules.linear.__file__)
+    assert hook.skipped_file(torch.nn.modules.module.__file__)
+    assert not hook.skipped_file(__file__)
+
+
+def raises_in_graph(x, y):
+    return (x @ y) * 2
+
+
+def test_exceptions_propagate_from_captured_code():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(raises_in_graph)
+    with pytest.raises(RuntimeError):
+        f(torch.randn(2, 3), torch.randn(2, 3))
+    assert not _C.is_enabled()
+    torch.testing.assert_close(
+        f(torch.ones(2, 3), torch.ones(3, 2)), (torch.ones(2, 3) @ torch.ones(3, 2)) * 2
+    )
+
+
+def eager_error_after_break(x):
+    y = x + 1
+    print("about to fail")
+    raise ValueError("user error")
+
+
+def test_exception_raised_after_a_break():
+    f = kiln_capture.optimize(CountingBackend())(eager_error_after_break)
+    with pytest.raises(ValueError, match="user error"):
+        f(torch.randn(2))
+
+
+def fact(x, n):
+    if n == 0:
+        return x
+    return fact(x * n, n - 1)
+
+
+def test_recursion_is_safe():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(fact)
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x, 4), fact(x, 4))
+
+
+def test_other_threads_are_not_captured():
+    b = CountingBackend()
+    seen = []
+
+    def worker():
+        seen.append(_C.is_enabled())
+        seen.append(torch.relu(torch.randn(2)).shape)
+
+    def f(x):
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        return x * 2
+
+    of = kiln_capture.optimize(b)(f)
+    of(torch.randn(2))
+    assert seen[0] is False
+
+
+def test_nested_optimize_uses_the_innermost_backend():
+    outer, inner = CountingBackend(), CountingBackend()
+
+    def g(x):
+        return x * 3
+
+    og = kiln_capture.optimize(inner)(g)
+
+    def f(x):
+        y = x + 1
+        print("break so that g runs in its own frame")
+        return og(y)
+
+    of = kiln_capture.optimize(outer)(f)
+    x = torch.randn(2)
+    torch.testing.assert_close(of(x), (x + 1) * 3)
+    assert len(inner.graphs) == 1
+
+
+def test_disable_runs_eagerly():
+    b = CountingBackend()
+
+    @kiln_capture.disable
+    def f(x):
+        return x + 1
+
+    of = kiln_capture.optimize(b)(f)
+    torch.testing.assert_close(of(torch.ones(2)), torch.full((2,), 2.0))
+    assert b.graphs == []
+
+
+def test_many_calls_stay_consistent():
+    b = CountingBackend()
+
+    def f(x, i):
+        return x * i
+
+    of = kiln_capture.optimize(b)(f)
+    x = torch.randn(3)
+    for i in range(3):
+        for _ in range(50):
+            torch.testing.assert_close(of(x, i), x * i)
