@@ -100,3 +100,16 @@ def test_grad_mode_off_at_call_time_compiles_forward_only(compiler):
         out = cf(x)
     assert not out.requires_grad and len(compiler.graphs) == 1
     assert all(not n.name.startswith("tangents") for n in compiler.graphs[0].graph.nodes)
+
+
+def test_aliased_inputs_with_a_write_run_eagerly_with_a_warning(compiler):
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+
+    cf = aot_function(f, compiler)
+    x = torch.zeros(3)
+    with pytest.warns(UserWarning, match="running eagerly"):
+        out = cf(x, x)
+    assert_close(out, torch.full((3,), 2.0))
+    assert_close(x, torch.ones(3))

@@ -17,6 +17,7 @@ The callable runs through ``kiln_aot.runtime``.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,6 +56,17 @@ def _signature(flat: Sequence[Any], need_grad: bool, extra: Any) -> tuple:
             except TypeError:
                 parts.append(("object", id(a)))
     return tuple(parts)
+
+
+def _inputs_share_storage(flat_args: Sequence[Any]) -> bool:
+    seen = set()
+    for a in flat_args:
+        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes() > 0:
+            ptr = a.untyped_storage().data_ptr()
+            if ptr in seen:
+                return True
+            seen.add(ptr)
+    return False
 
 
 def drop_alias_outputs(gm: fx.GraphModule, info: TraceInfo) -> fx.GraphModule:
@@ -105,6 +117,11 @@ class AotCompiled:
                 f"{'training' if need_grad else 'inference'} compile took {time.perf_counter() - start:.3f}s",
             )
             self.plans[key] = plan
+        if plan.info.mutated_inputs and _inputs_share_storage(flat_args):
+            reason = "inputs share storage and the graph writes to one of them; kiln's functional graph would miss the aliasing"
+            log("breaks", f"running eagerly: {reason}")
+            warnings.warn(f"kiln_aot: running eagerly: {reason}", stacklevel=3)
+            return self.flat_fn(*flat_args)
         return plan(list(flat_args))
 
     def _compile_inference(self, flat_args: Sequence[Any]) -> InferencePlan:
