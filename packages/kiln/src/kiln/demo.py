@@ -32,6 +32,8 @@ def build_gpt2(layers: int, width: int, heads: int, vocab: int, positions: int) 
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     torch.manual_seed(0)
     return GPT2LMHeadModel(config).eval()
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  eager latency    {eager_s * 1e3:8.2f} ms")
     print(f"  kiln latency     {kiln_s * 1e3:8.2f} ms")
     print(f"  speed-up         {eager_s / kiln_s:8.2f}x")
+    stats = kiln.stats()
+    print(f"  graphs compiled  {stats['graphs']:8d}   (fell back to eager: {stats['fallbacks']})")
     return 0
 
 

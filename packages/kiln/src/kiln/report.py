@@ -30,8 +30,10 @@ from pathlib import Path
 
 TOPICS = ("graphs", "guards", "breaks", "recompiles", "kernels", "timings")
 STAGES = ("capture", "aot.fw", "aot.bw", "aot", "ir", "sched", "cpp", "triton", "wrapper")
+# Timing lines: "capture: 0.12 s", "lower took 3 ms", or "{'lower_s': 0.1, 'codegen_s': ...}".
 _TIMING = re.compile(
-    r"(?P<stage>[A-Za-z_.\- ]+?)\s*(?:took|:|=)\s*(?P<sec>[0-9.]+)\s*(?P<unit>ms|s)\b"
+    r"(?P<stage>[A-Za-z][A-Za-z.\-]*?)(?:_(?P<unit1>s|ms))?'?\s*(?:took|:|=)\s*"
+    r"(?P<sec>[0-9]+(?:\.[0-9]*)?(?:e-?[0-9]+)?)\s*(?P<unit2>ms|s)?\b"
 )
 
 
@@ -55,13 +57,25 @@ class _Collector(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        topic = _topic_of(record.name, message)
+        topic = getattr(record, "topic", None) or _topic_of(record.name, message)
+        if topic not in self.report.records:
+            topic = "other"
         self.report.records[topic].append(f"[{record.name}] {message}")
         if topic == "timings":
-            for m in _TIMING.finditer(message):
-                sec = float(m["sec"]) / (1000 if m["unit"] == "ms" else 1)
-                stage = m["stage"].strip()
-                self.report.timings[stage] = self.report.timings.get(stage, 0.0) + sec
+            for stage, sec in parse_timings(message):
+                if stage != "total":
+                    self.report.timings[stage] = self.report.timings.get(stage, 0.0) + sec
+
+
+def parse_timings(message: str) -> list[tuple[str, float]]:
+    """(stage, seconds) pairs of a timing log line; only values that carry a unit."""
+    found = []
+    for m in _TIMING.finditer(message):
+        unit = m["unit1"] or m["unit2"]
+        if unit is None:
+            continue
+        found.append((m["stage"].strip("'\" "), float(m["sec"]) / (1000 if unit == "ms" else 1)))
+    return found
 
 
 def _topic_of(logger: str, message: str) -> str:
