@@ -390,4 +390,5 @@ class CppOpsHandler:
         return self._value(f"std::isinf({a})", torch.bool)
 
     def signbit(self, a: CppValue) -> CppValue:
-        return self._value(f"std::signbit({a})", torch.bool)
+        # std::signbit makes GCC 12 crash when vectorized (an internal compiler error)
+        return self._value(f"(std::copysign({literal(1, a.dtype)}, {a}) < 0)", torch.bool)

@@ -67,8 +67,9 @@ def fill_meta(gm: torch.fx.GraphModule) -> None:
         elif n.op == "call_function":
             args = torch.fx.node.map_arg(n.args, lambda a: env[a])
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
-            if "device" in kwargs and kwargs["device"] is not None:
-                kwargs = {**kwargs, "device": "meta"}
+            schema = getattr(n.target, "_schema", None)
+            if schema is not None and any(a.name == "device" for a in schema.arguments):
+                kwargs = {**kwargs, "device": "meta"}  # factories: compute metadata only
             out = n.target(*args, **kwargs)
             env[n] = out
             n.meta.setdefault("val", out)

@@ -166,6 +166,11 @@ def _div(a: Any, b: Any, rounding_mode: str | None = None) -> Pointwise:
     if rounding_mode is None:
         return div(a, b)
     dtype = promote(a, b)
+    if rounding_mode == "trunc" and dtype in (torch.bfloat16, torch.float16):
+        # eager rounds the quotient to the low precision type before truncating it
+        return pointwise(
+            lambda x, y: ops.trunc(ops.to_dtype(ops.truediv(x, y), dtype)), [a, b], dtype
+        )
     fn = ops.floordiv if rounding_mode == "floor" else ops.truncdiv
     return pointwise(fn, [a, b], dtype)
 

@@ -26,31 +26,51 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in LOW_PRECISION else dtype
 
 
-def _meta(a: Any) -> Any:
-    if isinstance(a, TensorValue):
-        return torch.empty((1,) * a.ndim, dtype=a.dtype, device="meta")
-    if isinstance(a, torch.Tensor):
-        return a.to("meta")
-    return a
+def _category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 1
+
+
+def _scalar_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    if isinstance(value, complex):
+        return torch.complex64
+    return torch.get_default_dtype()
 
 
 def promote(*args: Any, int_to_float: bool = False) -> torch.dtype:
-    """The result dtype of a pointwise op over ``args`` (tensors and Python scalars)."""
-    metas = [_meta(a) for a in args if a is not None]
-    tensors = [m for m in metas if isinstance(m, torch.Tensor)]
-    if not tensors:
-        dtype = torch.result_type(torch.tensor(metas[0]), metas[0])
-    else:
-        dtype = (
-            functools.reduce(lambda acc, m: torch.result_type(acc, m), metas[1:], metas[0])
-            if len(metas) > 1
-            else tensors[0].dtype
-        )
-        if isinstance(dtype, torch.Tensor):  # pragma: no cover - defensive
-            dtype = dtype.dtype
-    if int_to_float and not dtype.is_floating_point and not dtype.is_complex:
-        dtype = torch.get_default_dtype()
-    return dtype
+    """The result dtype of a pointwise op over ``args`` (tensors and Python scalars), by
+    PyTorch's rules: dimensioned tensors, then 0-d tensors, then scalars, each group
+    counting only when it is of a higher category (bool < int < float < complex)."""
+    dims, zeros, scalars = [], [], []
+    for a in args:
+        if a is None:
+            continue
+        if isinstance(a, TensorValue):
+            (dims if a.ndim > 0 else zeros).append(a.dtype)
+        elif isinstance(a, torch.Tensor):
+            (dims if a.dim() > 0 else zeros).append(a.dtype)
+        else:
+            scalars.append(_scalar_dtype(a))
+    result: torch.dtype | None = None
+    for group in (dims, zeros, scalars):
+        if not group:
+            continue
+        d = functools.reduce(torch.promote_types, group)
+        if result is None or _category(d) > _category(result):
+            result = d
+    assert result is not None, "promote() needs an argument"
+    if int_to_float and _category(result) < 2:
+        result = torch.get_default_dtype()
+    return result
 
 
 def broadcast_sizes(*sizes: Sequence[Expr]) -> tuple[Expr, ...]:

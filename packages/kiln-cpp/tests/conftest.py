@@ -1,0 +1,13 @@
+"""Shared set-up of kiln-cpp's tests: a kernel cache private to the test session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# a persistent per-user cache keeps re-runs fast; KILN_CACHE_DIR set by the caller wins
+os.environ.setdefault("KILN_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kiln-cpp-test-cache"))
+
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))  # the tests' helper modules (opbatch)
