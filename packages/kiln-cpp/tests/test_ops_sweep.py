@@ -142,7 +142,7 @@ def unary_batch(dtype: torch.dtype):
         if dtype not in dts:
             continue
         for vname, variant in VARIANTS.items():
-            x = variant(lambda s: make(s, dtype, domain))
+            x = variant(lambda s, domain=domain: make(s, dtype, domain))
             cases.append(Case(f"{name}/{vname}", fn, (x,)))
     return run_batch(cases)
 
@@ -227,7 +227,7 @@ def binary_batch(dtype: torch.dtype):
         if dtype not in dts:
             continue
         for vname, variant in BINARY_VARIANTS.items():
-            a, b = variant(lambda s, side: make(s, dtype, domain if side == "r" else "any"))
+            a, b = variant(lambda s, side, domain=domain: make(s, dtype, domain if side == "r" else "any"))
             cases.append(Case(f"{name}/{vname}", fn, (a, b)))
     return run_batch(cases)
 
@@ -330,7 +330,7 @@ def reduction_batch(dtype: torch.dtype):
             if dtype == torch.bfloat16 and vname == "large":
                 continue  # eager accumulates bfloat16 sums differently over huge rows
             dom = "unit" if domain == "prod" else "any"
-            x = variant(lambda s: make(s, dtype, dom))
+            x = variant(lambda s, dom=dom: make(s, dtype, dom))
             if domain == "prod" and dtype.is_floating_point:
                 x = x + 1
             cases.append(Case(f"{name}/{vname}", fn, (x,)))
