@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kiln_aot import config, core_ops, functionalize
 from kiln_aot.errors import Unsupported
 from kiln_aot.fake import FakeTensor, fake_like, run_on_meta
+from kiln_aot.redirects import RedirectMode
 from kiln_aot.state import StorageState, TensorState, ViewStep, bind_args
 
 aten = torch.ops.aten
@@ -118,7 +119,7 @@ class Tracer:
     def running(self) -> Iterator[None]:
         self.active = True
         try:
-            with self.mode:
+            with RedirectMode(), self.mode:
                 yield
         finally:
             self.active = False

@@ -1,5 +1,10 @@
-"""Attention: the math form of the CPU flash-attention backward (its forward is decomposed
-by torch's table), recomputing the probabilities from the saved log-sum-exp."""
+"""Attention.
+
+``scaled_dot_product_attention`` asks ``_fused_sdp_choice`` which kernel to use; under the
+tracer the answer is always the math backend, so attention traces to matmuls, softmax and
+dropout on every device (dropout's mask is then a graph value the partitioner saves). The
+CPU flash-attention forward/backward are still decomposed for graphs that call them
+directly, recomputing the probabilities from the saved log-sum-exp."""
 
 from __future__ import annotations
 
@@ -14,6 +19,16 @@ aten = torch.ops.aten
 
 def _t(x):
     return aten.transpose.int(x, -2, -1)
+
+
+_SDP_MATH = 0  # torch.nn.attention.SDPBackend.MATH
+
+
+@register(aten._fused_sdp_choice.default)
+def fused_sdp_choice(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
+):
+    return _SDP_MATH
 
 
 def _masked_scores(q, k, is_causal, attn_mask, scale):

@@ -1,0 +1,34 @@
+"""Torch-level functions the tracer reroutes before they reach the dispatcher.
+
+``scaled_dot_product_attention`` picks its kernel (flash, memory-efficient, cuDNN) in C++
+before any op is dispatched; under the tracer it is sent to the math implementation, so
+attention becomes matmuls, softmax and (when ``dropout_p > 0``) dropout on every device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+aten = torch.ops.aten
+
+
+def sdpa_math(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    return aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+    )[0]
+
+
+REDIRECTS: dict[Any, Any] = {torch.nn.functional.scaled_dot_product_attention: sdpa_math}
+
+
+class RedirectMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        target = REDIRECTS.get(func)
+        if target is not None:
+            return target(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
