@@ -120,8 +120,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Calla
     """DESIGN.md contract 1: compile a torch-level or ATen-level FX graph into a callable.
 
     ATen graphs are compiled directly; torch-level graphs go through kiln_aot, which hands
-    each ATen graph (forward, and backward when training) to ``compile_aten_graph``."""
-    if is_aten_graph(gm):
+    each ATen graph (forward, and backward when training) to ``compile_aten_graph``. Any
+    callable (an ``nn.Module`` too) is accepted the same way: kiln_aot traces it."""
+    if isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm):
         return compile_aten_graph(gm, example_inputs)
     import kiln_aot
 
