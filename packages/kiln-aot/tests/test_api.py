@@ -124,3 +124,23 @@ def test_runs_as_a_backend_under_torch_compile_capture(compiler):
         assert_close(a.grad, b.grad)
     for a, b in zip(model.buffers(), ref.buffers()):
         assert_close(a.float(), b.float())
+
+
+def test_debug_dir_gets_one_file_per_stage(compiler, tmp_path):
+    from kiln_aot import config
+
+    with config.override(debug_dir=str(tmp_path)):
+        cf = aot_function(lambda x: torch.nn.functional.gelu(x) * 2, compiler)
+        cf(torch.randn(4, requires_grad=True)).sum().backward()
+        with torch.no_grad():
+            cf(torch.randn(4))
+    files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert files == [
+        "aot.bw.py",
+        "aot.fw.py",
+        "aot.inference.py",
+        "aot.joint.py",
+        "aot.partition.txt",
+    ]
+    report = next(tmp_path.rglob("aot.partition.txt")).read_text()
+    assert report.startswith("saved ")

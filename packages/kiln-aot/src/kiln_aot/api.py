@@ -25,6 +25,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from kiln_aot.debug_dump import DebugDump, partition_report
 from kiln_aot.joint import trace_joint
 from kiln_aot.log import log
 from kiln_aot.module_state import state_names, state_tensors, swapped_state
@@ -129,6 +130,7 @@ class AotCompiled:
         info: TraceInfo = gm.meta["kiln_aot"]
         gm = drop_alias_outputs(gm, info)
         log("graphs", f"aot inference graph:\n{gm.code}")
+        DebugDump().graph("aot.inference", gm)
         compiled = self.fw_compiler(gm, list(flat_args))
         num_user = sum(o.kind == "tensor" for o in info.outputs)
         return InferencePlan(compiled, info, num_user)
@@ -143,6 +145,11 @@ class AotCompiled:
             joint, list(flat_args), num_fwd_outputs=info.num_fwd_outputs
         )
         log("graphs", f"aot forward graph:\n{fw_gm.code}\naot backward graph:\n{bw_gm.code}")
+        dump = DebugDump()
+        dump.graph("aot.joint", joint)
+        dump.graph("aot.fw", fw_gm)
+        dump.graph("aot.bw", bw_gm)
+        dump.text("aot.partition.txt", partition_report(fw_gm, info.num_fwd_outputs))
         fw = self.fw_compiler(fw_gm, list(flat_args))
         bw_inputs = [n.meta.get("val") for n in bw_gm.graph.nodes if n.op == "placeholder"]
         bw = self.bw_compiler(bw_gm, bw_inputs)

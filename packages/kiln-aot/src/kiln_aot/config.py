@@ -36,6 +36,12 @@ SETTINGS: dict[str, Setting] = {
         "min_cut_partition may recompute a reduction in the backward only when its input has at most this many elements",
         affects_graphs=True,
     ),
+    "debug_dir": Setting(
+        "KILN_DEBUG_DIR",
+        "",
+        "when set, each compilation writes its graphs here: aot<N>/aot.inference.py, or aot.joint.py, aot.fw.py, aot.bw.py and aot.partition.txt",
+        affects_graphs=False,
+    ),
     "log": Setting(
         "KILN_LOG",
         "",
@@ -49,6 +55,7 @@ SETTINGS: dict[str, Setting] = {
 class AotConfig:
     decompose_dropout: bool = False
     recompute_reduction_numel: int = 4096
+    debug_dir: str = ""
     log: frozenset[str] = frozenset()
 
 
