@@ -46,7 +46,7 @@ def test_exceptions_propagate_from_captured_code():
 def eager_error_after_break(x):
     y = x + 1
     print("about to fail")
-    raise ValueError("user error")
+    raise ValueError(f"user error {y.shape}")
 
 
 def test_exception_raised_after_a_break():

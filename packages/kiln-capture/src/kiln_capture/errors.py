@@ -13,6 +13,7 @@ class Unsupported(Exception):
         self.kind = kind
         self.detail = detail
         self.where: tuple[str, int, str] | None = None  # innermost user source location
+        self.chain: list[str] = []  # inlined frames, innermost first
 
 
 class GraphBreakError(RuntimeError):

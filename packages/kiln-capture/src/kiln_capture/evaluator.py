@@ -151,6 +151,7 @@ class Frame:
         except Unsupported as e:
             if e.where is None:
                 e.where = self.location()
+            e.chain.append(f"{self.name} ({self.code.co_filename}:{self.lineno})")
             raise
         except (Return, KeyboardInterrupt):
             raise
@@ -182,11 +183,6 @@ class Frame:
             raise Unsupported(
                 breaks.UNSUPPORTED_VALUE, f"inlining deeper than {MAX_INLINE_DEPTH} calls"
             )
-        f = self
-        while f is not None:
-            if f.code is code:
-                raise Unsupported(breaks.UNSUPPORTED_VALUE, f"recursive call of {name}")
-            f = f.parent
         return Frame(self.out, code, globals_dict, bound, cells, name, parent=self).run()
 
     def zero_arg_super(self):

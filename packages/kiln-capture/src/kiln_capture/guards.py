@@ -65,7 +65,12 @@ class GuardSet:
         if isinstance(value, float) and value != value:
             self.add(f"{e} != {e}", f"{e} is nan")
             return
-        self.add(f"{e} == {value!r}", f"{e} == {value!r}")
+        if type(value) in CONST_TYPES and not (
+            isinstance(value, float) and value in (float("inf"), float("-inf"))
+        ):
+            self.add(f"{e} == {value!r}", f"{e} == {value!r}")
+        else:
+            self.add(f"{e} == {self.const(value)}", f"{e} == {value!r}")
 
     def tensor(self, src: Source, t: torch.Tensor) -> None:
         e = src.expr()

@@ -182,7 +182,7 @@ class OutputGraph:
         ):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor subclass {type(t).__name__}")
         self.guards.tensor(source, t)
-        name = re.sub(r"\W+", "_", source.expr()).strip("_")[-48:] or "input"
+        name = _input_name(source.expr())
         node = self.graph.placeholder(name)
         meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         if t.requires_grad:
@@ -275,6 +275,15 @@ class OutputGraph:
             self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
             self.grad_enabled = enabled
         return prev
+
+
+def _input_name(expr: str) -> str:
+    """A readable placeholder name: ``__k_G['m']._modules['fc']._parameters['weight']`` -> ``m_fc_weight``."""
+    expr = re.sub(r"\._(modules|parameters|buffers)\[", ".", expr)
+    expr = expr.replace("__k_G[", "").replace("__k_C[", "const_")
+    name = re.sub(r"\W+", "_", expr).strip("_")[-60:]
+    name = name.lstrip("_0123456789")
+    return name or "input"
 
 
 def _device_like(v) -> bool:

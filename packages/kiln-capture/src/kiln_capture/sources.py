@@ -81,3 +81,16 @@ class ConstRef(Source):
 
     def expr(self) -> str:
         return f"__k_C[{self.index}]"
+
+
+@dataclass(frozen=True)
+class CallSource(Source):
+    """The result of a read-only call, re-evaluated by guards: ``fn(base, *args)``."""
+
+    fn: Source
+    base: Source
+    args: tuple
+
+    def expr(self) -> str:
+        args = "".join(f", {a!r}" for a in self.args)
+        return f"{self.fn.expr()}({self.base.expr()}{args})"

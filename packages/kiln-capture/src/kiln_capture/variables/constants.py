@@ -33,6 +33,7 @@ IMMUTABLE_TYPES = LITERAL_TYPES + (
     enum.Enum,
     torch.finfo,
     torch.iinfo,
+    types.CodeType,
 )
 
 

@@ -74,6 +74,46 @@ def bind_args(
     return bound
 
 
+# Standard-library helpers that only inspect their (constant) arguments: called for real
+# when every argument is a known Python object, instead of inlining their internals.
+_PURE_STDLIB_MODULES = frozenset(
+    {"inspect", "dataclasses", "typing", "enum", "abc", "re", "string", "textwrap"}
+)
+_NO_VALUE = object()
+
+
+def python_value(v: Var) -> object:
+    """The real Python object behind a Var that stands for a known object, else _NO_VALUE."""
+    if v.is_const():
+        return v.as_const()
+    if isinstance(v, BoundMethodVar):
+        fn, obj = python_value(v.fn), python_value(v.obj)
+        if fn is _NO_VALUE or obj is _NO_VALUE:
+            return _NO_VALUE
+        return types.MethodType(fn, obj)
+    for attr in ("value", "fn"):
+        obj = getattr(v, attr, _NO_VALUE)
+        if obj is not _NO_VALUE and not isinstance(obj, Var):
+            return obj
+    return _NO_VALUE
+
+
+_FUNCTION_ATTRS = frozenset(
+    {
+        "__name__",
+        "__qualname__",
+        "__module__",
+        "__doc__",
+        "__code__",
+        "__defaults__",
+        "__kwdefaults__",
+        "__wrapped__",
+        "__globals__",
+        "__annotations__",
+    }
+)
+
+
 class UserFunctionVar(Var):
     """A Python function defined outside torch: calls are inlined."""
 
@@ -91,15 +131,31 @@ class UserFunctionVar(Var):
         return self.fn
 
     def getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstVar(getattr(self.fn, name))
-        if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
-            src = AttrSource(self.source, name) if self.source else None
-            return tx.out.wrap(self.fn.__wrapped__, src)
+        fn = self.fn
+        if name in _FUNCTION_ATTRS or name in getattr(fn, "__dict__", {}):
+            try:
+                value = getattr(fn, name)
+            except AttributeError:
+                raise
+            if self.source is not None:
+                return tx.out.wrap(value, AttrSource(self.source, name))
+            return tx.out.wrap_value(value)
         raise AttributeError(name)
 
     def call(self, tx, args, kwargs) -> Var:
         fn = self.fn
+        if (fn.__module__ or "").split(".")[0] in _PURE_STDLIB_MODULES:
+            values = [python_value(a) for a in args]
+            kw = {k: python_value(v) for k, v in kwargs.items()}
+            if all(v is not _NO_VALUE for v in values) and all(
+                v is not _NO_VALUE for v in kw.values()
+            ):
+                try:
+                    return tx.out.wrap_value(fn(*values, **kw))
+                except Exception as e:
+                    raise Unsupported(
+                        breaks.EXCEPTION, f"{fn.__qualname__} raised {type(e).__name__}: {e}"
+                    ) from e
         if getattr(fn, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{fn.__qualname__} is disabled")
         defaults = [tx.out.wrap_value(d) for d in (fn.__defaults__ or ())]
@@ -197,6 +253,14 @@ def contains_tensor(v: Var) -> bool:
     return any(contains_tensor(c) for c in v.children())
 
 
+_COMPILING_QUERIES = tuple(
+    f
+    for f in (
+        getattr(torch.compiler, "is_compiling", None),
+        getattr(torch.compiler, "is_dynamo_compiling", None),
+    )
+    if f
+)
 _CUDA_QUERIES = {
     "is_available",
     "device_count",
@@ -233,6 +297,9 @@ class TorchFnVar(Var):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:
             return ConstVar(tx.out.grad_enabled)
+        if fn in _COMPILING_QUERIES:
+            # like torch.compile, captured code takes the "compiling" path of libraries
+            return ConstVar(True)
         if name.startswith(("set_", "_set_", "manual_seed")) or (
             mod.startswith("torch.cuda") and name not in _CUDA_QUERIES
         ):

@@ -34,6 +34,10 @@ TRUSTED_MODULE_PREFIXES = (
 )
 
 
+# Containers that cannot change after creation: read for real, no guard needed.
+_IMMUTABLE_C_CONTAINERS = (types.MappingProxyType, frozenset, tuple, str, bytes)
+
+
 class ObjectVar(Var):
     """An existing Python object read through a source (or held as a constant)."""
 
@@ -89,6 +93,18 @@ class ObjectVar(Var):
 
                 return BoundMethodVar(tx.out.wrap_value(attr.__func__), self)
             return self._child(tx, getattr(v, name), name)
+        if inspect.isfunction(inspect.getattr_static(type(v), "__getattribute__", None)):
+            return self._real_getattr(tx, name)
+        static = inspect.getattr_static(type(v), name, None)
+        if (
+            name in _READ_ONLY_METHODS
+            and self.source is not None
+            and callable(static)
+            and (getattr(static, "__module__", "") or "").startswith(
+                ("collections", "_collections_abc", "os")
+            )
+        ):
+            return ReadOnlyCMethodVar(getattr(type(v), name), self)
         d = getattr(v, "__dict__", None)
         if (
             d is not None
@@ -103,6 +119,45 @@ class ObjectVar(Var):
         if inspect.isfunction(ga):
             return tx.out.wrap_value(ga).call(tx, [self, ConstVar(name)], {})
         raise AttributeError(name)
+
+    def unpack(self, tx) -> list[Var]:
+        if isinstance(self.value, type | types.ModuleType):
+            return super().unpack(tx)
+        if isinstance(self.value, _IMMUTABLE_C_CONTAINERS):
+            return [tx.out.wrap_value(v) for v in self.value]
+        return unpack_by_protocol(tx, self, type(self.value))
+
+    def length(self, tx) -> int:
+        if isinstance(self.value, _IMMUTABLE_C_CONTAINERS):
+            return len(self.value)
+        return length_by_protocol(tx, self, type(self.value))
+
+    def contains(self, tx, item: Var) -> bool:
+        fn = inspect.getattr_static(type(self.value), "__contains__", None)
+        if inspect.isfunction(fn) and not fn.__module__.startswith("collections"):
+            return tx.out.wrap_value(fn).call(tx, [self, item], {}).truth(tx)
+        if self.source is None or not item.is_const():
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"`in` on {self!r}")
+        key = item.as_const()
+        result = key in self.value  # read-only membership test, re-checked by a guard
+        e = self.source.expr()
+        tx.out.guards.add(
+            f"({tx.out.guards.const(key)} in {e}) is {result}",
+            f"{key!r} {'in' if result else 'not in'} {e}",
+        )
+        return result
+
+    def _real_getattr(self, tx, name: str) -> Var:
+        """For types overriding __getattribute__ (e.g. configs with attribute aliases):
+        read for real; guards re-read the same way."""
+        static = inspect.getattr_static(type(self.value), name, None)
+        if inspect.isfunction(static):
+            from kiln_capture.variables.functions import BoundMethodVar
+
+            return BoundMethodVar(tx.out.wrap_value(static), self)
+        if isinstance(static, property) and static.fget is not None:
+            return tx.out.wrap_value(static.fget).call(tx, [self], {})
+        return self._child(tx, getattr(self.value, name), name)
 
     def setattr(self, tx, name: str, value: Var) -> None:
         if isinstance(self.value, type | types.ModuleType):
@@ -132,13 +187,42 @@ class ObjectVar(Var):
         ):
             from kiln_capture.sources import ItemSource
 
-            return tx.out.wrap(self.value[key.as_const()], ItemSource(self.source, key.as_const()))
+            k = key.as_const()
+            if (
+                k not in self.value
+                if isinstance(self.value, dict)
+                else not -len(self.value) <= k < len(self.value)
+            ):
+                raise Unsupported(
+                    breaks.EXCEPTION, f"{type(self.value).__name__} has no item {k!r}"
+                )
+            return tx.out.wrap(self.value[k], ItemSource(self.source, k))
         return super().getitem(tx, key)
 
     def reconstruct(self, cg) -> str:
         if self.source is not None:
             return self.source.expr()
         return cg.const(self.value)
+
+
+def unpack_by_protocol(tx, var: Var, cls: type) -> list[Var]:
+    """Iterate a user object through its Python ``__iter__``, or ``__len__``+``__getitem__``."""
+    it = inspect.getattr_static(cls, "__iter__", None)
+    if inspect.isfunction(it) and not it.__module__.startswith("collections"):
+        return tx.out.wrap_value(it).call(tx, [var], {}).unpack(tx)
+    ln = inspect.getattr_static(cls, "__len__", None)
+    gi = inspect.getattr_static(cls, "__getitem__", None)
+    if inspect.isfunction(ln) and inspect.isfunction(gi):
+        n = tx.out.wrap_value(ln).call(tx, [var], {}).as_const()
+        return [tx.out.wrap_value(gi).call(tx, [var, ConstVar(i)], {}) for i in range(n)]
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"iteration over a {cls.__name__}")
+
+
+def length_by_protocol(tx, var: Var, cls: type) -> int:
+    ln = inspect.getattr_static(cls, "__len__", None)
+    if inspect.isfunction(ln):
+        return tx.out.wrap_value(ln).call(tx, [var], {}).as_const()
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"len() of a {cls.__name__}")
 
 
 def _is_record(cls: type) -> bool:
@@ -177,7 +261,7 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if (
         cls.__new__ is object.__new__
         and inspect.isfunction(getattr(cls, "__init__", None))
-        and not hasattr(cls, "__slots__")
+        and getattr(cls, "__dictoffset__", 0) != 0
     ):
         obj = NewObjectVar(cls)
         tx.out.wrap_value(cls.__init__).call(tx, [obj, *args], kwargs)
@@ -230,6 +314,18 @@ class NewObjectVar(Var):
 
     def setattr(self, tx, name, value) -> None:
         self.attrs[name] = value
+
+    def unpack(self, tx) -> list[Var]:
+        return unpack_by_protocol(tx, self, self.cls)
+
+    def length(self, tx) -> int:
+        return length_by_protocol(tx, self, self.cls)
+
+    def getitem(self, tx, key):
+        gi = inspect.getattr_static(self.cls, "__getitem__", None)
+        if inspect.isfunction(gi):
+            return tx.out.wrap_value(gi).call(tx, [self, key], {})
+        return super().getitem(tx, key)
 
     def call_method(self, tx, name, args, kwargs):
         return self.getattr(tx, name).call(tx, args, kwargs)
@@ -347,10 +443,55 @@ class SuperVar(Var):
                     return tx.out.wrap_value(object.__setattr__)
                 if klass is object and name == "__init__":
                     return _NoopVar()
+                if (
+                    klass in (dict, list, tuple)
+                    and name in _READ_ONLY_METHODS
+                    and isinstance(self.obj, ObjectVar)
+                ):
+                    return ReadOnlyCMethodVar(attr, self.obj)
                 raise Unsupported(
                     breaks.UNSUPPORTED_VALUE, f"super().{name} ({type(attr).__name__})"
                 )
         raise AttributeError(name)
+
+
+_READ_ONLY_METHODS = frozenset(
+    {
+        "get",
+        "keys",
+        "values",
+        "items",
+        "__getitem__",
+        "__contains__",
+        "__len__",
+        "copy",
+        "index",
+        "count",
+    }
+)
+
+
+class ReadOnlyCMethodVar(Var):
+    """A read-only C method of dict/list/tuple called on a real object (``super().get(k)``)."""
+
+    def __init__(self, method, obj: ObjectVar) -> None:
+        self.method = method
+        self.obj = obj
+
+    def call(self, tx, args, kwargs):
+        if kwargs or not all(a.is_const() for a in args):
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"{self.method.__qualname__} on non-constants"
+            )
+        consts = tuple(a.as_const() for a in args)
+        result = self.method(self.obj.value, *consts)
+        if self.obj.source is None:
+            return tx.out.wrap_value(result)
+        from kiln_capture.sources import CallSource
+
+        return tx.out.wrap(
+            result, CallSource(tx.out.const_ref(self.method), self.obj.source, consts)
+        )
 
 
 class _NoopVar(Var):
