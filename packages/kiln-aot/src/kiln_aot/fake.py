@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
+
+from kiln_aot.argmap import iter_leaves, map_args
 
 aten = torch.ops.aten
 
@@ -61,7 +62,7 @@ class FakeTensor(torch.Tensor):
 
 
 def _first_state(args: tuple, kwargs: dict) -> Any:
-    for a in pytree.tree_leaves((args, kwargs)):
+    for a in iter_leaves((args, kwargs)):
         if isinstance(a, FakeTensor) and a.trace_state is not None:
             return a.trace_state
     return None
@@ -102,7 +103,7 @@ def output_device(func: Any, args: tuple, kwargs: dict) -> torch.device:
     if dev is not None:
         return torch.device(dev)
     first = None
-    for a in pytree.tree_leaves((args, kwargs)):
+    for a in iter_leaves((args, kwargs)):
         if isinstance(a, torch.Tensor):
             if a.device.type != "cpu":
                 return a.device
@@ -113,10 +114,8 @@ def output_device(func: Any, args: tuple, kwargs: dict) -> torch.device:
 def run_on_meta(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` for shapes only and wrap the meta results as fakes on the real device."""
     device = output_device(func, args, kwargs)
-    m_args, m_kwargs = pytree.tree_map(to_meta, (args, kwargs))
+    m_args, m_kwargs = map_args(to_meta, (args, kwargs))
     if "device" in m_kwargs:
         m_kwargs["device"] = torch.device("meta")
     out = func(*m_args, **m_kwargs)
-    return pytree.tree_map(
-        lambda o: FakeTensor(o, device) if isinstance(o, torch.Tensor) else o, out
-    )
+    return map_args(lambda o: FakeTensor(o, device) if isinstance(o, torch.Tensor) else o, out)

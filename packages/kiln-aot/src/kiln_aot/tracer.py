@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln_aot import config, core_ops, functionalize
+from kiln_aot.argmap import iter_leaves, map_args
 from kiln_aot.errors import Unsupported
 from kiln_aot.fake import FakeTensor, fake_like, run_on_meta
 from kiln_aot.redirects import RedirectMode
@@ -151,15 +151,13 @@ class Tracer:
         return x
 
     def graph_args(self, args: Any) -> Any:
-        return pytree.tree_map(self.node_of, args)
+        return map_args(self.node_of, args)
 
     # ---- recording ------------------------------------------------------------------------
     def emit_node(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Record ``func(*args, **kwargs)`` on nodes; returns a node, or a list of getitem
         nodes for multi-output ops. Output metadata comes from the meta kernels."""
-        vals = pytree.tree_map(
-            lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs)
-        )
+        vals = map_args(_node_val, (args, kwargs))
         if func is aten.view.default and not _viewable(vals[0][0], vals[0][1]):
             args = (
                 self.emit_node(
@@ -167,9 +165,7 @@ class Tracer:
                 ),
                 *args[1:],
             )
-            vals = pytree.tree_map(
-                lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs)
-            )
+            vals = map_args(_node_val, (args, kwargs))
         out = run_on_meta(func, *vals)
         node = self.graph.call_function(func, args, kwargs)
         if self.source:
@@ -260,18 +256,22 @@ class Tracer:
     def _unalias_outputs(self, out: Any, args: tuple) -> Any:
         """A decomposition of a non-view op may hand back one of its inputs: give the
         result its own storage so later writes to it do not reach the input."""
-        inputs = {id(a) for a in pytree.tree_leaves(args) if isinstance(a, FakeTensor)}
+        inputs = {id(a) for a in iter_leaves(args) if isinstance(a, FakeTensor)}
 
         def fresh(o: Any) -> Any:
             if isinstance(o, FakeTensor) and id(o) in inputs:
                 return self.wrap(self.node_of(o))
             return o
 
-        return pytree.tree_map(fresh, out)
+        return map_args(fresh, out)
 
     def next_mutation_order(self) -> int:
         self._mutations += 1
         return self._mutations
+
+
+def _node_val(a: Any) -> Any:
+    return a.meta["val"] if isinstance(a, fx.Node) else a
 
 
 def _is_view_schema(func: Any) -> bool:

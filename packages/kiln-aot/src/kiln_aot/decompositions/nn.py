@@ -80,6 +80,37 @@ def layer_norm(x, normalized_shape, weight, bias, eps):
     return _cast(out, x.dtype), _cast(mean, x.dtype), _cast(rstd, x.dtype)
 
 
+@register(aten.native_layer_norm_backward.default)
+def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    axis = x.dim() - len(normalized_shape)
+    inner, outer = list(range(axis, x.dim())), list(range(axis))
+    n = math.prod(normalized_shape)
+    g, xf = _upcast(grad_out), _upcast(x)
+    x_hat = aten.mul.Tensor(aten.sub.Tensor(xf, _upcast(mean)), _upcast(rstd))
+    g_hat = aten.mul.Tensor(g, _upcast(weight)) if weight is not None else g
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        total = aten.sum.dim_IntList(g_hat, inner, True)
+        proj = aten.mul.Tensor(
+            x_hat, aten.sum.dim_IntList(aten.mul.Tensor(g_hat, x_hat), inner, True)
+        )
+        inner_term = aten.sub.Tensor(aten.sub.Tensor(aten.mul.Tensor(g_hat, n), total), proj)
+        grad_input = _cast(aten.mul.Tensor(aten.div.Tensor(_upcast(rstd), n), inner_term), x.dtype)
+    if output_mask[1] and weight is not None:
+        grad_weight = (
+            _cast(aten.sum.dim_IntList(aten.mul.Tensor(g, x_hat), outer, False), weight.dtype)
+            if outer
+            else _cast(aten.mul.Tensor(g, x_hat), weight.dtype)
+        )
+    if output_mask[2] and bias is not None:
+        grad_bias = (
+            _cast(aten.sum.dim_IntList(g, outer, False), bias.dtype)
+            if outer
+            else _cast(aten.clone.default(g), bias.dtype)
+        )
+    return grad_input, grad_weight, grad_bias
+
+
 @register(aten.native_batch_norm.default, aten._native_batch_norm_legit_functional.default)
 def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     """Training: batch statistics, running stats updated in place with the unbiased
