@@ -112,3 +112,32 @@ def test_non_tensor_outputs_are_kept_in_trace_info():
     gm = trace(lambda x: (x + 1, 3, None), [torch.randn(2)])
     info = gm.meta["kiln_aot"]
     assert [o.kind for o in info.outputs] == ["tensor", "constant", "constant"]
+
+
+def test_module_parameters_and_buffers_become_leading_graph_inputs():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).train()
+    x = torch.randn(5, 4)
+    gm = trace(m, [x])
+    info = gm.meta["kiln_aot"]
+    assert info.state_names == (
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "1.running_mean",
+        "1.running_var",
+        "1.num_batches_tracked",
+    )
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == len(info.state_names) + 1
+    assert not any(n.op == "get_attr" for n in gm.graph.nodes)
+    # BatchNorm's running stats and counter are written: extra outputs, in eager order
+    written = {info.state_names[i] for i in info.mutated_inputs}
+    assert written == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    state = [t.detach().clone() for t in (*m.parameters(), *m.buffers())]
+    out = gm(*state, x)
+    torch.testing.assert_close(out[0], m(x))
+    for idx, value in zip(info.mutated_inputs, out[1:]):
+        torch.testing.assert_close(
+            value, dict(m.named_buffers())[info.state_names[idx]].to(value.dtype)
+        )

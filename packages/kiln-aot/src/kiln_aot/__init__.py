@@ -8,7 +8,8 @@ Contract (what kiln-inductor and other compilers can rely on)
     Runs ``fn`` on kiln's fake tensors (``FakeTensor``: meta-device data, real device
     reported) under a ``__torch_dispatch__`` tracer: nothing is computed. The graph:
 
-    * placeholders are the flattened ``example_inputs``, in order;
+    * placeholders are the flattened ``example_inputs``, in order (when ``fn`` is an
+      ``nn.Module``, its parameters and buffers come first: ``TraceInfo.state_names``);
     * every ``call_function`` targets an OpOverload in ``CORE_ATEN_OPS`` or ``KEPT_OPS``, or
       ``operator.getitem`` (items of multi-output ops such as ``max.dim``, ``native_dropout``,
       ``convolution_backward``, ``max_pool2d_with_indices``);

@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from kiln_aot.decompositions import with_overrides
 from kiln_aot.fake import FakeTensor
+from kiln_aot.module_state import state_names, state_tensors, swapped_state
 from kiln_aot.tracer import Tracer
 
 
@@ -51,6 +52,7 @@ class TraceInfo:
     outputs: tuple[OutputInfo, ...]
     out_spec: pytree.TreeSpec
     mutated_inputs: tuple[int, ...]
+    state_names: tuple[str, ...] = ()  # a traced module's parameters/buffers (leading inputs)
 
     @property
     def num_tensor_outputs(self) -> int:
@@ -143,15 +145,33 @@ def trace(
 ) -> fx.GraphModule:
     """Trace ``fn(*example_inputs)`` into an ATen-level functional graph, without computing.
 
-    See the module docstring for the graph's inputs, outputs and ``meta``.
+    When ``fn`` is an ``nn.Module`` its parameters and buffers become graph inputs too: the
+    placeholders are then the module's state (``TraceInfo.state_names``, parameters then
+    buffers) followed by the flattened example inputs. See the module docstring for the
+    graph's outputs and ``meta``.
     """
     flat, in_spec = pytree.tree_flatten(list(example_inputs))
+    names: list[str] = []
+    if isinstance(fn, torch.nn.Module):
+        module = fn
+        names = state_names(module)
+        flat = [*state_tensors(module, names), *flat]
+
+        def call(*args: Any) -> Any:
+            n = len(names)
+            with swapped_state(module, names, args[:n]):
+                return module(*pytree.tree_unflatten(list(args[n:]), in_spec))
+    else:
+
+        def call(*args: Any) -> Any:
+            return fn(*pytree.tree_unflatten(list(args), in_spec))
+
     tracer = Tracer(with_overrides(decompositions))
     fakes = make_inputs(tracer, flat, "arg")
     with torch.no_grad(), tracer.running():
-        out = fn(*pytree.tree_unflatten(fakes, in_spec))
+        out = call(*fakes)
         infos, nodes, out_spec = collect_outputs(tracer, out)
         muts = mutated_inputs(tracer, fakes)
     tracer.graph.output(tuple(nodes) + tuple(n for _, n in muts))
-    info = TraceInfo(len(flat), tuple(infos), out_spec, tuple(i for i, _ in muts))
+    info = TraceInfo(len(flat), tuple(infos), out_spec, tuple(i for i, _ in muts), tuple(names))
     return build_module(tracer, info)
