@@ -1,0 +1,100 @@
+"""Real model code: HF transformers GPT-2, BERT and a LLaMA-style model (tiny configs,
+random weights) and timm models, captured for inference with zero graph breaks."""
+
+import pytest
+import torch
+from helpers import CountingBackend
+
+import kiln_capture
+
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2Model(cfg)
+
+
+def _bert():
+    cfg = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=128,
+        max_position_embeddings=32,
+    )
+    return transformers.BertModel(cfg)
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=128,
+        max_position_embeddings=32,
+    )
+    return transformers.LlamaModel(cfg)
+
+
+HF_MODELS = {
+    "gpt2": (_gpt2, {"use_cache": False}),
+    "bert": (_bert, {}),
+    "llama": (_llama, {"use_cache": False}),
+}
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_hf_model_captured_without_breaks(name):
+    make, kwargs = HF_MODELS[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    ids = torch.randint(0, 128, (2, 12))
+
+    def run(ids):
+        return model(input_ids=ids, **kwargs)
+
+    with torch.no_grad():
+        ref = run(ids)
+        out = kiln_capture.explain(run)(ids)
+    assert (out.graph_count, out.break_count) == (1, 0), str(out.breaks)
+    assert type(out.result) is type(ref)
+    torch.testing.assert_close(out.result.last_hidden_state, ref.last_hidden_state)
+
+    backend = CountingBackend()
+    fast = kiln_capture.optimize(backend)(run)
+    new_ids = torch.randint(0, 128, (2, 12))
+    with torch.no_grad():
+        fast(ids)
+        again = fast(new_ids)
+        expected = run(new_ids)
+    assert len(backend.graphs) == 1, "a second call with new ids recompiled"
+    torch.testing.assert_close(again.last_hidden_state, expected.last_hidden_state)
+
+
+TIMM_MODELS = ["resnet18", "mobilenetv3_small_100", "vit_tiny_patch16_224"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TIMM_MODELS)
+def test_timm_model_captured_without_breaks(name):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        ref = model(x)
+        out = kiln_capture.explain(model)(x)
+    assert (out.graph_count, out.break_count) == (1, 0), str(out.breaks)
+    torch.testing.assert_close(out.result, ref)
