@@ -1,3 +1,4 @@
+import pytest
 import torch
 from kiln_aot_testing import assert_close, grads_of
 
@@ -144,3 +145,22 @@ def test_debug_dir_gets_one_file_per_stage(compiler, tmp_path):
     ]
     report = next(tmp_path.rglob("aot.partition.txt")).read_text()
     assert report.startswith("saved ")
+
+
+def test_unsupported_points_at_the_captured_source_line(compiler):
+    """A capture layer sets ``meta["stack_trace"]``; errors quote that line."""
+    from kiln_aot import Unsupported
+
+    def f(x):
+        return torch.nonzero(x)
+
+    gm = torch.fx.symbolic_trace(f)
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            n.meta["stack_trace"] = (
+                '  File "/models/net.py", line 42, in forward\n    y = torch.nonzero(x)\n'
+            )
+    with pytest.raises(Unsupported) as e:
+        aot_graph(gm, [torch.randn(4)], fw_compiler=compiler)
+    assert "nonzero" in str(e.value.op)
+    assert e.value.where == "/models/net.py:42   y = torch.nonzero(x)"

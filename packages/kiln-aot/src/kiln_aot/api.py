@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 from kiln_aot.debug_dump import DebugDump, partition_report
 from kiln_aot.joint import trace_joint
 from kiln_aot.log import log
-from kiln_aot.module_state import state_names, state_tensors, swapped_state
+from kiln_aot.module_state import call_module, state_names, state_tensors, swapped_state
 from kiln_aot.partition import min_cut_partition
 from kiln_aot.runtime import InferencePlan, TrainingPlan
 from kiln_aot.tracing import TraceInfo, trace
@@ -264,7 +264,7 @@ def aot_graph(
     def flat_fn(*flat):
         n = len(names)
         with swapped_state(module, names, flat[:n]):
-            return module(*flat[n:])
+            return call_module(module, flat[n:])
 
     compiled = AotCompiled(flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions)
 

@@ -56,3 +56,23 @@ def swapped_state(
     finally:
         for table, key, t in reversed(restore):
             table[key] = t
+
+
+class SourceTrackingInterpreter(torch.fx.Interpreter):
+    """Runs a torch-level GraphModule node by node, telling the running tracer which source
+    line (``meta["stack_trace"]``, set by graph capture) each ATen op comes from."""
+
+    def run_node(self, n: torch.fx.Node):
+        from kiln_aot.tracer import current_tracer, format_stack_trace
+
+        tracer = current_tracer()
+        if tracer is not None:
+            tracer.source = format_stack_trace(n.meta.get("stack_trace"))
+        return super().run_node(n)
+
+
+def call_module(module: torch.nn.Module, args: Sequence) -> object:
+    """``module(*args)``; GraphModules run through ``SourceTrackingInterpreter``."""
+    if isinstance(module, torch.fx.GraphModule):
+        return SourceTrackingInterpreter(module).run(*args)
+    return module(*args)

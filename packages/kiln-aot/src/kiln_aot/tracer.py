@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import re
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,14 +55,42 @@ class _TraceMode(TorchDispatchMode):
         return self.tracer.dispatch(func, args, kwargs or {})
 
 
+_INTERNAL = (
+    "/torch/",
+    "/kiln_aot/",
+    "/kiln_capture/",
+    "/kiln_inductor/",
+    "/kiln_cpp/",
+    "/kiln_triton/",
+    "/kiln/",
+)
+_ACTIVE: list[Tracer] = []
+
+
+def current_tracer() -> Tracer | None:
+    """The innermost running tracer on this thread of control, if any."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
 def user_source_line() -> str | None:
-    """The innermost stack frame outside torch and kiln_aot, as ``file:line  code``."""
+    """The innermost stack frame outside torch and kiln, as ``file:line   code``."""
     for frame in reversed(traceback.extract_stack()):
         f = frame.filename.replace("\\", "/")
-        if "/torch/" in f or "/kiln_aot/" in f or f.startswith("<"):
+        if any(part in f for part in _INTERNAL) or f.startswith("<"):
             continue
         return f"{frame.filename}:{frame.lineno}   {(frame.line or '').strip()}"
     return None
+
+
+def format_stack_trace(stack_trace: str | None) -> str | None:
+    """``file:line   code`` from the innermost frame of an FX node's ``meta["stack_trace"]``."""
+    if not stack_trace:
+        return None
+    matches = list(re.finditer(r'File "([^"]+)", line (\d+), in [^\n]*\n?([^\n]*)', stack_trace))
+    if not matches:
+        return None
+    match = matches[-1]
+    return f"{match.group(1)}:{match.group(2)}   {match.group(3).strip()}"
 
 
 class Tracer:
@@ -118,10 +147,12 @@ class Tracer:
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         self.active = True
+        _ACTIVE.append(self)
         try:
             with RedirectMode(), self.mode:
                 yield
         finally:
+            _ACTIVE.pop()
             self.active = False
 
     def unsupported(self, op: object, why: str, fix: str | None = None) -> Unsupported:
