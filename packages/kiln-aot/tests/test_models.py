@@ -180,3 +180,34 @@ def test_function_returning_a_view_of_its_input(compiler, grad):
         (a.sum() + (b * 2).sum()).backward()
         for g, e in zip(got, grads_of([x, w])):
             assert_close(g, e)
+
+
+def test_every_graph_of_every_model_is_core_aten_and_functional(compiler):
+    """Done-when: each node of each produced graph (inference, forward, backward) is an
+    ATen OpOverload of the core set or KEPT_OPS (or getitem), and none is in-place."""
+    import operator
+
+    from kiln_aot import CORE_ATEN_OPS, KEPT_OPS
+
+    runs = [
+        (GeluMLP(), lambda: torch.randn(4, 32)),
+        (ConvBNReLU().train(), lambda: torch.randn(2, 3, 8, 8)),
+        (TinyTransformer(layers=1, p=0.1).train(), lambda: torch.randint(0, 64, (2, 16))),
+    ]
+    for model, make in runs:
+        cm = aot_module(model, compiler)
+        cm(make()).sum().backward()
+        with torch.no_grad():
+            cm(make())
+    assert len(compiler.graphs) == 9
+    for gm in compiler.graphs:
+        for n in gm.graph.nodes:
+            if n.op == "call_function":
+                assert n.target is operator.getitem or (
+                    isinstance(n.target, torch._ops.OpOverload)
+                    and n.target.namespace == "aten"
+                    and (n.target in CORE_ATEN_OPS or n.target in KEPT_OPS)
+                ), n.format_node()
+                if n.target is not operator.getitem:
+                    assert not n.target._schema.is_mutable, n.format_node()
+            assert n.op in ("placeholder", "call_function", "get_attr", "output")

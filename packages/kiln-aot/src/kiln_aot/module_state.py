@@ -73,6 +73,13 @@ class SourceTrackingInterpreter(torch.fx.Interpreter):
 
 def call_module(module: torch.nn.Module, args: Sequence) -> object:
     """``module(*args)``; GraphModules run through ``SourceTrackingInterpreter``."""
-    if isinstance(module, torch.fx.GraphModule):
+    if not isinstance(module, torch.fx.GraphModule):
+        return module(*args)
+    from kiln_aot.tracer import current_tracer
+
+    try:
         return SourceTrackingInterpreter(module).run(*args)
-    return module(*args)
+    finally:
+        tracer = current_tracer()
+        if tracer is not None:
+            tracer.source = None  # ops traced later (the backward) have no torch-level node
