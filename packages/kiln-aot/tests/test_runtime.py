@@ -113,3 +113,31 @@ def test_aliased_inputs_with_a_write_run_eagerly_with_a_warning(compiler):
         out = cf(x, x)
     assert_close(out, torch.full((3,), 2.0))
     assert_close(x, torch.ones(3))
+
+
+def test_parameter_written_under_no_grad_like_eager(compiler):
+    """A module clamping its own weight in place under no_grad: the write is carried back to
+    the parameter and the gradient flows to it, as in eager."""
+    import copy
+
+    from kiln_aot import aot_module
+
+    class Clamped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.w.clamp_(-0.5, 0.5)
+            return (x @ self.w).tanh()
+
+    m = Clamped()
+    ref = copy.deepcopy(m)
+    x = torch.randn(3, 4)
+    out, expected = aot_module(m, compiler)(x), ref(x)
+    assert_close(out, expected)
+    assert_close(m.w.detach(), ref.w.detach())
+    out.sum().backward()
+    expected.sum().backward()
+    assert_close(m.w.grad, ref.w.grad)

@@ -21,7 +21,6 @@ import torch
 from torch import fx
 
 from kiln_aot.decompositions import with_overrides
-from kiln_aot.errors import Unsupported
 from kiln_aot.fake import contiguous_fake
 from kiln_aot.tracer import Tracer
 from kiln_aot.tracing import TraceInfo, build_module, collect_outputs, make_inputs, mutated_inputs
@@ -65,14 +64,6 @@ def trace_joint(
             leaf for leaf in torch.utils._pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)
         ]
         muts = mutated_inputs(tracer, fakes)
-        for i, _ in muts:
-            if requires_grad[i]:
-                raise Unsupported(
-                    "in-place write to an input",
-                    f"input {i} requires grad and is written in place",
-                    where=tracer.source,
-                    fix="clone the input before writing to it",
-                )
         tensor_infos = [(k, info) for k, info in enumerate(infos) if info.kind != "constant"]
         fw = [
             (k, leaf, node)
