@@ -138,3 +138,24 @@ def test_index_put_inplace():
         return x.sum()
 
     _run_and_compare(f, torch.randn(6, 3), torch.tensor([0, 4]), torch.randn(2, 3))
+
+
+def test_foreach_inplace_ops_on_lists_of_inputs():
+    def sgd_step(p1, p2, g1, g2):
+        torch._foreach_add_([p1, p2], [g1, g2], alpha=-0.1)
+        torch._foreach_mul_([p1, p2], 0.5)
+        return p1.sum()
+
+    gm = _run_and_compare(sgd_step, torch.randn(3), torch.randn(4), torch.randn(3), torch.randn(4))
+    assert gm.meta["kiln_aot"].mutated_inputs == (0, 1)
+
+
+def test_write_to_a_closed_over_tensor_is_unsupported():
+    state = torch.zeros(3)
+
+    def f(x):
+        state.add_(x)
+        return x * 2
+
+    with pytest.raises(Unsupported, match="not an input"):
+        trace(f, [torch.randn(3)])

@@ -107,7 +107,9 @@ def functionalize_call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> 
             fix="add a decomposition to kiln_aot.decompositions; the op runs eagerly meanwhile",
         )
     bound = bind_args(func, args, kwargs)
-    targets = [bound[i] for i in written]
+    targets = []
+    for i in written:  # a written argument may be a list (the _foreach_ ops)
+        targets.extend(bound[i] if isinstance(bound[i], (list, tuple)) else [bound[i]])
     for t in targets:
         if not isinstance(t, FakeTensor) or t.trace_state is None:
             raise tracer.unsupported(
@@ -126,6 +128,8 @@ def functionalize_call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> 
                 fix="allocate out= with the result's shape",
             )
         mutate(tracer, target, tracer.node_of(value))
+    if not func._schema.returns:
+        return None
     return targets[0] if len(targets) == 1 else tuple(targets)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch._decomp
 
-from kiln_aot.decompositions import attention, linalg, nn, prims, reductions, tensor  # noqa: F401  (registers)
+from kiln_aot.decompositions import attention, foreach, linalg, nn, prims, reductions, tensor  # noqa: F401  (registers)
 from kiln_aot.decompositions.registry import KILN_DECOMPOSITIONS, register
 
 
