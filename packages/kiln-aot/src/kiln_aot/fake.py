@@ -57,7 +57,7 @@ class FakeTensor(torch.Tensor):
         kwargs = kwargs or {}
         state = _first_state(args, kwargs)
         if state is not None and state.tracer.active:
-            return state.tracer.dispatch_on_fakes(func, args, kwargs)
+            return state.tracer.dispatch(func, args, kwargs)
         return run_on_meta(func, args, kwargs)
 
 

@@ -257,8 +257,6 @@ class Tracer:
             return self.emit_call(func, args, kwargs)
         return self.decompose(func, args, kwargs)
 
-    dispatch_on_fakes = dispatch
-
     def decompose(self, func: Any, args: tuple, kwargs: dict) -> Any:
         decomp = self.decompositions.get(func)
         out: Any = NotImplemented

@@ -10,7 +10,6 @@ import math
 
 import torch
 
-from kiln_aot import config
 from kiln_aot.decompositions.reductions import var_and_mean
 from kiln_aot.decompositions.registry import register
 
@@ -221,10 +220,6 @@ def native_dropout(x, p, train):
 @register(aten.native_dropout_backward.default)
 def native_dropout_backward(grad, mask, scale):
     return aten.mul.Tensor(aten.mul.Tensor(grad, _cast(mask, grad.dtype)), scale)
-
-
-def dropout_is_decomposed() -> bool:
-    return config.current().decompose_dropout
 
 
 # ---- embedding ---------------------------------------------------------------------------
