@@ -80,7 +80,7 @@ def compile(
         )
     optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
-        return _compiled_module(model, optimize(model))
+        return _compiled_module(model, optimize(_module_caller(model)))
     return optimize(model)
 
 
@@ -99,6 +99,16 @@ def _compiled_module(module: torch.nn.Module, compiled_call: Callable) -> torch.
     object.__setattr__(compiled, "__dict__", module.__dict__)
     _COMPILED_STATE[compiled] = (module, compiled_call)
     return compiled
+
+
+def _module_caller(module: torch.nn.Module) -> Callable:
+    """A plain function calling ``module``: its frame is the one captured, so the module's
+    ``__call__`` (hooks included) and ``forward`` are inlined into one graph."""
+
+    def call_module(*args: Any, **kwargs: Any) -> Any:
+        return module(*args, **kwargs)
+
+    return call_module
 
 
 def _call_compiled(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
