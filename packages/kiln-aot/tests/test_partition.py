@@ -133,3 +133,17 @@ def test_relu_saves_a_boolean_mask_not_its_float_output():
     saved = _saved_nodes(fw, info.num_fwd_outputs)
     dtypes = sorted(str(n.meta["val"].dtype) for n in saved)
     assert "torch.bool" in dtypes
+
+
+def test_dropout_mask_is_saved_as_one_byte_per_element():
+    def f(x, w):
+        return torch.nn.functional.dropout(x @ w, 0.5, training=True).sum(-1)
+
+    x, w = torch.randn(8, 16), torch.randn(16, 32, requires_grad=True)
+    joint, info = trace_joint(f, [x, w], [False, True])
+    fw, bw = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    saved = _saved_nodes(fw, info.num_fwd_outputs)
+    assert [str(n.meta["val"].dtype) for n in saved if n.meta["val"].shape == (8, 32)] == [
+        "torch.bool"
+    ]
+    assert not any(n.target is aten.bernoulli.p for n in bw.graph.nodes)

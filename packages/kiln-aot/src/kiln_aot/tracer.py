@@ -230,6 +230,11 @@ class Tracer:
     def emit_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Record a core/kept op called on fakes and return fakes for its outputs."""
         out = self.emit_node(func, self.graph_args(args), self.graph_args(kwargs))
+        if func is aten.bernoulli.p and out.meta["val"].dtype != torch.bool:
+            # Draws are exactly 0 or 1: keep them as a bool mask converted back, so a
+            # partitioner can save 1 byte per element (the mask) instead of the floats.
+            mask = self.emit_node(aten.ne.Scalar, (out, 0), {})
+            out = self.emit_node(aten._to_copy.default, (mask,), {"dtype": out.meta["val"].dtype})
         if isinstance(out, list):
             return tuple(None if n is None else self.wrap(n) for n in out)
         if func in core_ops.VIEW_OPS:

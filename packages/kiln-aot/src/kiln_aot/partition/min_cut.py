@@ -14,7 +14,9 @@ the cheapest (fewest bytes) set of saved tensors from which the backward can rec
 everything else using only cheap ops, e.g. saving a GELU's input instead of its input and
 output, or a ReLU's boolean mask instead of its float output.
 
-Random ops are never recomputed: dropout's mask is computed once in the forward and saved.
+Random ops are never recomputed: dropout's mask is computed once in the forward and saved
+(as a bool tensor: the tracer records ``bernoulli`` draws as a bool mask converted back to
+floats, so the cut can keep the 1-byte mask and redo the conversion in the backward).
 Ties prefer saving primals (alive anyway) over intermediates.
 """
 
