@@ -15,9 +15,10 @@ if tuple(_C.built_for_python()) != sys.version_info[:2]:
 
 from kiln_capture.api import ExplainOutput, OptimizedModule, disable, explain, optimize, reset
 from kiln_capture.breaks import GraphBreak
-from kiln_capture.errors import GraphBreakError
+from kiln_capture.errors import BackendError, GraphBreakError
 
 __all__ = [
+    "BackendError",
     "ExplainOutput",
     "GraphBreak",
     "GraphBreakError",

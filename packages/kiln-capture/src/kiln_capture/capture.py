@@ -20,7 +20,7 @@ from kiln_capture.breaks import GraphBreak
 from kiln_capture.bytecode.resume import live_locals, make_resume_code
 from kiln_capture.bytecode.rewrite import in_exception_range
 from kiln_capture.codegen import CodeGen, build_function, graph_call_lines
-from kiln_capture.errors import GraphBreakError, Unsupported
+from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
 from kiln_capture.evaluator import UNBOUND, Return, RootFrame
 from kiln_capture.guards import GuardSet
 from kiln_capture.log import log
@@ -119,7 +119,12 @@ def _compile_graph(
     examples = [out.example_inputs[list(out.input_sources).index(n)] for n in kept]
     gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnCaptured")
     log("graphs", f"captured graph {len(ctx.graphs)} ({out.ops} ops)\n{gm.code}")
-    compiled = ctx.backend(gm, examples)
+    try:
+        compiled = ctx.backend(gm, examples)
+    except BackendError:
+        raise
+    except Exception as e:
+        raise BackendError(ctx.backend, e) from e
     ctx.graphs.append(gm)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)

@@ -29,3 +29,17 @@ class GraphBreakError(RuntimeError):
 
 class CaptureInternalError(RuntimeError):
     """A bug in kiln-capture itself; the frame is run eagerly and this is logged."""
+
+
+class BackendError(RuntimeError):
+    """The backend raised while compiling a captured graph.
+
+    Not a capture bug: it propagates to the caller (as torch.compile's
+    ``BackendCompilerFailed`` does), with the backend's exception as its cause. A backend
+    that prefers eager execution on failure, like ``kiln.compile``'s, handles it itself.
+    """
+
+    def __init__(self, backend: object, cause: BaseException) -> None:
+        name = getattr(backend, "__name__", type(backend).__name__)
+        super().__init__(f"backend {name!r} failed: {type(cause).__name__}: {cause}")
+        self.cause = cause

@@ -22,7 +22,7 @@ from kiln_capture import _C
 from kiln_capture.bytecode.rewrite import make_trampoline
 from kiln_capture.capture import EAGER_RESUME_CODES, CacheEntry, SkipFrame, compile_frame
 from kiln_capture.config import config
-from kiln_capture.errors import GraphBreakError
+from kiln_capture.errors import BackendError, GraphBreakError
 from kiln_capture.log import log
 
 RUN_DEFAULT = object()
@@ -38,14 +38,11 @@ def _dir(p: str) -> str:
 
 _TORCH_DIR = _dir(os.path.dirname(torch.__file__))
 _TORCH_NN_MODULES = _TORCH_DIR + os.path.join("nn", "modules") + os.sep
-_SKIP_DIRS = tuple(
-    {
-        _dir(sysconfig.get_paths()["stdlib"]),
-        _dir(sysconfig.get_paths()["platstdlib"]),
-        _dir(os.path.dirname(__file__)),
-        _TORCH_DIR,
-    }
-)
+_KILN_DIR = _dir(os.path.dirname(__file__))
+# In a virtual environment the "stdlib" path can contain site-packages: third-party
+# code is recognised first, by its site directory.
+_SITE_DIRS = tuple({_dir(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
+_STDLIB_DIRS = tuple({_dir(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")})
 _SKIP_PACKAGES = ("_pytest", "pytest", "pluggy", "pybind11", "typing_extensions")
 
 
@@ -56,10 +53,12 @@ def skipped_file(filename: str) -> bool:
     path = os.path.realpath(filename)
     if path.startswith(_TORCH_NN_MODULES) and not path.endswith("module.py"):
         return False
-    if path.startswith(_SKIP_DIRS):
+    if path.startswith((_TORCH_DIR, _KILN_DIR)):
         return True
     parts = path.split(os.sep)
-    return any(p in _SKIP_PACKAGES for p in parts[-3:-1])
+    if path.startswith(_SITE_DIRS) or "site-packages" in parts or "dist-packages" in parts:
+        return any(p in _SKIP_PACKAGES for p in parts)
+    return path.startswith(_STDLIB_DIRS)
 
 
 @dataclass
@@ -123,7 +122,7 @@ def _callback(code: types.CodeType, func, args: tuple):
         _record_recompile(ctx, reason)
     try:
         result = compile_frame(code, func, args, ctx)
-    except GraphBreakError:
+    except (GraphBreakError, BackendError):
         raise
     except Exception as e:  # a bug in kiln: never a wrong answer, run the frame as usual
         if os.environ.get("KILN_CAPTURE_RAISE_INTERNAL") == "1":

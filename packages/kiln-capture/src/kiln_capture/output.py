@@ -31,6 +31,16 @@ from kiln_capture.variables.tensors import SizeVar, TensorVar
 _DEVICE_LIKE_METHODS = frozenset({"to", "cuda", "cpu", "type_as"})
 
 
+# torch modules whose Python functions are inlined rather than recorded as graph calls:
+# module forwards, and the decorator/context-manager plumbing of grad modes.
+_INLINED_TORCH_MODULES = (
+    "torch.nn.modules",
+    "torch.testing",
+    "torch.utils._contextlib",
+    "torch.autograd.grad_mode",
+)
+
+
 def is_torch_callable(value: object) -> bool:
     if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return True
@@ -51,7 +61,7 @@ def is_torch_callable(value: object) -> bool:
         return mod.startswith("torch")
     if isinstance(value, types.FunctionType):
         mod = value.__module__ or ""
-        return mod.startswith("torch") and not mod.startswith(("torch.nn.modules", "torch.testing"))
+        return mod.startswith("torch") and not mod.startswith(_INLINED_TORCH_MODULES)
     return False
 
 

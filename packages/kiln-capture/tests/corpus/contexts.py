@@ -44,3 +44,22 @@ def grad_flag_propagates(x):
     y = x.detach()
     z = y * x
     return z, z.requires_grad
+
+
+@torch.no_grad()
+def _decorated_no_grad(x):
+    return x * 2
+
+
+@case(args=_g)
+def no_grad_decorator(x):
+    y = _decorated_no_grad(x)
+    return y + x, y.requires_grad
+
+
+@case(args=_g)
+def set_grad_enabled_function_call(x):
+    prev = torch.is_grad_enabled()
+    with torch.set_grad_enabled(not prev):
+        y = x * 3
+    return y, y.requires_grad

@@ -256,6 +256,10 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         return tx.out.wrap_value(
             cls(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()})
         )
+    if issubclass(cls, torch.nn.Module):
+        raise Unsupported(
+            breaks.UNKNOWN_CALLABLE, f"creating a module ({cls.__qualname__}) inside captured code"
+        )
     if issubclass(cls, BaseException):
         raise Unsupported(breaks.EXCEPTION, f"{cls.__name__} raised in captured code")
     if (
@@ -440,7 +444,9 @@ class SuperVar(Var):
                 if isinstance(attr, property):
                     return tx.out.wrap_value(attr.fget).call(tx, [self.obj], {})
                 if klass is object and name == "__setattr__":
-                    return tx.out.wrap_value(object.__setattr__)
+                    from kiln_capture.variables.functions import BoundMethodVar
+
+                    return BoundMethodVar(tx.out.wrap_value(object.__setattr__), self.obj)
                 if klass is object and name == "__init__":
                     return _NoopVar()
                 if (
