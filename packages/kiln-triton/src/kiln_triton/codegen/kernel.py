@@ -1,0 +1,310 @@
+"""generate_triton_kernel: one ``@triton.jit`` function for one fused group.
+
+Kernel shapes
+-------------
+Every group's outer loops (shared by all members) are flattened into the ``x`` dimension:
+each program handles ``XBLOCK`` consecutive outer iterations (``xindex``), unflattened into
+the outer variables by ``//`` and ``%``. What sits inside the outer loops decides the shape:
+
+* ``pointwise``: every block is pointwise with no inner loop, so the kernel is 1-D:
+  ``xindex = xoffset + tl.arange(0, XBLOCK)``.
+* ``persistent``: 2-D tiles ``[XBLOCK, RBLOCK]`` with ``RBLOCK`` covering the longest inner
+  extent (a row fits a block). Each block (a reduction over its row, or a pointwise loop
+  nest inside the outer loops) reads its row once; blocks over equal ranges use the same
+  row variables, so a row loaded by the first block is reused by the next ones (softmax
+  and layer_norm load ``x`` once). Reductions are ``tl.sum``/``tl.reduce`` over axis 1.
+* ``looped``: like persistent, but each block loops over its extent in chunks of
+  ``RBLOCK`` with ``[XBLOCK, RBLOCK]`` accumulators reduced at the end; Welford
+  mean/variance takes two passes (sum, then squared deviations from the mean) so it is
+  exact and cheap to combine.
+
+A reduction block with non-reduced inner ranges runs them as a sequential scalar loop
+inside the program. Reduction results are ``[XBLOCK, 1]`` values that later blocks of the
+same kernel read without touching memory (``forwarded``); a load of a buffer the kernel
+stored earlier is preceded by a barrier. bfloat16/float16 values stay in their type
+until a body converts them; indices are int32 unless a size or storage span needs int64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sympy
+import torch
+
+from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction
+from kiln_inductor.ir.ops import ops_handler
+from kiln_inductor.ir.symbols import contiguous_strides, product, simplify_index
+from kiln_inductor.scheduler.fuse import Block, FusedGroup
+
+from ..errors import TritonCodegenError
+from .index import print_index
+from .triton_ops import TritonOpsHandler, TritonValue, literal, tl_type
+
+HEADER = """import triton
+import triton.language as tl
+
+from kiln_triton.runtime import libm
+
+"""
+INT32_LIMIT = 2**31 - 1
+
+
+def _int(expr: Any, what: str) -> int:
+    expr = sympy.sympify(expr)
+    if not expr.is_Integer:
+        raise TritonCodegenError(
+            f"a kernel over symbolic size {expr} ({what})",
+            "kiln-triton kernels are specialized to static sizes",
+            "compile with static shapes (dynamic=False)",
+        )
+    return int(expr)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def block_extent(block: Block) -> int:
+    """Elements of the block's r dimension: its inner loops (pointwise) or reduction."""
+    ranges = block.inner if block.kind == "pointwise" else block.rranges
+    return _int(product(ranges), "inner loops")
+
+
+def kernel_kind(group: FusedGroup, persistent_max: int) -> str:
+    if all(b.kind == "pointwise" and not b.inner for b in group.blocks):
+        return "pointwise"
+    extent = max(block_extent(b) for b in group.blocks)
+    return "persistent" if extent <= persistent_max else "looped"
+
+
+class TritonKernel:
+    def __init__(self, group: FusedGroup, buffers: dict[str, Buffer], persistent_max: int):
+        self.group, self.buffers = group, buffers
+        self.kind = kernel_kind(group, persistent_max)
+        self.xnumel = _int(product(group.outer), "outer loops")
+        self.extent = max((block_extent(b) for b in group.blocks), default=1)
+        self.rblock = next_power_of_2(max(self.extent, 1))
+        self.lines: list[str] = []
+        self.depth = 1
+        self.ptrs: dict[str, tuple[str, torch.dtype]] = {}
+        for k, name in enumerate(group.inputs):
+            self.ptrs[name] = (f"in_ptr{k}", buffers[name].dtype)
+        for k, name in enumerate(group.outputs):
+            self.ptrs[name] = (f"out_ptr{k}", buffers[name].dtype)
+        self.h = TritonOpsHandler(self, self.emit)
+        self.forward: dict[tuple[str, Any], TritonValue] = {}
+        self.extra_mask: str | None = None
+        self.ctx_r: str | None = None  # the r mask of the current context, None: x only
+        self.subs: dict[sympy.Symbol, Any] = {}
+        self.ranges: dict[sympy.Symbol, Any] = {}
+        self.xsyms: set[sympy.Symbol] = set()
+        self.rsyms: set[sympy.Symbol] = set()
+        self.scalar_syms: set[sympy.Symbol] = set()
+        self.canon: dict[tuple[Any, ...], list[Any]] = {}
+        self.unsynced: set[str] = set()  # stored since the last barrier
+        self.int64 = self._needs_int64()
+
+    def _needs_int64(self) -> bool:
+        spans = [_int(self.buffers[n].layout.storage_span(), "storage") for n in self.ptrs]
+        return max([self.xnumel * max(self.extent, 1), *spans]) > INT32_LIMIT
+
+    # -- emitting ----------------------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    @contextmanager
+    def scope(self, header: str) -> Iterator[None]:
+        self.emit(header)
+        self.depth += 1
+        saved = (dict(self.h.cache), dict(self.forward), dict(self.canon))
+        try:
+            yield
+        finally:
+            self.h.cache, self.forward, self.canon = saved
+            self.depth -= 1
+
+    # -- indices, loads and stores -----------------------------------------------------------
+    def _canonical(self, index: Any) -> Any:
+        return simplify_index(sympy.expand(sympy.sympify(index).xreplace(self.subs)), self.ranges)
+
+    def index_text(self, index: Any) -> str:
+        """``index`` printed and broadcast to the current context's shape."""
+        expr = self._canonical(index)
+        text = print_index(expr)
+        syms = expr.free_symbols - self.scalar_syms
+        known = self.xsyms | self.rsyms
+        full = any(s not in known for s in syms)  # an indirect index: a loaded value
+        has_x = full or bool(syms & self.xsyms)
+        has_r = full or bool(syms & self.rsyms)
+        if self.ctx_r is None:
+            return text if has_x else f"({text} + xzero)"
+        return text if has_x and has_r else f"({text} + xrzero)"
+
+    def mask_text(self) -> str:
+        mask = "xmask" if self.ctx_r is None else f"(xmask & {self.ctx_r})"
+        return mask if self.extra_mask is None else f"({mask} & {self.extra_mask})"
+
+    def forwarded(self, name: str, index: Any) -> TritonValue | None:
+        return self.forward.get((name, self._canonical(index)))
+
+    def load_expr(self, name: str, index: Any) -> tuple[str, str, torch.dtype]:
+        if name not in self.ptrs:
+            raise TritonCodegenError(
+                f"a load of {name}",
+                "the kernel reads a register-only buffer at an index it was not computed at",
+                "this is a kiln-triton bug; please report it with KILN_DEBUG_DIR dumps",
+            )
+        if name in self.unsynced:
+            # another thread of this program may have stored it: wait for all stores
+            self.emit("tl.debug_barrier()")
+            self.unsynced.clear()
+        ptr, dtype = self.ptrs[name]
+        return f"{ptr} + {self.index_text(index)}", self.mask_text(), dtype
+
+    def store(self, node: ComputedBuffer, value: TritonValue, index: Any) -> None:
+        value = self.h.to_dtype(value, node.dtype)
+        self.forward[(node.name, self._canonical(index))] = value
+        if node.name in self.group.local:
+            return
+        ptr, _ = self.ptrs[node.name]
+        self.emit(f"tl.store({ptr} + {self.index_text(index)}, {value}, {self.mask_text()})")
+        self.unsynced.add(node.name)
+
+    # -- the kernel --------------------------------------------------------------------------
+    def generate(self) -> str:
+        g = self.group
+        params = [
+            *(p for p, _ in self.ptrs.values()),
+            "XBLOCK: tl.constexpr",
+            "RBLOCK: tl.constexpr",
+        ]
+        with ops_handler(self.h):
+            self.prologue()
+            for k, block in enumerate(g.blocks):
+                self.block(k, block)
+        head = f"@triton.jit\ndef kernel({', '.join(params)}):\n"
+        return HEADER + head + "\n".join(self.lines) + "\n"
+
+    def prologue(self) -> None:
+        g = self.group
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        shape = "[XBLOCK]" if self.kind == "pointwise" else "[XBLOCK, 1]"
+        arange = "tl.arange(0, XBLOCK)" + ("" if self.kind == "pointwise" else "[:, None]")
+        self.emit(f"xoffset = {pid} * XBLOCK")
+        self.emit(f"xindex = xoffset + {arange}")
+        self.emit(f"xmask = xindex < {self.xnumel}")
+        self.emit(f"xzero = tl.zeros({shape}, tl.int32)")
+        if self.kind != "pointwise":
+            self.emit("rbase = tl.arange(0, RBLOCK)[None, :]")
+            self.emit("xrzero = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
+        sizes = [_int(s, "outer loops") for s in g.outer]
+        for v, n in zip(g.outer_vars, sizes):
+            self.ranges[v] = sympy.Integer(n)
+        self._define_vars("xindex", list(g.outer_vars), sizes, self.xsyms)
+
+    def _define_vars(
+        self, flat: str, syms: list[sympy.Symbol], sizes: list[int], into: set[sympy.Symbol]
+    ) -> None:
+        """Emit ``sym = flat // stride % size`` for each dimension; size-1 dims become 0."""
+        strides = [int(s) for s in contiguous_strides([sympy.Integer(n) for n in sizes])]
+        nontrivial = [k for k, n in enumerate(sizes) if n != 1]
+        for k, (v, n, st) in enumerate(zip(syms, sizes, strides)):
+            if n == 1:
+                self.subs[v] = sympy.Integer(0)
+                continue
+            expr = flat if st == 1 else f"({flat} // {st})"
+            if k != nontrivial[0]:
+                expr = f"({expr} % {n})"
+            self.emit(f"{v.name} = {expr}")
+            into.add(v)
+
+    # -- blocks ------------------------------------------------------------------------------
+    def block(self, k: int, block: Block) -> None:
+        if block.kind == "pointwise":
+            if not block.inner:
+                self.pointwise(block, {})
+            else:
+                self.r_region(k, block, list(block.vars), list(block.inner), self.pointwise)
+            return
+        if not block.inner:
+            self.reduction(k, block)
+            return
+        sizes = [_int(s, "inner loops") for s in block.inner]
+        with self.scope(f"for yflat{k} in range(0, {product(sizes)}):"):
+            for v, n in zip(block.vars, sizes):
+                self.ranges[v] = sympy.Integer(n)
+            scalars: set[sympy.Symbol] = set()
+            self._define_vars(f"yflat{k}", list(block.vars), sizes, scalars)
+            self.scalar_syms |= scalars
+            self.reduction(k, block)
+
+    def r_region(self, k: int, block: Block, syms: list[Any], ranges: list[Any], body: Any) -> None:
+        """Run ``body(block, subs)`` over the r dimension of ``block`` (its ``syms`` over
+        ``ranges``): once with a full row (persistent) or in a loop of RBLOCK chunks."""
+        sizes = [_int(s, "inner loops") for s in ranges]
+        n = product(sizes)
+        if self.kind == "persistent":
+            key = tuple(sizes)
+            if key not in self.canon:
+                t = len(self.canon)
+                canon = [
+                    sympy.Symbol(f"r{t}_{j}", integer=True, nonnegative=True)
+                    for j in range(len(sizes))
+                ]
+                for c, s in zip(canon, sizes):
+                    self.ranges[c] = sympy.Integer(s)
+                self.emit(f"rmask{t} = rbase < {n}")
+                self._define_vars("rbase", canon, sizes, self.rsyms)
+                self.canon[key] = [self.subs.get(c, c) for c in canon] + [f"rmask{t}", "rbase"]
+            *canon, mask, flat = self.canon[key]
+            subs = dict(zip(syms, canon))
+            saved, self.ctx_r = self.ctx_r, mask
+            try:
+                body(block, subs, flat)
+            finally:
+                self.ctx_r = saved
+            return
+        with self.scope(f"for roffset in range(0, {n}, RBLOCK):"):
+            self.emit("rindex = roffset + rbase")
+            self.emit(f"rmask = rindex < {n}")
+            for v, s in zip(syms, sizes):
+                self.ranges[v] = sympy.Integer(s)
+            self._define_vars("rindex", syms, sizes, self.rsyms)
+            saved, self.ctx_r = self.ctx_r, "rmask"
+            try:
+                body(block, {}, "rindex")
+            finally:
+                self.ctx_r = saved
+
+    def _vars(self, node: ComputedBuffer, subs: dict[Any, Any]) -> tuple[list[Any], list[Any], Any]:
+        vars_, rvars, store, _ = self.group.bound[node.name]
+        allsubs = {**self.subs, **subs}
+        vs = [allsubs.get(v, v) for v in vars_]
+        rvs = [allsubs.get(v, v) for v in rvars]
+        return vs, rvs, sympy.sympify(store).xreplace(subs)
+
+    def pointwise(self, block: Block, subs: dict[Any, Any], flat: str = "") -> None:
+        for node in block.nodes:
+            vs, _, store = self._vars(node, subs)
+            value = node.body.inner_fn(vs)  # type: ignore[union-attr]
+            self.store(node, value, store)
+
+    # -- reductions --------------------------------------------------------------------------
+    def reduction(self, k: int, block: Block) -> None:
+        from .reduction import ReductionCodegen
+
+        ReductionCodegen(self, k, block).generate()
+
+
+def generate_triton_kernel(
+    group: FusedGroup, buffers: dict[str, Buffer], persistent_max: int
+) -> TritonKernel:
+    kernel = TritonKernel(group, buffers, persistent_max)
+    kernel.source = kernel.generate()  # type: ignore[attr-defined]
+    return kernel
+
+
+_ = (Reduction, literal, tl_type)

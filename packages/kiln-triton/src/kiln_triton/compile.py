@@ -1,0 +1,63 @@
+"""kiln_triton.compile_fx: kiln-inductor's compile_fx with Triton kernels, plus modes.
+
+``mode`` follows torch.compile: ``None``/``"default"``; ``"reduce-overhead"`` (CUDA
+graphs); ``"max-autotune"`` (every launch configuration measured, and CUDA graphs);
+``"max-autotune-no-cudagraphs"``. ``options`` may set ``"triton.cudagraphs"`` and
+``"max_autotune"`` explicitly (they win over the mode).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.fx
+
+import kiln_inductor
+
+from .config import settings_scope
+from .cudagraphs import CudaGraphRunner
+
+MODES: dict[str | None, dict[str, bool]] = {
+    None: {},
+    "default": {},
+    "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True},
+}
+OPTIONS = ("triton.cudagraphs", "max_autotune")
+_ids = itertools.count()
+
+
+def resolve_options(mode: str | None, options: dict[str, Any] | None) -> dict[str, bool]:
+    if mode not in MODES:
+        raise ValueError(
+            f"kiln-triton: unknown mode {mode!r}; expected one of {[m for m in MODES if m]}"
+        )
+    unknown = set(options or {}) - set(OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"kiln-triton: unknown options {sorted(unknown)}; it reads {list(OPTIONS)}"
+        )
+    out = {"triton.cudagraphs": False, "max_autotune": False}
+    out.update(MODES[mode])
+    out.update({k: bool(v) for k, v in (options or {}).items()})
+    return out
+
+
+def compile_fx(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """Compile a torch-level or ATen-level FX graph of CUDA tensors into a callable
+    (DESIGN.md contract 1: usable as ``torch.compile(fn, backend=kiln_triton.compile_fx)``)."""
+    opts = resolve_options(mode, options)
+    with settings_scope(max_autotune=opts["max_autotune"], cudagraphs=opts["triton.cudagraphs"]):
+        compiled = kiln_inductor.compile_fx(gm, list(example_inputs))
+    if opts["triton.cudagraphs"]:
+        return CudaGraphRunner(compiled, f"graph{next(_ids)}")
+    return compiled

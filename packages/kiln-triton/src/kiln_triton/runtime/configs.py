@@ -1,0 +1,89 @@
+"""Launch configurations: the candidates autotuning measures, per kernel shape.
+
+A configuration is ``XBLOCK`` (outer iterations per program), ``RBLOCK`` (row chunk of
+2-D kernels; fixed to the whole row for persistent ones), ``num_warps`` and
+``num_stages``. Default mode keeps the few heuristically best candidates (one for small
+pointwise kernels); ``max_autotune`` measures all of them. Triton's interpreter runs
+programs one after another in NumPy, so there the largest blocks are fastest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    XBLOCK: int
+    RBLOCK: int
+    num_warps: int
+    num_stages: int = 1
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _np2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _warps(elements: int, lo: int = 1, hi: int = 16) -> int:
+    """About 8 elements per thread, a power of two in [lo, hi]."""
+    w = _np2(max(elements // 256, 1))
+    return max(lo, min(hi, w))
+
+
+def _dedupe(configs: list[LaunchConfig]) -> list[LaunchConfig]:
+    out: list[LaunchConfig] = []
+    for c in configs:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def candidate_configs(meta: dict[str, Any], exhaustive: bool) -> list[LaunchConfig]:
+    kind, xnumel = meta["kind"], max(int(meta["xnumel"]), 1)
+    xcap = _np2(xnumel)
+    if kind == "pointwise":
+        sizes = [1024, 2048, 512, 4096] if exhaustive else [1024, 2048]
+        out = []
+        for xb in sizes:
+            xb = min(xb, xcap)
+            out.append(LaunchConfig(xb, 1, _warps(xb, 1, 8)))
+            if exhaustive:
+                out.append(LaunchConfig(xb, 1, _warps(xb // 2, 1, 8)))
+        if not exhaustive and xnumel < (1 << 20):
+            out = out[:1]
+        return _dedupe(out)
+    if kind == "persistent":
+        rb = int(meta["rblock"])
+        out = []
+        for budget in [4096, 1024, 8192, 2048, 16384] if exhaustive else [4096, 1024]:
+            xb = max(1, min(xcap, budget // rb, 128))
+            out.append(LaunchConfig(xb, rb, _warps(xb * rb)))
+            out.append(LaunchConfig(xb, rb, _warps(xb * rb // 2)))
+        if not exhaustive and xnumel * rb < (1 << 16):
+            out = out[:1]
+        return _dedupe(out)
+    extent = max(int(meta["extent"]), 1)
+    pairs = [(1, 2048), (4, 512), (64, 16), (8, 256), (1, 4096), (16, 64), (32, 32)]
+    if not exhaustive:
+        pairs = pairs[:3]
+    out = []
+    for xb, rb in pairs:
+        xb, rb = max(1, min(xb, xcap)), max(1, min(rb, _np2(extent)))
+        out.append(LaunchConfig(xb, rb, _warps(xb * rb, 2, 8)))
+    return _dedupe(out)
+
+
+def interpreter_config(meta: dict[str, Any]) -> LaunchConfig:
+    kind, xcap = meta["kind"], _np2(max(int(meta["xnumel"]), 1))
+    if kind == "pointwise":
+        return LaunchConfig(min(xcap, 1 << 16), 1, 4)
+    rb = (
+        int(meta["rblock"])
+        if kind == "persistent"
+        else min(_np2(max(int(meta["extent"]), 1)), 1024)
+    )
+    return LaunchConfig(max(1, min(xcap, (1 << 16) // rb)), rb, 4)

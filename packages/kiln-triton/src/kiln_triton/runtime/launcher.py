@@ -1,0 +1,144 @@
+"""load_triton_kernels and TritonLauncher: from kernel source to a callable the wrapper
+launches as ``kernel(*tensors)``.
+
+Sources are written into kiln-inductor's content-addressed cache (Triton needs a real file
+to read a kernel's source) and imported from there; Triton keeps its compiled binaries in
+its own cache. On the first call a launcher picks its launch configuration: the one
+candidate, or the fastest candidate measured on copies of the arguments (so kernels that
+write in place are not run twice on live data); winners are cached on disk per kernel,
+GPU and Triton version. Under the interpreter the largest block is used and nothing is
+measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from kiln_inductor import log
+from kiln_inductor.runtime.cache import KernelCache, digest
+
+from .. import __version__
+from ..config import TritonConfig
+from .configs import LaunchConfig, candidate_configs, interpreter_config
+
+_modules: dict[str, Any] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def source_key(source: str, cfg: TritonConfig) -> str:
+    return digest(source, __version__, triton.__version__, cfg.cache_key_part())
+
+
+def _import(path: Path, key: str) -> Any:
+    if key in _modules:
+        return _modules[key]
+    spec = importlib.util.spec_from_file_location(f"kiln_triton_kernel_{key[:16]}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _modules[key] = module
+    return module
+
+
+def load_module(source: str, key: str) -> Any:
+    cache = KernelCache("triton")
+
+    def build(tmp: Path) -> None:
+        (tmp / "kernel.py").write_text(source)
+
+    return _import(cache.get_or_build(key, build) / "kernel.py", key)
+
+
+class TritonLauncher:
+    def __init__(self, fn: Any, meta: dict[str, Any], key: str, cfg: TritonConfig):
+        self.fn, self.meta, self.key, self.cfg = fn, meta, key, cfg
+        self.config: LaunchConfig | None = None
+        self._launch: Any = None
+        self._kwargs: dict[str, int] = {}
+
+    def __call__(self, *args: Any) -> None:
+        if self._launch is None:
+            if int(self.meta["xnumel"]) == 0:
+                return
+            self.select(self.choose(args))
+        self._launch(*args, **self._kwargs)
+
+    def select(self, config: LaunchConfig) -> None:
+        self.config = config
+        grid = (triton.cdiv(int(self.meta["xnumel"]), config.XBLOCK),)
+        self._launch = self.fn[grid]
+        self._kwargs = config.as_dict()
+
+    def candidates(self) -> list[LaunchConfig]:
+        return candidate_configs(self.meta, self.cfg.max_autotune)
+
+    def choose(self, args: Sequence[Any]) -> LaunchConfig:
+        if interpreting():
+            return interpreter_config(self.meta)
+        cands = self.candidates()
+        if len(cands) == 1 or not self.cfg.autotune:
+            return cands[0]
+        device = torch.cuda.get_device_name(args[0].device) if args else "cuda"
+        tkey = digest(self.key, device, str(self.cfg.max_autotune))
+        cache = KernelCache("triton-autotune")
+        found = cache.lookup(tkey)
+        if found is not None:
+            winner = LaunchConfig(**json.loads((found / "winner.json").read_text()))
+            if winner in cands:
+                return winner
+        timings = benchmark_configs(self.fn, self.meta, cands, args)
+        winner = min(cands, key=lambda c: timings[c])
+        log.log(
+            "kernels",
+            f"autotuned {self.meta.get('kind')} kernel: {winner} ({timings[winner] * 1e3:.1f} us)",
+        )
+
+        def build(tmp: Path) -> None:
+            (tmp / "winner.json").write_text(json.dumps(winner.as_dict()))
+
+        cache.get_or_build(tkey, build)
+        return winner
+
+
+def benchmark_configs(
+    fn: Any, meta: dict[str, Any], configs: Sequence[LaunchConfig], args: Sequence[Any]
+) -> dict[LaunchConfig, float]:
+    """Milliseconds per launch of each config, on copies of the arguments."""
+    from triton.testing import do_bench
+
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    out: dict[LaunchConfig, float] = {}
+    for c in configs:
+        grid = (triton.cdiv(int(meta["xnumel"]), c.XBLOCK),)
+        launch = fn[grid]
+        kw = c.as_dict()
+        try:
+            launch(*copies, **kw)
+            torch.cuda.synchronize()
+            out[c] = float(
+                do_bench(lambda launch=launch, kw=kw: launch(*copies, **kw), warmup=3, rep=15)
+            )
+        except Exception as e:  # e.g. out of shared memory or registers for this config
+            log.log("kernels", f"config {c} failed: {e}")
+            out[c] = float("inf")
+    return out
+
+
+def load_triton_kernels(sources: Sequence[Any], cfg: TritonConfig) -> list[TritonLauncher]:
+    launchers = []
+    for src in sources:
+        key = source_key(src.source, cfg)
+        module = load_module(src.source, key)
+        launchers.append(TritonLauncher(module.kernel, src.meta, key, cfg))
+    return launchers
