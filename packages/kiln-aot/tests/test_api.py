@@ -164,3 +164,20 @@ def test_unsupported_points_at_the_captured_source_line(compiler):
         aot_graph(gm, [torch.randn(4)], fw_compiler=compiler)
     assert "nonzero" in str(e.value.op)
     assert e.value.where == "/models/net.py:42   y = torch.nonzero(x)"
+
+
+def test_aten_nodes_keep_the_torch_level_stack_trace(compiler):
+    def f(x):
+        return torch.nn.functional.gelu(x)
+
+    gm = torch.fx.symbolic_trace(f)
+    st = '  File "/models/net.py", line 7, in forward\n    return F.gelu(x)\n'
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            n.meta["stack_trace"] = st
+    with torch.no_grad():
+        aot_graph(gm, [torch.randn(3)], fw_compiler=compiler)
+    (aten_gm,) = compiler.graphs
+    assert all(
+        n.meta.get("stack_trace") == st for n in aten_gm.graph.nodes if n.op == "call_function"
+    )

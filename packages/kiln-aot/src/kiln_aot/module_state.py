@@ -67,7 +67,8 @@ class SourceTrackingInterpreter(torch.fx.Interpreter):
 
         tracer = current_tracer()
         if tracer is not None:
-            tracer.source = format_stack_trace(n.meta.get("stack_trace"))
+            tracer.stack_trace = n.meta.get("stack_trace")
+            tracer.source = format_stack_trace(tracer.stack_trace)
         return super().run_node(n)
 
 
@@ -82,4 +83,4 @@ def call_module(module: torch.nn.Module, args: Sequence) -> object:
     finally:
         tracer = current_tracer()
         if tracer is not None:
-            tracer.source = None  # ops traced later (the backward) have no torch-level node
+            tracer.source = tracer.stack_trace = None  # later ops (the backward) have none

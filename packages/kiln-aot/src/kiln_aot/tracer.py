@@ -103,7 +103,10 @@ class Tracer:
         self._const_nodes: dict[int, fx.Node] = {}
         self.mode = _TraceMode(self)
         self.active = False
-        self.source: str | None = None  # set by callers that know the torch-level source
+        # The torch-level node being traced, when the caller knows it (graph capture's
+        # meta["stack_trace"], and its innermost frame as "file:line   code").
+        self.stack_trace: str | None = None
+        self.source: str | None = None
         self._mutations = 0
 
     # ---- inputs, constants, running -------------------------------------------------
@@ -199,8 +202,8 @@ class Tracer:
             vals = map_args(_node_val, (args, kwargs))
         out = run_on_meta(func, *vals)
         node = self.graph.call_function(func, args, kwargs)
-        if self.source:
-            node.meta["stack_trace"] = self.source
+        if self.stack_trace:
+            node.meta["stack_trace"] = self.stack_trace
         if isinstance(out, torch.Tensor):
             node.meta["val"] = out
             return node
