@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import kiln_capture
+
 
 class KilnError(RuntimeError):
     """Base of kiln's own errors."""
@@ -15,7 +17,7 @@ class UnknownBackend(KilnError):
     """`backend=` names no registered backend."""
 
 
-class BackendCompilerFailed(KilnError):
+class BackendCompilerFailed(KilnError, kiln_capture.BackendError):
     """A backend raised while compiling a graph and fallback was not allowed.
 
     Raised with ``fullgraph=True`` or ``options={"raise_on_error": True}``; otherwise the
@@ -31,9 +33,11 @@ class BackendCompilerFailed(KilnError):
             for part in (f"in stage {stage}" if stage else "", f"at {op}" if op else "")
             if part
         )
-        super().__init__(
+        self.cause = cause
+        RuntimeError.__init__(
+            self,
             f"backend {backend_name!r} failed {where or 'to compile a graph'}: "
             f"{type(cause).__name__}: {cause}\n"
             "  fix: report the op; meanwhile drop fullgraph=True / raise_on_error to run "
-            "this graph eagerly"
+            "this graph eagerly",
         )

@@ -1,0 +1,288 @@
+"""kiln.compile against torch.compile's documented behaviours."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import warnings
+
+import pytest
+import torch
+
+import kiln
+
+
+class CountingBackend:
+    """Runs each captured graph as given and records what it was handed."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+        self.inputs: list[list] = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        self.inputs.append(example_inputs)
+        return gm.forward
+
+
+def fn(x, y):
+    return torch.relu(x @ y).sin() + 1.0
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
+        self.norm = torch.nn.BatchNorm1d(32)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.norm(self.fc1(x))))
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def inputs():
+    torch.manual_seed(0)
+    return torch.randn(4, 8), torch.randn(8, 5)
+
+
+# -- call forms ------------------------------------------------------------------------
+
+
+def test_call_form_matches_eager():
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend)
+    torch.testing.assert_close(compiled(*inputs()), fn(*inputs()))
+    assert len(backend.graphs) == 1
+
+
+def test_bare_decorator_and_decorator_with_arguments():
+    @kiln.compile
+    def f(x):
+        return x.cos() * 2
+
+    backend = CountingBackend()
+
+    @kiln.compile(backend=backend, fullgraph=True)
+    def g(x):
+        return x.cos() * 2
+
+    x = torch.randn(5)
+    torch.testing.assert_close(f(x), x.cos() * 2)
+    torch.testing.assert_close(g(x), x.cos() * 2)
+    assert len(backend.graphs) == 1
+
+
+def test_disable_returns_the_model_unchanged():
+    assert kiln.compile(fn, disable=True) is fn
+
+
+def test_backend_receives_graph_module_and_example_inputs():
+    backend = CountingBackend()
+    x, y = inputs()
+    kiln.compile(fn, backend=backend)(x, y)
+    (gm,), (example,) = backend.graphs, backend.inputs
+    assert isinstance(gm, torch.fx.GraphModule)
+    assert isinstance(example, list)
+    tensors = [t for t in example if isinstance(t, torch.Tensor)]
+    assert {tuple(t.shape) for t in tensors} >= {(4, 8), (8, 5)}
+
+
+def test_second_call_with_same_shapes_does_not_recompile():
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend)
+    x, y = inputs()
+    compiled(x, y)
+    compiled(x + 1, y * 2)
+    assert len(backend.graphs) == 1
+
+
+def test_reset_forgets_compiled_code():
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend)
+    compiled(*inputs())
+    kiln.reset()
+    compiled(*inputs())
+    assert len(backend.graphs) == 2
+
+
+# -- arguments -------------------------------------------------------------------------
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(RuntimeError, match="Unrecognized mode"):
+        kiln.compile(fn, mode="fastest")
+
+
+def test_mode_and_options_together_are_rejected():
+    with pytest.raises(RuntimeError, match="Either mode or options"):
+        kiln.compile(fn, mode="max-autotune", options={"raise_on_error": True})
+
+
+def test_unknown_option_is_rejected_with_a_suggestion():
+    with pytest.raises(kiln.InvalidOption, match="did you mean 'raise_on_error'"):
+        kiln.compile(fn, options={"raise_on_eror": True})
+
+
+def test_option_of_the_wrong_type_is_rejected():
+    with pytest.raises(kiln.InvalidOption, match="debug_dir"):
+        kiln.compile(fn, options={"debug_dir": 3})
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(kiln.UnknownBackend, match="inductor"):
+        kiln.compile(fn, backend="tensorrt")
+
+
+@pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune"])
+def test_every_mode_is_accepted(mode):
+    compiled = kiln.compile(fn, mode=mode, backend="eager")
+    torch.testing.assert_close(compiled(*inputs()), fn(*inputs()))
+
+
+def test_non_callable_is_rejected():
+    with pytest.raises(RuntimeError, match="callable"):
+        kiln.compile(3)
+
+
+# -- modules ---------------------------------------------------------------------------
+
+
+def test_compiled_module_shares_parameters_buffers_and_state_dict():
+    model = MLP()
+    compiled = kiln.compile(model, backend="eager")
+    assert isinstance(compiled, MLP)
+    assert compiled._orig_mod is model
+    assert [p is q for p, q in zip(compiled.parameters(), model.parameters())] == [True] * 6
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    assert compiled.norm.running_mean is model.norm.running_mean
+
+
+def test_train_eval_switches_both():
+    model = MLP()
+    compiled = kiln.compile(model, backend="eager")
+    compiled.eval()
+    assert not model.training and not model.norm.training
+    model.train()
+    assert compiled.training
+
+
+def test_load_state_dict_through_the_compiled_module_reaches_the_original():
+    model, other = MLP(), MLP()
+    compiled = kiln.compile(model, backend="eager")
+    compiled.load_state_dict(other.state_dict())
+    torch.testing.assert_close(model.fc1.weight, other.fc1.weight)
+
+
+def test_compiled_module_matches_eager_in_train_and_eval():
+    torch.manual_seed(0)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(6, 16)
+    torch.testing.assert_close(compiled(x), reference(x))
+    torch.testing.assert_close(model.norm.running_mean, reference.norm.running_mean)
+    compiled.eval()
+    reference.eval()
+    torch.testing.assert_close(compiled(x), reference(x))
+
+
+def test_optimizer_step_on_the_compiled_module_updates_the_original():
+    torch.manual_seed(0)
+    model = MLP()
+    compiled = kiln.compile(model, backend="eager")
+    before = model.fc1.weight.detach().clone()
+    opt = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    compiled(torch.randn(6, 16)).sum().backward()
+    opt.step()
+    assert not torch.equal(model.fc1.weight, before)
+
+
+def test_calling_the_original_module_stays_eager():
+    backend = CountingBackend()
+    model = MLP().eval()
+    kiln.compile(model, backend=backend)
+    model(torch.randn(3, 16))
+    assert backend.graphs == []
+
+
+# -- errors in the compiler -------------------------------------------------------------
+
+
+def broken_backend(gm, example_inputs):
+    raise NotImplementedError("no lowering for aten.frobnicate")
+
+
+def test_compiler_error_falls_back_to_eager_with_one_warning():
+    compiled = kiln.compile(fn, backend=broken_backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(*inputs())
+    torch.testing.assert_close(out, fn(*inputs()))
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1
+    assert "aten.frobnicate" in messages[0] and "eagerly" in messages[0]
+
+
+def test_compiler_error_raises_under_fullgraph():
+    compiled = kiln.compile(fn, backend=broken_backend, fullgraph=True)
+    with pytest.raises(kiln.BackendCompilerFailed, match="frobnicate"):
+        compiled(*inputs())
+
+
+def test_compiler_error_raises_with_raise_on_error():
+    compiled = kiln.compile(fn, backend=broken_backend, options={"raise_on_error": True})
+    with pytest.raises(kiln.BackendCompilerFailed):
+        compiled(*inputs())
+
+
+def test_wrong_input_gets_eagers_error():
+    compiled = kiln.compile(fn, backend="eager")
+    with pytest.raises(RuntimeError) as got:
+        compiled(torch.randn(4, 8), torch.randn(7, 5))
+    with pytest.raises(RuntimeError) as want:
+        fn(torch.randn(4, 8), torch.randn(7, 5))
+    assert type(got.value) is type(want.value)
+
+
+# -- explain, disable --------------------------------------------------------------------
+
+
+def test_disable_keeps_a_function_out_of_the_graph():
+    @kiln.disable
+    def helper(x):
+        return x * 3
+
+    def outer(x):
+        return helper(x.sin()).cos()
+
+    backend = CountingBackend()
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(outer, backend=backend)(x), outer(x))
+    assert len(backend.graphs) == 2
+
+
+def test_explain_reports_graphs_and_breaks():
+    def with_break(x):
+        x = x.sin()
+        print("side effect")
+        return x.cos()
+
+    report = kiln.explain(with_break)(torch.randn(3))
+    assert report.graph_count == 2
+    assert report.break_count == 1
+
+
+# -- kiln as a backend of torch's own capture -------------------------------------------
+
+
+def test_kiln_is_registered_as_a_torch_dynamo_backend():
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert "kiln" in eps.names
+    assert eps["kiln"].load() is kiln.backends.torch_backend
