@@ -286,3 +286,57 @@ def test_kiln_is_registered_as_a_torch_dynamo_backend():
     eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
     assert "kiln" in eps.names
     assert eps["kiln"].load() is kiln.backends.torch_backend
+
+
+def test_torch_compile_with_backend_kiln_runs_kilns_compiler(monkeypatch):
+    import kiln_cpp
+
+    handed = []
+    real = kiln_cpp.compile_fx
+
+    def spy(gm, example_inputs):
+        handed.append(gm)
+        return real(gm, example_inputs)
+
+    monkeypatch.setattr(kiln_cpp, "compile_fx", spy)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="kiln")
+    torch.testing.assert_close(compiled(*inputs()), fn(*inputs()))
+    assert len(handed) == 1
+    torch._dynamo.reset()
+
+
+def test_inductor_backend_matches_eager_on_a_module():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"raise_on_error": True})
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), reference(x), rtol=1e-4, atol=1e-5)
+    assert kiln.stats()["fallbacks"] == 0
+
+
+def test_aot_eager_training_matches_eager_gradients():
+    torch.manual_seed(0)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(6, 16)
+    compiled(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.norm.running_var, reference.norm.running_var)
+
+
+def test_inductor_training_matches_eager_gradients():
+    torch.manual_seed(0)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"raise_on_error": True})
+    x = torch.randn(6, 16)
+    compiled(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
