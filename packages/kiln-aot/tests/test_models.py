@@ -61,6 +61,12 @@ def test_conv_bn_relu_train_mode_updates_running_stats_like_eager(compiler, part
     assert_close(cm.orig_module.bn2.running_var, model.bn2.running_var)
 
 
+def test_conv_bn_relu_eval_mode_with_gradients(compiler):
+    model = ConvBNReLU()
+    model.train()(torch.randn(4, 3, 8, 8))
+    _check_module(model.eval(), lambda: torch.randn(2, 3, 8, 8), compiler, min_cut_partition)
+
+
 def test_conv_bn_relu_eval_mode(compiler):
     model = ConvBNReLU()
     model.train()(torch.randn(4, 3, 8, 8))  # non-trivial running stats
