@@ -36,7 +36,7 @@ import torch
 
 from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction
 from kiln_inductor.ir.ops import ops_handler
-from kiln_inductor.ir.symbols import contiguous_strides, product, simplify_index
+from kiln_inductor.ir.symbols import coefficients, contiguous_strides, product, simplify_index
 from kiln_inductor.scheduler.fuse import Block, FusedGroup
 
 from ..errors import TritonCodegenError
@@ -50,6 +50,7 @@ from kiln_triton.runtime import libm
 
 """
 INT32_LIMIT = 2**31 - 1
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 
 
 def _int(expr: Any, what: str) -> int:
@@ -104,6 +105,7 @@ class TritonKernel:
         self.rsyms: set[sympy.Symbol] = set()
         self.scalar_syms: set[sympy.Symbol] = set()
         self.canon: dict[tuple[Any, ...], list[Any]] = {}
+        self.outer_strides: dict[sympy.Symbol, Any] = {}
         self.unsynced: set[str] = set()  # stored since the last barrier
         self.int64 = self._needs_int64()
 
@@ -128,7 +130,19 @@ class TritonKernel:
 
     # -- indices, loads and stores -----------------------------------------------------------
     def _canonical(self, index: Any) -> Any:
-        return simplify_index(sympy.expand(sympy.sympify(index).xreplace(self.subs)), self.ranges)
+        expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(self.subs)), self.ranges)
+        return self._flatten_outer(expr)
+
+    def _flatten_outer(self, expr: Any) -> Any:
+        """Write ``sum(stride_k * x_k)`` over all outer variables with their contiguous
+        strides as ``xindex`` itself: the common contiguous case, where re-deriving the
+        flat index from ``//`` and ``%`` would hide its contiguity."""
+        if len(self.outer_strides) < 2:
+            return expr
+        co = coefficients(expr, list(self.outer_strides))
+        if co is None or any(co[0][k] != st for k, st in enumerate(self.outer_strides.values())):
+            return expr
+        return XINDEX + co[1]
 
     def index_text(self, index: Any) -> str:
         """``index`` printed and broadcast to the current context's shape."""
@@ -204,6 +218,10 @@ class TritonKernel:
         for v, n in zip(g.outer_vars, sizes):
             self.ranges[v] = sympy.Integer(n)
         self._define_vars("xindex", list(g.outer_vars), sizes, self.xsyms)
+        strides = contiguous_strides([sympy.Integer(n) for n in sizes])
+        self.outer_strides = {v: st for v, n, st in zip(g.outer_vars, sizes, strides) if n != 1}
+        self.xsyms.add(XINDEX)
+        self.ranges[XINDEX] = sympy.Integer(max(self.xnumel, 1))
 
     def _define_vars(
         self, flat: str, syms: list[sympy.Symbol], sizes: list[int], into: set[sympy.Symbol]

@@ -1,0 +1,114 @@
+"""kiln_triton.compile_fx: modes and options, the torch.compile backend protocol, training
+graphs, and CUDA graphs skipped (with a logged reason) for CPU tensors — all on CPU
+tensors through Triton's interpreter, compared with eager."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln_triton
+from kiln_inductor import get_backend, register_backend, registered_backends
+from kiln_triton.compile import resolve_options
+from kiln_triton.cudagraphs import CudaGraphRunner
+from kiln_triton.testing import _NoBackend, use_triton_for_cpu
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: matmuls go to ATen, the rest is fused."""
+
+    def __init__(self, d: int = 32, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+def test_modes_and_options():
+    assert resolve_options(None, None) == {"triton.cudagraphs": False, "max_autotune": False}
+    assert resolve_options("reduce-overhead", None)["triton.cudagraphs"]
+    assert resolve_options("max-autotune", None) == {
+        "triton.cudagraphs": True,
+        "max_autotune": True,
+    }
+    assert not resolve_options("max-autotune", {"triton.cudagraphs": False})["triton.cudagraphs"]
+    with pytest.raises(ValueError, match="unknown mode"):
+        resolve_options("fastest", None)
+    with pytest.raises(ValueError, match="unknown options"):
+        resolve_options(None, {"epilogue_fusion": True})
+
+
+def test_torch_compile_backend_on_a_transformer_block():
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(2, 8, 32)
+    with use_triton_for_cpu(), torch.no_grad():
+        compiled = torch.compile(model, backend=kiln_triton.compile_fx)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        x2 = torch.randn(2, 8, 32)  # new values, same graph
+        torch.testing.assert_close(compiled(x2), model(x2), rtol=1e-4, atol=1e-5)
+
+
+def test_training_forward_and_backward_match_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 4))
+    ref = nn.Sequential(*[m for m in model])  # same parameters
+    x = torch.randn(6, 16)
+    with use_triton_for_cpu():
+        compiled = torch.compile(model, backend=kiln_triton.compile_fx)
+        out = compiled(x)
+        out.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = ref(x)
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    for g, p in zip(grads, ref.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_reduce_overhead_on_cpu_tensors_runs_without_cuda_graphs(caplog):
+    def fn(x, y):
+        return torch.softmax(x * y + 1, dim=-1)
+
+    x, y = torch.randn(4, 40), torch.randn(40)
+    with use_triton_for_cpu(), caplog.at_level(logging.WARNING, logger="kiln_inductor"):
+        gm = torch.fx.symbolic_trace(fn)
+        compiled = kiln_triton.compile_fx(gm, [x, y], mode="reduce-overhead")
+        assert isinstance(compiled, CudaGraphRunner)
+        out = compiled(x, y)
+    torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, fn(x, y))
+    assert compiled.graphs == {} and compiled.replays == 0
+    assert "CUDA graphs skipped: inputs are not all CUDA tensors" in caplog.text
+
+
+def test_use_triton_for_cpu_restores_the_previous_backend():
+    before = registered_backends().get("cpu")
+    sentinel = object()
+    register_backend("cpu", sentinel)  # type: ignore[arg-type]
+    try:
+        with use_triton_for_cpu() as backend:
+            assert get_backend("cpu") is backend
+        assert get_backend("cpu") is sentinel
+    finally:
+        register_backend("cpu", before if before is not None else _NoBackend("cpu"))
+
+
+def test_importing_registers_the_cuda_backend():
+    assert isinstance(get_backend("cuda"), kiln_triton.TritonBackend)
