@@ -159,3 +159,18 @@ def test_write_to_a_closed_over_tensor_is_unsupported():
 
     with pytest.raises(Unsupported, match="not an input"):
         trace(f, [torch.randn(3)])
+
+
+def test_masked_assignment_becomes_where():
+    def f(x, m):
+        x[m] = -1.0
+        x[x > 1] = 5.0
+        return x * 2
+
+    gm = _run_and_compare(f, torch.randn(4, 5), torch.rand(4) > 0.5)
+    assert "aten.where.self" in _ops(gm)
+
+
+def test_masked_gather_stays_unsupported():
+    with pytest.raises(Unsupported, match="index"):
+        trace(lambda x: x[x > 0] * 2, [torch.randn(5)])

@@ -247,7 +247,13 @@ class Tracer:
 
     # ---- dispatch ---------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if func in core_ops.DATA_DEPENDENT_OPS or _has_bool_index(func, args):
+        if func is aten.index_put.default and _has_bool_index(func, args):
+            out = self._masked_assign(*args)
+            if out is not None:
+                return out
+        if func in core_ops.DATA_DEPENDENT_OPS or (
+            func is not aten.index_put_.default and _has_bool_index(func, args)
+        ):
             raise self.unsupported(
                 func, "its output shape (or a Python value it returns) depends on tensor data"
             )
@@ -264,6 +270,24 @@ class Tracer:
         ):
             return self.emit_call(func, args, kwargs)
         return self.decompose(func, args, kwargs)
+
+    def _masked_assign(self, x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
+        """``x[mask] = value`` (one bool mask over leading dims, one value) has a
+        data-independent shape: it is ``where(mask, value, x)``. None when not of that form."""
+        if (
+            accumulate
+            or len(indices) != 1
+            or not isinstance(values, torch.Tensor)
+            or values.numel() != 1
+        ):
+            return None
+        (mask,) = indices
+        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
+            return None
+        with self.mode:
+            mask = aten.view.default(mask, [*mask.shape, *[1] * (x.dim() - mask.dim())])
+            value = aten._to_copy.default(aten.view.default(values, []), dtype=x.dtype)
+            return aten.where.self(mask, value, x)
 
     def decompose(self, func: Any, args: tuple, kwargs: dict) -> Any:
         decomp = self.decompositions.get(func)
