@@ -162,3 +162,17 @@ def test_caller_decompositions_take_precedence():
         "aten.mul.Tensor",
     ]
     del relu_as_clamp
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["softmax", "log_softmax", "layer_norm", "group_norm", "gelu", "silu", "batch_norm_train"],
+)
+def test_low_precision_inputs_are_computed_in_fp32_like_eager(name):
+    fn, make = CASES[name]
+    inputs = [t.to(torch.bfloat16) for t in make()]
+    gm = trace(fn, inputs)
+    kiln_aot.verify_graph(gm)
+    got, expected = gm(*inputs)[0], fn(*inputs)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
