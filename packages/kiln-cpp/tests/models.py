@@ -16,7 +16,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.down = None
         if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.down = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -27,7 +29,12 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     def __init__(self, widths=(16, 32, 64), classes: int = 10):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        )
         blocks, cin = [], widths[0]
         for i, w in enumerate(widths):
             blocks += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
@@ -44,8 +51,12 @@ class MixerBlock(nn.Module):
     def __init__(self, tokens: int, dim: int):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.token_mlp = nn.Sequential(nn.Linear(tokens, tokens * 2), nn.GELU(), nn.Linear(tokens * 2, tokens))
-        self.channel_mlp = nn.Sequential(nn.Linear(dim, dim * 4), nn.GELU(), nn.Linear(dim * 4, dim))
+        self.token_mlp = nn.Sequential(
+            nn.Linear(tokens, tokens * 2), nn.GELU(), nn.Linear(tokens * 2, tokens)
+        )
+        self.channel_mlp = nn.Sequential(
+            nn.Linear(dim, dim * 4), nn.GELU(), nn.Linear(dim * 4, dim)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
@@ -53,7 +64,9 @@ class MixerBlock(nn.Module):
 
 
 class MLPMixer(nn.Module):
-    def __init__(self, image: int = 32, patch: int = 4, dim: int = 64, depth: int = 4, classes: int = 10):
+    def __init__(
+        self, image: int = 32, patch: int = 4, dim: int = 64, depth: int = 4, classes: int = 10
+    ):
         super().__init__()
         tokens = (image // patch) ** 2
         self.patch = nn.Conv2d(3, dim, patch, patch)
@@ -70,7 +83,15 @@ class MLPMixer(nn.Module):
 def gpt2(layers: int = 2, dim: int = 64, vocab: int = 512):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(n_layer=layers, n_embd=dim, n_head=4, vocab_size=vocab, n_positions=128, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        n_layer=layers,
+        n_embd=dim,
+        n_head=4,
+        vocab_size=vocab,
+        n_positions=128,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -78,8 +99,15 @@ def llama(layers: int = 2, dim: int = 64, vocab: int = 512):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        hidden_size=dim, intermediate_size=dim * 3, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=128, bos_token_id=0, eos_token_id=0,
+        hidden_size=dim,
+        intermediate_size=dim * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return LlamaForCausalLM(cfg).eval()
 

@@ -227,7 +227,9 @@ def binary_batch(dtype: torch.dtype):
         if dtype not in dts:
             continue
         for vname, variant in BINARY_VARIANTS.items():
-            a, b = variant(lambda s, side, domain=domain: make(s, dtype, domain if side == "r" else "any"))
+            a, b = variant(
+                lambda s, side, domain=domain: make(s, dtype, domain if side == "r" else "any")
+            )
             cases.append(Case(f"{name}/{vname}", fn, (a, b)))
     return run_batch(cases)
 

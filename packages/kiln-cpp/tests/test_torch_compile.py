@@ -18,7 +18,9 @@ def test_torch_compile_inference_matches_eager():
 
 def test_torch_compile_module_training_gradients_match_eager():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
     x = torch.randn(8, 16)
     compiled = torch.compile(model, backend=kiln_cpp.compile_fx)
     loss = compiled(x).square().mean()

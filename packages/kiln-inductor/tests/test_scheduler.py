@@ -1,0 +1,124 @@
+"""Scheduling decisions on printed IR and schedules (no backend needed)."""
+
+import torch
+
+from kiln_inductor.graph import GraphLowering
+from kiln_inductor.ir.nodes import ComputedBuffer, ExternKernel
+from kiln_inductor.ir.printer import print_ir
+from kiln_inductor.scheduler.fuse import FusedGroup, fuse_nodes
+from kiln_inductor.scheduler.memory import plan_memory
+from kiln_inductor.testing import aten_graph
+
+aten = torch.ops.aten
+
+
+def schedule(fn, inputs):
+    gm = aten_graph(fn, inputs)
+    ir = GraphLowering(gm, inputs).run()
+    steps = fuse_nodes(ir)
+    return ir, steps
+
+
+def groups(steps):
+    return [s for s in steps if isinstance(s, FusedGroup)]
+
+
+def test_pointwise_chain_is_one_body_and_one_kernel():
+    def f(x, y):
+        a = aten.add.Tensor(x, y)
+        b = aten.exp.default(a)
+        c = aten.mul.Tensor(b, 2.0)
+        return (aten.relu.default(c),)
+
+    ir, steps = schedule(f, [torch.randn(8, 16), torch.randn(16)])
+    assert len(ir.nodes) == 1  # inlined at lowering: one computed buffer
+    text = print_ir(ir)
+    for fragment in ("load(arg0", "load(arg1", "add(", "exp(", "mul(", "relu("):
+        assert fragment in text
+    assert len(groups(steps)) == 1
+
+
+def test_softmax_is_one_kernel_with_register_reductions():
+    ir, steps = schedule(lambda x: (aten._softmax.default(x, -1, False),), [torch.randn(64, 100)])
+    (g,) = groups(steps)
+    assert [b.kind for b in g.blocks] == ["reduction", "reduction", "pointwise"]
+    assert len(g.local) == 2  # max and sum never reach memory
+    assert g.outputs == [ir.nodes[-1].name]
+
+
+def test_layer_norm_decomposed_is_at_most_two_kernels():
+    def ln(x, w, b):
+        mean = aten.mean.dim(x, [1], True)
+        d = aten.sub.Tensor(x, mean)
+        var = aten.mean.dim(aten.mul.Tensor(d, d), [1], True)
+        r = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
+        return (aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(d, r), w), b),)
+
+    _, steps = schedule(ln, [torch.randn(32, 64), torch.randn(64), torch.randn(64)])
+    assert len(groups(steps)) <= 2
+
+
+def test_welford_layer_norm_shares_one_block():
+    _, steps = schedule(
+        lambda x, w, b: (aten.native_layer_norm.default(x, [64], w, b, 1e-5)[0],),
+        [torch.randn(32, 64), torch.randn(64), torch.randn(64)],
+    )
+    (g,) = groups(steps)
+    assert [b.kind for b in g.blocks] == ["welford", "pointwise"]
+    assert len(g.blocks[0].nodes) == 2
+
+
+def test_transposed_read_of_a_group_member_is_not_fused():
+    def f(x):
+        a = aten.exp.default(x)
+        a = aten.mul.Tensor(a, a)  # costly enough to be shared
+        s = aten.sum.dim_IntList(a, [1], True)
+        t = aten.permute.default(aten.add.Tensor(a, s), [1, 0])
+        return (aten.sum.dim_IntList(t, [1]),)
+
+    ir, steps = schedule(f, [torch.randn(16, 16)])
+    # the reduction over the transposed value reads other rows: it cannot share row loops
+    reads_transposed = [
+        g for g in groups(steps) if any(n.name == ir.nodes[-1].name for n in g.nodes)
+    ]
+    assert reads_transposed and all(len(g.outer) >= 1 for g in groups(steps))
+
+
+def test_independent_kernels_sharing_an_iteration_space_fuse():
+    def f(x, y):
+        return (aten.exp.default(x), aten.sin.default(y))
+
+    _, steps = schedule(f, [torch.randn(8, 32), torch.randn(8, 32)])
+    assert len(groups(steps)) == 1
+
+
+def test_extern_kernels_split_groups_and_epilogues_fuse():
+    def f(a, b):
+        m = aten.mm.default(a, b)
+        return (aten.relu.default(aten.add.Tensor(m, 1.0)),)
+
+    ir, steps = schedule(f, [torch.randn(8, 16), torch.randn(16, 4)])
+    assert isinstance(steps[0], ExternKernel) and steps[0].kind == "extern"
+    assert len(groups(steps)) == 1
+
+
+def test_memory_plan_reuses_dead_buffers():
+    def f(x, w):
+        a = aten.exp.default(x)
+        b = aten.mm.default(a, w)  # an extern: a dies here
+        c = aten.sin.default(b)
+        d = aten.mm.default(c, w)
+        return (aten.cos.default(d),)
+
+    ir, steps = schedule(f, [torch.randn(16, 16), torch.randn(16, 16)])
+    plan = plan_memory(steps, ir)
+    assert plan.reused >= 1
+
+
+def test_unlowered_op_falls_back_and_is_recorded():
+    def f(x):
+        return (aten.exp.default(aten.cumsum.default(x, 0)),)
+
+    ir, steps = schedule(f, [torch.randn(8)])
+    assert any(isinstance(s, ExternKernel) and s.kind == "fallback" for s in steps)
+    assert any(isinstance(n, ComputedBuffer) for n in ir.nodes)
