@@ -27,6 +27,10 @@ class TritonBackend:
             "rblock": kernel.rblock,
             "extent": kernel.extent,
             "int64": kernel.int64,
+            "arg_dtypes": [
+                str(buffers[n].dtype).removeprefix("torch.")
+                for n in (*group.inputs, *group.outputs)
+            ],
         }
         return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)  # type: ignore[attr-defined]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -141,4 +142,30 @@ def load_triton_kernels(sources: Sequence[Any], cfg: TritonConfig) -> list[Trito
         key = source_key(src.source, cfg)
         module = load_module(src.source, key)
         launchers.append(TritonLauncher(module.kernel, src.meta, key, cfg))
+    if cfg.compile_workers > 0 and not interpreting() and torch.cuda.is_available():
+        precompile(launchers, cfg.compile_workers)
     return launchers
+
+
+def precompile(launchers: Sequence[TritonLauncher], workers: int) -> None:
+    """Compile every candidate configuration of every kernel in parallel threads, ahead of
+    the first call (Triton compiles in C++ without the GIL). Argument types come from the
+    kernel's metadata; a failure here only means the kernel compiles at its first call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(ln, c) for ln in launchers if int(ln.meta["xnumel"]) > 0 for c in ln.candidates()]
+    if not jobs:
+        return
+
+    def compile_one(job: tuple[TritonLauncher, LaunchConfig]) -> None:
+        ln, c = job
+        dtypes = [getattr(torch, d) for d in ln.meta["arg_dtypes"]]
+        try:
+            ln.fn.warmup(*dtypes, grid=(1,), **c.as_dict())
+        except Exception as e:
+            log.log("kernels", f"precompile of {c} failed (compiles at first call): {e}")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        list(pool.map(compile_one, jobs))
+    log.log("timings", f"precompiled {len(jobs)} kernel configs in {time.perf_counter() - t0:.1f}s")
