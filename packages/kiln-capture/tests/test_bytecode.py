@@ -5,7 +5,11 @@ import dis
 import types
 
 from kiln_capture.bytecode.resume import live_locals, make_resume_code
-from kiln_capture.bytecode.rewrite import encode_exception_table, make_trampoline, parse_exception_table
+from kiln_capture.bytecode.rewrite import (
+    encode_exception_table,
+    make_trampoline,
+    parse_exception_table,
+)
 
 
 def sample(a, b):

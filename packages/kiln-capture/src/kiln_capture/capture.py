@@ -141,12 +141,15 @@ def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEnt
     cg = CodeGen(out)
     cg.collect([ret, *out.side_effects.values()])
     try:
-        effects = out.side_effects.replay(cg)
         ret_expr = cg.rebuild(ret)
+        compute, apply = out.side_effects.replay(cg)
     except Unsupported as e:
         return SkipFrame(f"{e.kind.id}: {e.detail}")
     compiled, gm, inputs = _compile_graph(out, cg, ctx)
-    body = _graph_lines(compiled, inputs) + effects + [f"return {ret_expr}"]
+    body = (
+        _graph_lines(compiled, inputs) + cg.preamble + [f"__k_ret = {ret_expr}"] + compute + apply
+    )
+    body.append("return __k_ret")
     return _entry(out, root, cg, compiled, gm, body, {})
 
 
@@ -229,11 +232,12 @@ def _finish_break(
         + out.side_effects.values()
     )
     try:
-        effects = out.side_effects.replay(cg)
         temps = [
             f"__k_t{i} = {cg.rebuild(v)}" for i, v in enumerate(stack) if not isinstance(v, NullVar)
         ]
         local_exprs = [cg.rebuild(bound[n]) for n in params]
+        locals_line = f"__k_l = ({''.join(e + ', ' for e in local_exprs)})"
+        compute, apply = out.side_effects.replay(cg)
     except Unsupported as e:
         return skip(f"cannot rebuild a live value ({e.detail})")
     below = [f"__k_t{i}" for i, v in enumerate(stack[:base]) if not isinstance(v, NullVar)]
@@ -260,12 +264,18 @@ def _finish_break(
             extra[fn_name] = types.FunctionType(rcode, out.globals, rcode.co_name)
             fexpr = fn_name
         top = ["__k_r"] if pushes_result else ([f"__k_t{len(stack) - 1}"] if keep_top else [])
-        calls.append(f"{fexpr}({', '.join(below + top + local_exprs)})")
+        calls.append(f"{fexpr}({', '.join(below + top + ['*__k_l'])})")
 
     step = _step_lines(ins, stack, base, root.kw_names, calls)
     compiled, gm, inputs = _compile_graph(out, cg, ctx)
     body = (
-        _graph_lines(compiled, inputs) + effects + temps + ["__k_prev = __k_enable(True)", "try:"]
+        _graph_lines(compiled, inputs)
+        + cg.preamble
+        + temps
+        + [locals_line]
+        + compute
+        + apply
+        + ["__k_prev = __k_enable(True)", "try:"]
     )
     body += ["    " + s for s in step] + ["finally:", "    __k_enable(__k_prev)"]
     if eager:

@@ -18,6 +18,7 @@ from kiln_capture.variables.base import Var
 from kiln_capture.variables.tensors import TensorVar
 
 _SAFE_LITERALS = (int, bool, str, type(None), bytes)
+_MUTABLE_NEW = frozenset({"ListVar", "DictVar", "SetVar", "NewObjectVar", "RecordVar"})
 
 
 def _new_object(cls: type, attrs: dict) -> object:
@@ -30,6 +31,8 @@ class CodeGen:
     def __init__(self, out: OutputGraph) -> None:
         self.out = out
         self.outputs: list[TensorVar] = []
+        self.preamble: list[str] = []  # temporaries for mutable values built once
+        self._built: dict[int, str] = {}
         self._output_index: dict[fx.Node, int] = {}
 
     def const(self, value: object) -> str:
@@ -40,7 +43,18 @@ class CodeGen:
         return self.out.guards.const(value)
 
     def rebuild(self, var: Var) -> str:
-        return var.reconstruct(self)
+        """An expression for ``var``. A mutable value made during the trace (list, dict,
+        set, object) is built once into a temporary, so that every reference to it in
+        generated code (stack, locals, side effects) is the same object."""
+        if var.source is not None or type(var).__name__ not in _MUTABLE_NEW:
+            return var.reconstruct(self)
+        name = self._built.get(id(var))
+        if name is None:
+            expr = var.reconstruct(self)
+            name = f"__k_v{len(self._built)}"
+            self._built[id(var)] = name
+            self.preamble.append(f"{name} = {expr}")
+        return name
 
     def tensor(self, var: TensorVar) -> str:
         if var.node.op == "placeholder":

@@ -38,7 +38,14 @@ from kiln_capture.variables.builtins import (
     unary,
 )
 from kiln_capture.variables.constants import ConstVar
-from kiln_capture.variables.containers import DictVar, IteratorVar, ListVar, SliceVar, TupleVar
+from kiln_capture.variables.containers import (
+    DictVar,
+    IteratorVar,
+    ListVar,
+    SetVar,
+    SliceVar,
+    TupleVar,
+)
 from kiln_capture.variables.contexts import GradModeVar
 from kiln_capture.variables.functions import NestedFunctionVar
 from kiln_capture.variables.objects import SuperVar
@@ -424,7 +431,7 @@ class Frame:
 
     def BUILD_SET(self, ins):
         items = self.popn(ins.arg)
-        self.push(ConstVar(frozenset(i.as_const() for i in items)))
+        self.push(SetVar({i.as_const() for i in items}))
 
     def BUILD_MAP(self, ins):
         flat = self.popn(2 * ins.arg)
@@ -460,8 +467,7 @@ class Frame:
 
     def SET_ADD(self, ins):
         v = self.pop()
-        s = self.stack[-ins.arg]
-        self.stack[-ins.arg] = ConstVar(s.as_const() | {v.as_const()})
+        self.stack[-ins.arg].values.add(v.as_const())
 
     def MAP_ADD(self, ins):
         value = self.pop()
@@ -474,10 +480,7 @@ class Frame:
 
     def SET_UPDATE(self, ins):
         v = self.pop()
-        s = self.stack[-ins.arg]
-        self.stack[-ins.arg] = ConstVar(
-            frozenset(s.as_const()) | frozenset(x.as_const() for x in v.unpack(self))
-        )
+        self.stack[-ins.arg].values.update(x.as_const() for x in v.unpack(self))
 
     def DICT_UPDATE(self, ins):
         v = self.pop()

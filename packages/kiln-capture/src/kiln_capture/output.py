@@ -19,7 +19,7 @@ from kiln_capture.errors import Unsupported
 from kiln_capture.guards import GuardSet
 from kiln_capture.side_effects import SideEffects
 from kiln_capture.sources import AttrSource, ConstRef, ItemSource, Source
-from kiln_capture.variables.base import Var
+from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.builtins import BuiltinVar, is_builtin_callable
 from kiln_capture.variables.constants import LITERAL_TYPES, ConstVar, is_constant_value
 from kiln_capture.variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar
@@ -160,6 +160,11 @@ class OutputGraph:
                     g.dict_keys(source, tuple(value))
                 items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
                 return DictVar(items, source, cls=type(value))
+        if isinstance(value, types.BuiltinMethodType) and type(
+            getattr(value, "__self__", None)
+        ) in (list, dict):
+            obj = self.wrap(value.__self__, AttrSource(source, "__self__"))
+            return MethodCallVar(obj, value.__name__)
         if is_torch_callable(value):
             if rooted:
                 g.id_is(source, value)

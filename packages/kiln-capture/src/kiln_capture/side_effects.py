@@ -48,27 +48,35 @@ class SideEffects:
                 out.append(self.global_stores[key])
         return out
 
-    def replay(self, cg) -> list[str]:
-        """Python statements that apply the effects, in order."""
+    def replay(self, cg) -> tuple[list[str], list[str]]:
+        """Python statements for the effects: first every new value is computed (sources
+        denote the state before the frame ran, so they are all read before any write),
+        then the writes are applied in program order."""
         from kiln_capture.variables.containers import DictVar
 
-        lines = []
-        for kind, key in self.order:
+        compute: list[str] = []
+        apply: list[str] = []
+        for i, (kind, key) in enumerate(self.order):
+            tmp = f"__k_e{i}"
             if kind == "container":
                 src = key.source.expr()
                 if isinstance(key, DictVar):
                     body = ", ".join(
                         f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in key.items.items()
                     )
-                    lines.append(f"__k_d = {src}; __k_d.clear(); __k_d.update({{{body}}})")
+                    compute.append(f"{tmp} = {{{body}}}")
+                    apply.append(f"__k_d = {src}; __k_d.clear(); __k_d.update({tmp})")
                 else:
-                    lines.append(f"{src}[:] = [{', '.join(cg.rebuild(i) for i in key.items)}]")
+                    compute.append(f"{tmp} = [{', '.join(cg.rebuild(i) for i in key.items)}]")
+                    apply.append(f"{src}[:] = {tmp}")
             elif kind == "attr":
                 obj, name, value = self.attr_stores[key]
-                lines.append(f"setattr({cg.rebuild(obj)}, {name!r}, {cg.rebuild(value)})")
+                compute.append(f"{tmp} = ({cg.rebuild(obj)}, {cg.rebuild(value)})")
+                apply.append(f"setattr({tmp}[0], {name!r}, {tmp}[1])")
             else:
-                lines.append(f"__k_G[{key!r}] = {cg.rebuild(self.global_stores[key])}")
-        return lines
+                compute.append(f"{tmp} = {cg.rebuild(self.global_stores[key])}")
+                apply.append(f"__k_G[{key!r}] = {tmp}")
+        return compute, apply
 
     def __bool__(self) -> bool:
         return bool(self.order)

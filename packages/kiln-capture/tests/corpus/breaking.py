@@ -177,3 +177,19 @@ def float_of_tensor(x):
 def fstring_of_tensor(x):
     msg = f"{x.sum()}"
     return x * len(msg)
+
+
+@case(graphs=2, breaks=1)
+def new_list_shared_by_stack_and_local(x):
+    acc = [x * 2]
+    acc.append(len(str(print("mutates the list built in the graph"))))
+    return acc, x + 1
+
+
+@case(graphs=2, breaks=1)
+def new_dict_alias_survives_break(x):
+    d = {"a": x + 1}
+    alias = d
+    print("break")
+    alias["b"] = x * 3
+    return d

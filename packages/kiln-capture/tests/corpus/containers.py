@@ -238,3 +238,12 @@ def string_formatting(x):
 def ternary(x):
     n = x.shape[0]
     return x * 2 if n > 2 else x * 3
+
+
+@case()
+def set_built_and_returned(x):
+    s = {1, 2}
+    s.add(3)
+    s.update([4, 5])
+    s.discard(1)
+    return x * len(s), s, {i % 2 for i in range(4)}

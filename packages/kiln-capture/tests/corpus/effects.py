@@ -77,3 +77,24 @@ def copy_into_input(x, dst):
 def read_after_write_attribute(x, s):
     s.value = x + 1
     return s.value * 2
+
+
+@case(graphs=1, breaks=1, args=lambda: (T(3), [T(3), T(3)]))
+def pop_then_break(x, lst):
+    first = lst.pop(0)
+    print("break")
+    return first * x, lst
+
+
+@case(graphs=0, args=lambda: (T(3), [T(3)]))
+def return_old_item_of_mutated_list(x, lst):
+    old = lst[0]
+    lst[0] = x
+    return old, lst
+
+
+@case(args=lambda: (T(3), {"k": T(3)}))
+def dict_value_moved_between_keys(x, d):
+    d["j"] = d.pop("k")
+    d["k"] = x * 2
+    return d

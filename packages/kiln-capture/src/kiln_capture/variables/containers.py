@@ -250,6 +250,61 @@ class DictVar(Var):
         return f"{cg.const(self.cls)}({{{body}}})"
 
 
+class SetVar(Var):
+    """A set of constants created inside the trace."""
+
+    def __init__(self, values: set) -> None:
+        self.values = set(values)
+
+    def __repr__(self) -> str:
+        return f"Set({self.values!r})"
+
+    def python_type(self) -> type:
+        return set
+
+    def is_const(self) -> bool:
+        return True
+
+    def as_const(self) -> object:
+        return frozenset(self.values)
+
+    def truth(self, tx) -> bool:
+        return bool(self.values)
+
+    def unpack(self, tx) -> list[Var]:
+        return [ConstVar(v) for v in self.values]
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        consts = [
+            a.as_const()
+            if a.is_const() or name in ("add", "discard", "remove")
+            else [i.as_const() for i in a.unpack(tx)]
+            for a in args
+        ]
+        if name in (
+            "add",
+            "discard",
+            "remove",
+            "update",
+            "clear",
+            "difference_update",
+            "intersection_update",
+        ):
+            try:
+                getattr(self.values, name)(*consts)
+            except KeyError as e:
+                raise Unsupported(breaks.EXCEPTION, f"KeyError {e}") from e
+            return ConstVar(None)
+        if name in ("union", "intersection", "difference", "symmetric_difference", "copy"):
+            return SetVar(getattr(self.values, name)(*consts))
+        if name in ("issubset", "issuperset", "isdisjoint", "__contains__"):
+            return ConstVar(getattr(self.values, name)(*consts))
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"set.{name}")
+
+    def reconstruct(self, cg) -> str:
+        return f"set({cg.const(frozenset(self.values))})"
+
+
 class SliceVar(Var):
     def __init__(self, start: Var, stop: Var, step: Var) -> None:
         self.parts = [start, stop, step]
