@@ -75,12 +75,37 @@ def test_saved_input_that_is_overwritten_keeps_its_old_value(compiler):
     assert_close(w.grad, x0.exp().expand(3, 5))
 
 
-def test_write_to_an_input_that_requires_grad_is_unsupported(compiler):
-    from kiln_aot import Unsupported
+def test_in_place_writes_to_an_activation_that_requires_grad_like_eager(compiler):
+    """A graph often receives activations (non-leaf, requiring grad) and writes to them in
+    place (``h += r``, ``h.relu_()``): values and gradients follow eager."""
 
+    def f(h, w):
+        h.mul_(2)
+        h[0].add_(w)
+        return (h.relu() * w).sum(), h[1]
+
+    cf = aot_function(f, compiler)
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+    h = x * 1
+    loss, view = cf(h, w)
+    (loss + view.sum()).backward()
+    got = [x.grad.clone(), w.grad.clone()]
+    h_after = h.detach().clone()
+    x.grad = w.grad = None
+    h_ref = x * 1
+    loss_ref, view_ref = f(h_ref, w)
+    (loss_ref + view_ref.sum()).backward()
+    assert_close(loss, loss_ref)
+    assert_close(h_after, h_ref.detach())
+    assert view.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()
+    assert_close(got[0], x.grad)
+    assert_close(got[1], w.grad)
+
+
+def test_in_place_write_with_grad_to_a_leaf_errors_like_eager(compiler):
     x = torch.randn(3, requires_grad=True)
-    with pytest.raises(Unsupported):
-        aot_function(lambda x: x.mul_(2), compiler)(x.clone())
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        aot_function(lambda x: x.mul_(2), compiler)(x)
 
 
 def test_recompiles_per_signature_and_reuses_cache(compiler):

@@ -39,6 +39,27 @@ def _differentiable(t: torch.Tensor) -> bool:
     return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
 
 
+class _InputAlias(torch.autograd.Function):
+    """The function sees each input that requires grad through this identity: to autograd
+    a non-leaf (so in-place writes are allowed, as on the activations a graph usually
+    receives), to the tracer the same value and storage as the input placeholder."""
+
+    @staticmethod
+    def forward(ctx, leaf):
+        return leaf.trace_state.tracer.alias_of(leaf)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _written_with_grad(t: Any) -> bool:
+    """Whether autograd recorded a write to this input (not only ``_InputAlias``): eager
+    would then carry the write's history, and refuse it on a leaf."""
+    fn = t.grad_fn if isinstance(t, torch.Tensor) else None
+    return fn is not None and fn.name() != "_InputAliasBackward" and _differentiable(t)
+
+
 def trace_joint(
     fn: Callable,
     flat_args: Sequence[Any],
@@ -47,34 +68,33 @@ def trace_joint(
     decompositions: dict | None = None,
 ) -> tuple[fx.GraphModule, JointInfo]:
     tracer = Tracer(with_overrides(decompositions))
-    fakes = make_inputs(tracer, flat_args, "primals", requires_grad)
+    leaves_in = make_inputs(tracer, flat_args, "primals", requires_grad)
     with torch.enable_grad(), tracer.running():
-        try:
-            out = fn(*fakes)
-        except RuntimeError as e:
-            if "leaf Variable that requires grad" in str(e):
-                raise tracer.unsupported(
-                    "in-place write to an input",
-                    "the compiled function writes in place to an input that requires grad",
-                    fix="clone the input before writing to it",
-                ) from e
-            raise
+        seen = [
+            _InputAlias.apply(f) if isinstance(f, torch.Tensor) and f.requires_grad else f
+            for f in leaves_in
+        ]
+        out = fn(*seen)
         infos, nodes, spec = collect_outputs(tracer, out)
         leaves = [
             leaf for leaf in torch.utils._pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)
         ]
-        muts = mutated_inputs(tracer, fakes)
+        muts = mutated_inputs(tracer, leaves_in)
         tensor_infos = [(k, info) for k, info in enumerate(infos) if info.kind != "constant"]
         fw = [
             (k, leaf, node)
             for (k, info), leaf, node in zip(tensor_infos, leaves, nodes)
             if info.kind == "tensor"
         ]
+        # Forward outputs: user tensors, then written inputs' new values (differentiable when
+        # the input requires grad: the runtime's write-back then carries their history).
+        outs = [leaf for _, leaf, _ in fw] + [seen[i] for i, _ in muts]
+        out_nodes = [node for _, _, node in fw] + [n for _, n in muts]
         diff = [j for j, (_, leaf, _) in enumerate(fw) if _differentiable(leaf)]
+        diff += [len(fw) + k for k, (i, _) in enumerate(muts) if _written_with_grad(seen[i])]
         tangents = [
             tracer.new_placeholder(
-                f"tangents_{n + 1}",
-                contiguous_fake(fw[j][1].shape, fw[j][1].dtype, fw[j][1].device),
+                f"tangents_{n + 1}", contiguous_fake(outs[j].shape, outs[j].dtype, outs[j].device)
             )
             for n, j in enumerate(diff)
         ]
@@ -84,18 +104,17 @@ def trace_joint(
         grads: Sequence[Any] = [None] * len(wanted)
         if diff and wanted:
             grads = torch.autograd.grad(
-                [fw[j][1] for j in diff], [fakes[i] for i in wanted], tangents, allow_unused=True
+                [outs[j] for j in diff], [leaves_in[i] for i in wanted], tangents, allow_unused=True
             )
         grad_out = [(i, tracer.node_of(g)) for i, g in zip(wanted, grads) if g is not None]
     placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
     for i, _ in muts:
         placeholders[i].meta["kiln_aot_mutated"] = True  # partitioners avoid saving it
-    outputs = [node for _, _, node in fw] + [n for _, n in muts] + [n for _, n in grad_out]
-    tracer.graph.output(tuple(outputs))
+    tracer.graph.output(tuple(out_nodes) + tuple(n for _, n in grad_out))
     trace_info = TraceInfo(len(flat_args), tuple(infos), spec, tuple(i for i, _ in muts))
     info = JointInfo(
         trace=trace_info,
-        num_fwd_outputs=len(fw) + len(muts),
+        num_fwd_outputs=len(out_nodes),
         fw_user_outputs=tuple(k for k, _, _ in fw),
         differentiable=tuple(diff),
         grad_inputs=tuple(i for i, _ in grad_out),

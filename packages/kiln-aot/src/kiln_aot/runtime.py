@@ -50,10 +50,15 @@ def finish(
 ) -> Any:
     """Write back mutations, rebuild alias outputs, unflatten. ``user_values``: one tensor per
     user output of kind ``"tensor"``, in order."""
-    if mutation_values:
-        with torch.no_grad():
-            for index, value in zip(info.mutated_inputs, mutation_values):
-                flat_args[index].copy_(value)
+    for index, value in zip(info.mutated_inputs, mutation_values):
+        target = flat_args[index]
+        if value.requires_grad:
+            # written with grad: the input's history continues through the graph (and
+            # autograd refuses it on a leaf, as eager does)
+            target.copy_(value)
+        else:
+            with torch.no_grad():  # written under no_grad, or no grad at all
+                target.copy_(value)
     it = iter(user_values)
     leaves = []
     for o in info.outputs:

@@ -307,6 +307,10 @@ class Tracer:
             out = self._unalias_outputs(out, args)
         return out
 
+    def alias_of(self, x: FakeTensor) -> FakeTensor:
+        """A new tensor object with ``x``'s value and storage (no op recorded)."""
+        return self._identity(x)
+
     def _identity(self, x: Any) -> Any:
         if not isinstance(x, FakeTensor) or x.trace_state is None:
             return self.wrap(self.node_of(x))
