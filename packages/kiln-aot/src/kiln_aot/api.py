@@ -100,7 +100,8 @@ class AotCompiled:
         self.decompositions = decompositions
         self.plans: dict[tuple, Any] = {}
 
-    def run(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
+    def plan_for(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
+        """The compiled plan for these arguments and the current grad mode (compiled once)."""
         need_grad = torch.is_grad_enabled() and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args
         )
@@ -118,6 +119,10 @@ class AotCompiled:
                 f"{'training' if need_grad else 'inference'} compile took {time.perf_counter() - start:.3f}s",
             )
             self.plans[key] = plan
+        return plan
+
+    def run(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
+        plan = self.plan_for(flat_args, extra)
         if plan.info.mutated_inputs and _inputs_share_storage(flat_args):
             reason = "inputs share storage and the graph writes to one of them; kiln's functional graph would miss the aliasing"
             log("breaks", f"running eagerly: {reason}")
@@ -257,7 +262,7 @@ def aot_graph(
         def run_fn(*args: Any) -> Any:
             return compiled.run(list(args))
 
-        _precompile(compiled, list(example_inputs))
+        compiled.plan_for(list(example_inputs))  # compile now: errors surface here
         return run_fn
     names = state_names(module)
 
@@ -271,19 +276,5 @@ def aot_graph(
     def run_gm(*args: Any) -> Any:
         return compiled.run([*state_tensors(module, names), *args], extra=module.training)
 
-    _precompile(compiled, [*state_tensors(module, names), *example_inputs], extra=module.training)
+    compiled.plan_for([*state_tensors(module, names), *example_inputs], extra=module.training)
     return run_gm
-
-
-def _precompile(compiled: AotCompiled, flat_args: list, extra: Any = None) -> None:
-    """Compile for the example inputs now (so backend errors surface at compile time)."""
-    need_grad = torch.is_grad_enabled() and any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args
-    )
-    key = _signature(flat_args, need_grad, extra)
-    if key not in compiled.plans:
-        compiled.plans[key] = (
-            compiled._compile_training(flat_args)
-            if need_grad
-            else compiled._compile_inference(flat_args)
-        )
