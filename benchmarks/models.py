@@ -332,6 +332,8 @@ def main() -> int:
     names = [n for n in a.models.split(",") if n] or list(ZOO)
     tasks = ["inference", "training"] if a.train else ["inference"]
     results = []
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out) if a.out else RESULTS / f"models_{a.device}_{a.dtype}.json"
     total = len(names) * len(tasks)
     for i, (name, task) in enumerate(((n, t) for n in names for t in tasks), 1):
         print(f"[{i}/{total}] {name} {task} on {a.device} ({a.dtype})", flush=True)
@@ -374,9 +376,13 @@ def main() -> int:
                 flush=True,
             )
             results.append(res)
+            out.write_text(
+                json.dumps(
+                    {"device": a.device, "dtype": a.dtype, "partial": True, "results": results},
+                    indent=2,
+                )
+            )
     table = print_table(results)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(a.out) if a.out else RESULTS / f"models_{a.device}_{a.dtype}.json"
     out.write_text(
         json.dumps(
             {
