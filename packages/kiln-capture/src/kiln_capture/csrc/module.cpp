@@ -113,9 +113,21 @@ PyObject* hook(PyThreadState* tstate, _PyInterpreterFrame* frame, int throwflag)
   return eval_trampoline(tstate, frame, result);
 }
 
+// The evaluator that was installed before ours (the default one, or another PEP 523
+// user such as torch.compile's); put back when no thread needs the hook any more.
+_PyFrameEvalFunction g_previous = nullptr;
+
 void install(bool on) {
   PyInterpreterState* interp = PyThreadState_Get()->interp;
-  _PyInterpreterState_SetEvalFrameFunc(interp, on ? hook : _PyEval_EvalFrameDefault);
+  if (on) {
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (current != hook) {
+      g_previous = current;
+      _PyInterpreterState_SetEvalFrameFunc(interp, hook);
+    }
+  } else {
+    _PyInterpreterState_SetEvalFrameFunc(interp, g_previous ? g_previous : _PyEval_EvalFrameDefault);
+  }
 }
 
 // Enable or disable the hook for the calling thread; returns the previous state.
