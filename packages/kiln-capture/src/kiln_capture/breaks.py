@@ -85,10 +85,12 @@ class GraphBreak:
     lineno: int
     line: str
     resumed: bool = True
+    inlined_from: tuple[str, ...] = ()  # the inlined calls that led there, innermost first
 
     def __str__(self) -> str:
         how = "resumed after the step" if self.resumed else "the rest of the frame runs eagerly"
+        via = "".join(f"\n  in {c}" for c in self.inlined_from)
         return (
-            f"[{self.kind.id}] {self.detail}\n  at {self.filename}:{self.lineno}   {self.line.strip()}\n"
+            f"[{self.kind.id}] {self.detail}\n  at {self.filename}:{self.lineno}   {self.line.strip()}{via}\n"
             f"  why: {self.kind.why}\n  fix: {self.kind.hint} ({how})"
         )

@@ -9,6 +9,7 @@ runs the rest of the frame, itself captured when the hook sees it.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from dataclasses import dataclass, field
 
@@ -184,16 +185,16 @@ def _finish_break(
 ) -> CacheEntry | SkipFrame:
     ins = root.instructions[idx]
     where = error.where or root.location()
-    brk = GraphBreak(error.kind, error.detail, where[0], where[1], where[2], resumed=True)
+    brk = GraphBreak(
+        error.kind, error.detail, where[0], where[1], where[2], True, tuple(error.chain)
+    )
     if ctx.fullgraph:
         raise GraphBreakError(brk)
     code = root.code
     stack = list(root.stack)
 
     def skip(reason: str) -> SkipFrame:
-        b = GraphBreak(
-            brk.kind, f"{brk.detail}; {reason}", brk.filename, brk.lineno, brk.line, resumed=False
-        )
+        b = dataclasses.replace(brk, detail=f"{brk.detail}; {reason}", resumed=False)
         _record_break(ctx, b)
         return SkipFrame(reason, b)
 
@@ -279,14 +280,8 @@ def _finish_break(
     )
     body += ["    " + s for s in step] + ["finally:", "    __k_enable(__k_prev)"]
     if eager:
-        brk = GraphBreak(
-            brk.kind,
-            brk.detail + "; the rest of the frame runs eagerly (break inside a loop)",
-            brk.filename,
-            brk.lineno,
-            brk.line,
-            resumed=False,
-        )
+        detail = brk.detail + "; the rest of the frame runs eagerly (break inside a loop)"
+        brk = dataclasses.replace(brk, detail=detail, resumed=False)
     _record_break(ctx, brk)
     return _entry(out, root, cg, compiled, gm, body, extra)
 

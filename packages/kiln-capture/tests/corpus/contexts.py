@@ -63,3 +63,13 @@ def set_grad_enabled_function_call(x):
     with torch.set_grad_enabled(not prev):
         y = x * 3
     return y, y.requires_grad
+
+
+@case(graphs=1, breaks=2, args=lambda: (T(4, 4), T(4, 4)))
+def autocast_region_runs_eagerly(x, w):
+    # autocast changes op dtypes in ways the meta device cannot show: the region runs
+    # eagerly (logged), never with wrong metadata
+    y = x + 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = y @ w
+    return z.float() * 2, z.dtype
