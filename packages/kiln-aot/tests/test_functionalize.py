@@ -174,3 +174,32 @@ def test_masked_assignment_becomes_where():
 def test_masked_gather_stays_unsupported():
     with pytest.raises(Unsupported, match="index"):
         trace(lambda x: x[x > 0] * 2, [torch.randn(5)])
+
+
+def _assert_in_order(text, fragments):
+    pos = 0
+    for frag in fragments:
+        found = text.find(frag, pos)
+        assert found >= 0, f"{frag!r} not found (in order) in:\n{text}"
+        pos = found + len(frag)
+
+
+def test_printed_graph_of_a_write_through_a_view():
+    """Before: x[1:3].add_(10); return x.sum(0). After: slice, add, slice_scatter back into
+    x, the sum reads the scattered value, and x's new value is the last output."""
+
+    def f(x):
+        x[1:3].add_(10)
+        return x.sum(0)
+
+    gm = trace(f, [torch.randn(5, 4)])
+    _assert_in_order(
+        gm.code,
+        [
+            "slice_tensor = torch.ops.aten.slice.Tensor(arg_1, 0, 1, 3",
+            "add_tensor = torch.ops.aten.add.Tensor(slice_tensor, 10",
+            "slice_scatter_default = torch.ops.aten.slice_scatter.default(arg_1, add_tensor, 0, 1, 3",
+            "sum_dim_int_list = torch.ops.aten.sum.dim_IntList(slice_scatter_default, [0])",
+            "return (sum_dim_int_list, slice_scatter_default)",
+        ],
+    )
