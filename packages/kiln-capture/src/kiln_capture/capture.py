@@ -18,7 +18,7 @@ from torch import fx
 
 from kiln_capture import breaks
 from kiln_capture.breaks import GraphBreak
-from kiln_capture.bytecode.resume import live_locals, make_resume_code
+from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_resume_code
 from kiln_capture.bytecode.rewrite import in_exception_range
 from kiln_capture.codegen import CodeGen, build_function, graph_call_lines
 from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
@@ -265,7 +265,11 @@ def _finish_break(
             extra[fn_name] = types.FunctionType(rcode, out.globals, rcode.co_name)
             fexpr = fn_name
         top = ["__k_r"] if pushes_result else ([f"__k_t{len(stack) - 1}"] if keep_top else [])
-        calls.append(f"{fexpr}({', '.join(below + top + ['*__k_l'])})")
+        if keeps_first_slot(code, params):
+            args = ["__k_l[0]", *below, *top, "*__k_l[1:]"]
+        else:
+            args = [*below, *top, "*__k_l"]
+        calls.append(f"{fexpr}({', '.join(args)})")
 
     step = _step_lines(ins, stack, base, root.kw_names, calls)
     compiled, gm, inputs = _compile_graph(out, cg, ctx)

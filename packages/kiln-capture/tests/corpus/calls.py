@@ -220,3 +220,18 @@ def nonlocal_counter(x):
     inc()
     inc()
     return x * count
+
+
+class SuperAfterBreak(Base):
+    def f(self, x):
+        y = x * 2
+        print("break before a zero-argument super()")
+        return super().f(y)
+
+
+_SAB = SuperAfterBreak()
+
+
+@case(graphs=2, breaks=2)
+def zero_arg_super_after_break(x):
+    return _SAB.f(x)

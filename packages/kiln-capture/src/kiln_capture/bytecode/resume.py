@@ -61,7 +61,15 @@ def live_locals(code: types.CodeType, offset: int) -> set[str]:
             and ins.argval < start
         ):
             start = ins.argval
-    return {ins.argval for ins in instrs if ins.offset >= start and ins.opname in _LOAD_OPS}
+    live = {ins.argval for ins in instrs if ins.offset >= start and ins.opname in _LOAD_OPS}
+    if "__class__" in code.co_freevars and code.co_argcount:
+        live.add(code.co_varnames[0])  # zero-argument super() reads it implicitly
+    return live
+
+
+def keeps_first_slot(code: types.CodeType, params: list[str]) -> bool:
+    """Whether a continuation keeps ``code``'s first parameter as its first argument."""
+    return bool(params) and code.co_argcount > 0 and params[0] == code.co_varnames[0]
 
 
 def make_resume_code(
@@ -76,7 +84,9 @@ def make_resume_code(
         raise Unsupported(breaks.UNSUPPORTED_VALUE, "resuming a frame that owns closure cells")
     stack_names = [f"__k_s{i}" for i, present in enumerate(stack) if present]
     others = [n for n in code.co_varnames if n not in params]
-    varnames = stack_names + list(params) + others
+    # zero-argument super() reads the first local slot: keep the first parameter there
+    lead = list(params[:1]) if keeps_first_slot(code, params) else []
+    varnames = lead + stack_names + [p for p in params if p not in lead] + others
     nlocalsplus = len(varnames) + len(code.co_freevars)
     if nlocalsplus > 255:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, "too many locals to resume")
@@ -103,7 +113,7 @@ def make_resume_code(
     k = 0
     for present in stack:
         if present:
-            prologue += emit("LOAD_FAST", k)
+            prologue += emit("LOAD_FAST", varnames.index(stack_names[k]))
             k += 1
         else:
             prologue += emit("PUSH_NULL")

@@ -427,7 +427,13 @@ class SuperVar(Var):
         return f"Super({self.cls.__name__})"
 
     def getattr(self, tx, name):
-        mro = self.obj.python_type().__mro__
+        value = getattr(self.obj, "value", None)
+        owner = value if isinstance(value, type) else self.obj.python_type()
+        mro = owner.__mro__
+        if self.cls not in mro:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"super() of {self.cls.__name__} for a {owner.__name__}"
+            )
         for klass in mro[mro.index(self.cls) + 1 :]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
