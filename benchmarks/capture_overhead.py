@@ -103,7 +103,15 @@ def _models():
         )
         return tf.LlamaModel(cfg), {"use_cache": False}
 
-    return {"gpt2": gpt2, "bert": bert, "llama": llama}
+    models = {"gpt2": gpt2, "bert": bert, "llama": llama}
+    try:
+        import timm
+
+        for name in ("resnet18", "mobilenetv3_small_100", "vit_tiny_patch16_224"):
+            models[name] = lambda name=name: (timm.create_model(name, pretrained=False), None)
+    except ImportError:
+        pass
+    return models
 
 
 def capture_times() -> dict:
@@ -116,10 +124,16 @@ def capture_times() -> dict:
         torch.manual_seed(0)
         model, kwargs = make()
         model.eval()
-        ids = torch.randint(0, 128, (2, 12))
+        if kwargs is None:  # an image model
+            ids = torch.randn(1, 3, 224, 224)
 
-        def run(ids, model=model, kwargs=kwargs):
-            return model(input_ids=ids, **kwargs)
+            def run(ids, model=model):
+                return model(ids)
+        else:
+            ids = torch.randint(0, 128, (2, 12))
+
+            def run(ids, model=model, kwargs=kwargs):
+                return model(input_ids=ids, **kwargs)
 
         with torch.no_grad():
             run(ids)  # warm caches of transformers itself
@@ -154,10 +168,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--no-models", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: least noise)")
     a = p.parse_args()
+    torch.set_num_threads(a.threads)
     result = {
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "threads": a.threads,
         "overhead_10_inputs": overhead(a.calls),
         "models": {} if a.no_models else capture_times(),
     }
@@ -180,11 +197,11 @@ def main() -> None:
     if result["models"]:
         print("\nReal models (tiny configs, random weights, inference): capture = first call")
         print(
-            f"{'model':8s}{'kiln capture':>14s}{'torch.compile':>15s}{'graphs/breaks':>15s}{'eager call':>12s}{'kiln call':>11s}{'torch call':>12s}"
+            f"{'model':22s}{'kiln capture':>14s}{'torch.compile':>15s}{'graphs/breaks':>15s}{'eager call':>12s}{'kiln call':>11s}{'torch call':>12s}"
         )
         for name, m in result["models"].items():
             print(
-                f"{name:8s}{m['kiln_capture_s']:>13.3f}s{m['torch_compile_eager_capture_s']:>14.3f}s"
+                f"{name:22s}{m['kiln_capture_s']:>13.3f}s{m['torch_compile_eager_capture_s']:>14.3f}s"
                 f"{str(m['kiln_graphs']) + '/' + str(m['kiln_breaks']):>15s}{m['eager_call_us']:>10.0f}us"
                 f"{m['kiln_call_us']:>9.0f}us{m['torch_compile_call_us']:>10.0f}us"
             )

@@ -83,6 +83,38 @@ def test_hf_model_captured_without_breaks(name):
     torch.testing.assert_close(again.last_hidden_state, expected.last_hidden_state)
 
 
+def test_hf_training_step_matches_eager():
+    """A training step (loss and gradients) matches eager, whatever breaks it needs."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 128, (2, 12))
+
+    def step(ids):
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+    loss = kiln_capture.optimize(CountingBackend())(step)(ids)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = step(ids)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+
+
 TIMM_MODELS = ["resnet18", "mobilenetv3_small_100", "vit_tiny_patch16_224"]
 
 
