@@ -8,11 +8,17 @@ functionalizing as it goes.
 fake's own ``__torch_dispatch__`` when the mode is not on this thread's stack, e.g. in the
 autograd engine). In order:
 
-1. data-dependent ops raise ``Unsupported`` (the capture layer breaks the graph there);
-2. mutating ops are functionalized (``kiln_aot.functionalize``);
-3. core and kept ops are recorded (``emit_call``), view ops remembering their base;
-4. other ops run their decomposition with the mode re-entered, so the ops it calls come
-   back through 1-4.
+1. data-dependent ops raise ``Unsupported`` (the capture layer breaks the graph there),
+   except a boolean-mask write ``x[mask] = v``, which is ``where``;
+2. identity ops (``detach``, ``alias``, ``lift_fresh``) relabel a value, profiler markers
+   pass through;
+3. mutating ops are functionalized (``kiln_aot.functionalize``);
+4. core and kept ops are recorded (``emit_call``), view ops remembering their base;
+5. other ops run their decomposition with the mode re-entered, so the ops it calls come
+   back through 1-5.
+
+Before any of this, ``kiln_aot.redirects`` reroutes a few torch-level functions (attention)
+whose C++ implementation would pick a device-specific kernel.
 
 Nothing is computed: node values are meta tensors wrapped as ``FakeTensor``s that report
 the real device.
