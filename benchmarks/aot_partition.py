@@ -68,17 +68,26 @@ def saved_storage_bytes(run):
 def torch_min_cut(model):
     """torch's AOTAutograd with its min-cut partitioner (the peer), graphs run eagerly."""
     try:
-        from functorch.compile import aot_module, make_boxed_func, min_cut_rematerialization_partition
+        from functorch.compile import (
+            aot_module,
+            make_boxed_func,
+            min_cut_rematerialization_partition,
+        )
     except ImportError:
         return None
-    return aot_module(model, lambda gm, _: make_boxed_func(gm), partition_fn=min_cut_rematerialization_partition)
+    return aot_module(
+        model, lambda gm, _: make_boxed_func(gm), partition_fn=min_cut_rematerialization_partition
+    )
 
 
 def measure(name, model, make_input):
     torch.manual_seed(0)
     x = make_input()
     variants = {"eager": model}
-    for label, pf in (("save_all", kiln_aot.save_all_partition), ("min_cut", kiln_aot.min_cut_partition)):
+    for label, pf in (
+        ("save_all", kiln_aot.save_all_partition),
+        ("min_cut", kiln_aot.min_cut_partition),
+    ):
         variants[label] = kiln_aot.aot_module(copy.deepcopy(model), eager_compiler, partition_fn=pf)
     peer = torch_min_cut(copy.deepcopy(model))
     if peer is not None:
@@ -100,7 +109,9 @@ def measure(name, model, make_input):
         else:
             torch.testing.assert_close(out.detach(), ref_out, rtol=1e-5, atol=1e-5)
             for a, b in zip(grads, ref_grads):
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # sums over 1k tokens: reordering
+                torch.testing.assert_close(
+                    a, b, rtol=1e-4, atol=1e-4
+                )  # sums over 1k tokens: reordering
         row[label] = {"bytes": nbytes, "tensors": count}
     return row
 
@@ -176,7 +187,12 @@ def main(argv=None):
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"torch": torch.__version__, "kiln_aot": kiln_aot.__version__, "saved_bytes": rows, "trace": times}
+    payload = {
+        "torch": torch.__version__,
+        "kiln_aot": kiln_aot.__version__,
+        "saved_bytes": rows,
+        "trace": times,
+    }
     out.write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {out}")
     if not all(r["min_cut_below_eager"] for r in rows):
