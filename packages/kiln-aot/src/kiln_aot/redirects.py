@@ -22,7 +22,9 @@ def sdpa_math(
         # The public op turns a boolean mask (True = attend) into an additive one before
         # choosing a kernel; the math kernel alone would add True/False as 1/0.
         attn_mask = aten.where.ScalarOther(
-            attn_mask, aten.scalar_tensor.default(0.0, dtype=query.dtype), float("-inf")
+            attn_mask,
+            aten.scalar_tensor.default(0.0, dtype=query.dtype, device=query.device),
+            float("-inf"),
         )
     return aten._scaled_dot_product_attention_math.default(
         query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
