@@ -46,7 +46,7 @@ def test_softmax_kernel_shape():
             "#pragma omp parallel for",
             "for (int64_t x0 = 0; x0 < 4096L",
             "#pragma omp simd reduction(max:",
-            "std::max<float>",
+            "kiln::max<float>",
             "#pragma omp simd reduction(+:",
             "expf(",
             "#pragma omp simd",
@@ -147,3 +147,16 @@ def test_second_process_with_warm_cache_compiles_no_kernel(tmp_path):
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert "builds 1 hits 0" in third.stdout, third.stdout + third.stderr
+
+
+def test_kiln_log_kernels_and_debug_dir(monkeypatch, capsys, tmp_path):
+    from kiln_inductor.testing import check_compiled
+
+    monkeypatch.setenv("KILN_LOG", "kernels")
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path / "dbg"))
+    check_compiled(lambda x: (aten.relu.default(aten.add.Tensor(x, 1.0)),), [torch.randn(8, 8)])
+    err = capsys.readouterr().err
+    assert_in_order(err, ["[kiln:kernels] kernel0", "pointwise[", 'extern "C" void kernel'])
+    (graph_dir,) = list((tmp_path / "dbg").iterdir())
+    names = {p.name for p in graph_dir.iterdir()}
+    assert {"aten.py", "ir", "sched", "kernel0.cpp", "wrapper.py"} <= names

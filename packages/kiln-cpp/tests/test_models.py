@@ -44,6 +44,7 @@ def test_gpt2():
     _check(logits_fn(gpt2()), [torch.randint(0, 512, (2, 24))])
 
 
+@pytest.mark.slow
 def test_llama():
     pytest.importorskip("transformers")
     torch.manual_seed(0)

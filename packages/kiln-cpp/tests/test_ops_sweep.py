@@ -18,6 +18,26 @@ aten = torch.ops.aten
 torch.manual_seed(0)
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
+# float64 and bfloat16 batches double the C++ compile time of the sweep: CI runs float32,
+# int64 and bool; `nox -s slow` (pytest -m slow) runs the rest.
+SLOW_DTYPES = (torch.float64, torch.bfloat16)
+
+
+def params(pairs, ids):
+    return [
+        pytest.param(
+            *p,
+            id=i,
+            marks=[pytest.mark.slow]
+            if any(d in SLOW_DTYPES for d in p if isinstance(d, torch.dtype))
+            else [],
+        )
+        for p, i in zip(pairs, ids)
+    ]
+
+
+def dtype_params(dtypes):
+    return params([(d,) for d in dtypes], [str(d)[6:] for d in dtypes])
 
 
 def make(shape, dtype, domain="any"):
@@ -148,7 +168,7 @@ def unary_batch(dtype: torch.dtype):
 
 
 @pytest.mark.parametrize(
-    "name,dtype", UNARY_PARAMS, ids=[f"{n}-{str(d)[6:]}" for n, d in UNARY_PARAMS]
+    "name,dtype", params(UNARY_PARAMS, [f"{n}-{str(d)[6:]}" for n, d in UNARY_PARAMS])
 )
 def test_unary(name, dtype):
     results = unary_batch(dtype)
@@ -235,7 +255,7 @@ def binary_batch(dtype: torch.dtype):
 
 
 @pytest.mark.parametrize(
-    "name,dtype", BINARY_PARAMS, ids=[f"{n}-{str(d)[6:]}" for n, d in BINARY_PARAMS]
+    "name,dtype", params(BINARY_PARAMS, [f"{n}-{str(d)[6:]}" for n, d in BINARY_PARAMS])
 )
 def test_binary(name, dtype):
     results = binary_batch(dtype)
@@ -256,9 +276,7 @@ SCALAR_OPS = {
 }
 
 
-@pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.int64, torch.bfloat16], ids=["float32", "int64", "bfloat16"]
-)
+@pytest.mark.parametrize("dtype", dtype_params([torch.float32, torch.int64, torch.bfloat16]))
 def test_scalar_and_mixed_dtype_ops(dtype):
     cases = [
         Case(n, fn, (make((8, 33), dtype, "unit" if n == "pow_scalar_base" else "any"),))
@@ -339,7 +357,9 @@ def reduction_batch(dtype: torch.dtype):
     return run_batch(cases)
 
 
-@pytest.mark.parametrize("name,dtype", RED_PARAMS, ids=[f"{n}-{str(d)[6:]}" for n, d in RED_PARAMS])
+@pytest.mark.parametrize(
+    "name,dtype", params(RED_PARAMS, [f"{n}-{str(d)[6:]}" for n, d in RED_PARAMS])
+)
 def test_reduction(name, dtype):
     results = reduction_batch(dtype)
     for vname in RED_VARIANTS:
@@ -409,7 +429,7 @@ VIEWS = {
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16], ids=lambda d: str(d)[6:]
+    "dtype", dtype_params([torch.float32, torch.int64, torch.bool, torch.bfloat16])
 )
 @pytest.mark.parametrize("layout", ["contig", "noncontig"])
 def test_views(dtype, layout):
@@ -488,9 +508,7 @@ def _tensor_cases(dtype):
 
 
 @pytest.mark.parametrize(
-    "dtype",
-    [torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16],
-    ids=lambda d: str(d)[6:],
+    "dtype", dtype_params([torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16])
 )
 def test_tensor_ops(dtype):
     table = _tensor_cases(dtype)
@@ -561,9 +579,7 @@ POOL = {
 }
 
 
-@pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.float64, torch.bfloat16], ids=lambda d: str(d)[6:]
-)
+@pytest.mark.parametrize("dtype", dtype_params([torch.float32, torch.float64, torch.bfloat16]))
 @pytest.mark.parametrize("layout", ["contig", "channels_last"])
 def test_pooling(dtype, layout):
     x = make((2, 3, 10, 9), dtype)

@@ -122,3 +122,17 @@ def test_unlowered_op_falls_back_and_is_recorded():
     ir, steps = schedule(f, [torch.randn(8)])
     assert any(isinstance(s, ExternKernel) and s.kind == "fallback" for s in steps)
     assert any(isinstance(n, ComputedBuffer) for n in ir.nodes)
+
+
+def test_pointwise_output_written_in_place_of_a_dead_input():
+    def f(x, w):
+        a = aten.exp.default(x)
+        m = aten.mm.default(a, w)  # realizes a
+        return (aten.add.Tensor(a, m),)  # last reader of a, at the same index
+
+    ir, steps = schedule(f, [torch.randn(16, 16), torch.randn(16, 16)])
+    plan = plan_memory(steps, ir)
+    kinds = [kind for allocs in plan.allocations.values() for _, _, kind in allocs]
+    assert "inplace" in kinds
+    (last,) = [s for s in groups(steps) if s.nodes[0].name == ir.nodes[-1].name]
+    assert last.aliases  # the kernel is told its argument pointers may alias

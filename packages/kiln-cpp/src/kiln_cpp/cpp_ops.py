@@ -59,12 +59,12 @@ def print_index(expr: Any) -> str:
     if isinstance(expr, sympy.Max):
         out = print_index(expr.args[0])
         for a in expr.args[1:]:
-            out = f"std::max<int64_t>({out}, {print_index(a)})"
+            out = f"kiln::max<int64_t>({out}, {print_index(a)})"
         return out
     if isinstance(expr, sympy.Min):
         out = print_index(expr.args[0])
         for a in expr.args[1:]:
-            out = f"std::min<int64_t>({out}, {print_index(a)})"
+            out = f"kiln::min<int64_t>({out}, {print_index(a)})"
         return out
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
         return "(" + " * ".join([print_index(expr.base)] * int(expr.exp)) + ")"
@@ -87,9 +87,9 @@ def literal(value: Any, dtype: torch.dtype) -> str:
         t = ctype(dtype)
         v = float(value)
         if math.isnan(v):
-            return f"std::numeric_limits<{t}>::quiet_NaN()"
+            return f"kiln::nan<{t}>()"
         if math.isinf(v):
-            return ("-" if v < 0 else "") + f"std::numeric_limits<{t}>::infinity()"
+            return ("-" if v < 0 else "") + f"kiln::inf<{t}>()"
         text = repr(v)
         return f"{text}f" if t == "float" else text
     return f"static_cast<{ctype(dtype)}>({int(value)}LL)"
@@ -234,7 +234,7 @@ class CppOpsHandler:
 
     def truncdiv(self, a: CppValue, b: CppValue) -> CppValue:
         if a.dtype.is_floating_point:
-            return self._value(f"std::trunc({a} / {b})", a.dtype)
+            return self._value(f"kiln::trunc({a} / {b})", a.dtype)
         return self._bin(a, b, "/")
 
     def remainder(self, a: CppValue, b: CppValue) -> CppValue:
@@ -242,7 +242,7 @@ class CppOpsHandler:
 
     def fmod(self, a: CppValue, b: CppValue) -> CppValue:
         if a.dtype.is_floating_point:
-            return self._value(f"std::fmod({a}, {b})", a.dtype)
+            return self._value(f"kiln::fmod({a}, {b})", a.dtype)
         return self._bin(a, b, "%")
 
     def pow(self, a: CppValue, b: CppValue) -> CppValue:
@@ -260,7 +260,7 @@ class CppOpsHandler:
     def _fbin(self, name: str, a: CppValue, b: CppValue) -> CppValue:
         f = name + ("f" if ctype(a.dtype) == "float" and name + "f" in SIMD_MATH_BINARY else "")
         if f == name:
-            f = "std::" + name
+            f = name  # the double version, declared in the prelude
         return self._value(f"{f}({a}, {b})", a.dtype)
 
     def atan2(self, a: CppValue, b: CppValue) -> CppValue:
@@ -270,7 +270,7 @@ class CppOpsHandler:
         return self._fbin("hypot", a, b)
 
     def copysign(self, a: CppValue, b: CppValue) -> CppValue:
-        return self._value(f"std::copysign({a}, {b})", a.dtype)
+        return self._value(f"kiln::copysign({a}, {b})", a.dtype)
 
     def _cmp(self, a: CppValue, b: CppValue, op: str) -> CppValue:
         return self._value(f"({a} {op} {b})", torch.bool)
@@ -331,10 +331,10 @@ class CppOpsHandler:
         fname = _UNARY_FLOAT[name]
         if ctype(a.dtype) == "float":
             if name in ("floor", "ceil", "trunc", "round"):
-                return self._value(f"std::{fname}({a})", a.dtype)
+                return self._value(f"kiln::{fname}({a})", a.dtype)
             return self._value(f"{fname}f({a})", a.dtype)
         if name in ("floor", "ceil", "trunc", "round", "lgamma"):
-            return self._value(f"std::{fname}({a})", a.dtype)
+            return self._value(f"kiln::{fname}({a})", a.dtype)
         return self._value(f"{fname}({a})", a.dtype)
 
     def __getattr__(self, name: str) -> Any:
@@ -343,11 +343,11 @@ class CppOpsHandler:
         raise AttributeError(f"kiln-cpp has no C++ for virtual op {name!r}")
 
     def sqrt(self, a: CppValue) -> CppValue:
-        return self._value(f"std::sqrt({a})", a.dtype)
+        return self._value(f"kiln::sqrt({a})", a.dtype)
 
     def rsqrt(self, a: CppValue) -> CppValue:
         one = literal(1, a.dtype)
-        return self._value(f"({one} / std::sqrt({a}))", a.dtype)
+        return self._value(f"({one} / kiln::sqrt({a}))", a.dtype)
 
     def neg(self, a: CppValue) -> CppValue:
         return self._value(f"static_cast<{ctype(a.dtype)}>(-{a})", a.dtype)
@@ -356,7 +356,7 @@ class CppOpsHandler:
         if a.dtype == torch.bool:
             return a
         if a.dtype.is_floating_point:
-            return self._value(f"std::fabs({a})", a.dtype)
+            return self._value(f"kiln::fabs({a})", a.dtype)
         return self._value(f"static_cast<{ctype(a.dtype)}>({a} < 0 ? -{a} : {a})", a.dtype)
 
     def sigmoid(self, a: CppValue) -> CppValue:
@@ -381,14 +381,14 @@ class CppOpsHandler:
         return self._bin(a, a, "*")
 
     def frac(self, a: CppValue) -> CppValue:
-        return self._value(f"({a} - std::trunc({a}))", a.dtype)
+        return self._value(f"({a} - kiln::trunc({a}))", a.dtype)
 
     def isnan(self, a: CppValue) -> CppValue:
         return self._value(f"kiln_isnan({a})", torch.bool)
 
     def isinf(self, a: CppValue) -> CppValue:
-        return self._value(f"std::isinf({a})", torch.bool)
+        return self._value(f"kiln::isinf({a})", torch.bool)
 
     def signbit(self, a: CppValue) -> CppValue:
-        # std::signbit makes GCC 12 crash when vectorized (an internal compiler error)
-        return self._value(f"(std::copysign({literal(1, a.dtype)}, {a}) < 0)", torch.bool)
+        # signbit makes GCC 12 crash when vectorized (an internal compiler error)
+        return self._value(f"(kiln::copysign({literal(1, a.dtype)}, {a}) < 0)", torch.bool)

@@ -255,7 +255,7 @@ class CppKernel:
             if chunked:
                 v, s = rv[-1], rr[-1]
                 self.emit(
-                    f"const int64_t e_{v} = std::min<int64_t>(c_{v} + {CHUNK}, {print_index(s)});"
+                    f"const int64_t e_{v} = kiln::min<int64_t>(c_{v} + {CHUNK}, {print_index(s)});"
                 )
                 if chunk_body is not None:
                     chunk_body(v)
@@ -365,16 +365,8 @@ class _Acc:
             return literal(_INIT[self.type], dt)
         if dt == torch.bool:
             return "false" if self.type in ("max", "argmax") else "true"
-        big = (
-            f"std::numeric_limits<{t}>::infinity()"
-            if dt.is_floating_point
-            else f"std::numeric_limits<{t}>::max()"
-        )
-        small = (
-            f"-std::numeric_limits<{t}>::infinity()"
-            if dt.is_floating_point
-            else f"std::numeric_limits<{t}>::lowest()"
-        )
+        big = f"kiln::inf<{t}>()" if dt.is_floating_point else f"kiln::maxval<{t}>()"
+        small = f"-kiln::inf<{t}>()" if dt.is_floating_point else f"kiln::lowest<{t}>()"
         return small if self.type in ("max", "argmax") else big
 
     def declare(self, pre: str) -> None:
@@ -383,7 +375,7 @@ class _Acc:
         if self.type in ("max", "min") and self.dtype.is_floating_point:
             self.kernel.emit(f"bool {n}_nan = false;")
         if self.type.startswith("arg"):
-            self.kernel.emit(f"int64_t {n}_i = std::numeric_limits<int64_t>::max();")
+            self.kernel.emit(f"int64_t {n}_i = kiln::maxval<int64_t>();")
 
     def clauses(self) -> list[str]:
         op = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}.get(
@@ -409,7 +401,7 @@ class _Acc:
             op = "||" if self.type in ("any", "max") else "&&"
             e(f"{n} = {n} {op} {v};")
         elif self.type in ("max", "min"):
-            f = "std::max" if self.type == "max" else "std::min"
+            f = "kiln::max" if self.type == "max" else "kiln::min"
             e(f"{n} = {f}<{self.t}>({n}, {v});")
             if self.dtype.is_floating_point:
                 e(f"{n}_nan = {n}_nan || ({v} != {v});")
@@ -435,7 +427,7 @@ class _Acc:
             op = "||" if self.type in ("any", "max") else "&&"
             e(f"{g} = {g} {op} {n};")
         elif self.type in ("max", "min"):
-            f = "std::max" if self.type == "max" else "std::min"
+            f = "kiln::max" if self.type == "max" else "kiln::min"
             e(f"{g} = {f}<{self.t}>({g}, {n});")
             if self.dtype.is_floating_point:
                 e(f"{g}_nan = {g}_nan || {n}_nan;")
@@ -449,12 +441,10 @@ class _Acc:
         n = pre + self.name
         if self.type.startswith("arg"):
             return self.kernel.h._value(
-                f"({n}_i == std::numeric_limits<int64_t>::max() ? 0 : {n}_i)", torch.int64
+                f"({n}_i == kiln::maxval<int64_t>() ? 0 : {n}_i)", torch.int64
             )
         if self.type in ("max", "min") and self.dtype.is_floating_point:
-            return self.kernel.h._value(
-                f"({n}_nan ? std::numeric_limits<{self.t}>::quiet_NaN() : {n})", self.dtype
-            )
+            return self.kernel.h._value(f"({n}_nan ? kiln::nan<{self.t}>() : {n})", self.dtype)
         return CppValue(n, self.dtype)
 
 

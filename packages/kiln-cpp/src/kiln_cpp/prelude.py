@@ -27,16 +27,43 @@ def _decls() -> str:
 
 
 PRELUDE = (
-    r"""#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <algorithm>
+    r"""#include <cstdint>
 #include <type_traits>
 extern "C" {
 """
     + _decls()
     + r"""
+}
+// <cmath>, <limits> and <algorithm> cost most of a small kernel's compile time: the few
+// functions kernels need, on GCC builtins
+namespace kiln {
+template <typename T> static inline T max(T a, T b) { return a < b ? b : a; }
+template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
+template <typename T> static constexpr T inf() { return T(__builtin_inf()); }
+template <typename T> static constexpr T nan() { return T(__builtin_nan("")); }
+template <typename T> static constexpr T maxval() {
+  if constexpr (std::is_floating_point_v<T>) return inf<T>();
+  else if constexpr (std::is_same_v<T, bool>) return true;
+  else if constexpr (std::is_signed_v<T>) return T((1ULL << (sizeof(T) * 8 - 1)) - 1);
+  else return T(~T(0));
+}
+template <typename T> static constexpr T lowest() {
+  if constexpr (std::is_floating_point_v<T>) return -inf<T>();
+  else if constexpr (std::is_same_v<T, bool>) return false;
+  else if constexpr (std::is_signed_v<T>) return T(-maxval<T>() - 1);
+  else return T(0);
+}
+#define KILN_UNARY(name) \
+  static inline float name(float x) { return __builtin_##name##f(x); } \
+  static inline double name(double x) { return __builtin_##name(x); }
+KILN_UNARY(floor) KILN_UNARY(ceil) KILN_UNARY(trunc) KILN_UNARY(nearbyint) KILN_UNARY(sqrt)
+KILN_UNARY(fabs) KILN_UNARY(lgamma)
+#define KILN_BINARY(name) \
+  static inline float name(float a, float b) { return __builtin_##name##f(a, b); } \
+  static inline double name(double a, double b) { return __builtin_##name(a, b); }
+KILN_BINARY(fmod) KILN_BINARY(copysign)
+static inline bool isinf(float x) { return __builtin_isinf(x); }
+static inline bool isinf(double x) { return __builtin_isinf(x); }
 }
 template <typename T> static inline bool kiln_isnan(T x) { if constexpr (std::is_floating_point_v<T>) return x != x; else return false; }
 template <typename T> static inline T kiln_max(T a, T b) { return (a > b || kiln_isnan(a)) ? a : b; }
@@ -44,17 +71,17 @@ template <typename T> static inline T kiln_min(T a, T b) { return (a < b || kiln
 template <typename T> static inline T kiln_floordiv(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
     if (b == 0) return a / b;
-    T mod = std::fmod(a, b); T div = (a - mod) / b;
+    T mod = kiln::fmod(a, b); T div = (a - mod) / b;
     if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
-    T fl = std::floor(div); if (div - fl > T(0.5)) fl += 1;
-    return div == 0 ? std::copysign(T(0), a / b) : fl;
+    T fl = kiln::floor(div); if (div - fl > T(0.5)) fl += 1;
+    return div == 0 ? kiln::copysign(T(0), a / b) : fl;
   } else {
     T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q;
   }
 }
 template <typename T> static inline T kiln_remainder(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
-    T r = std::fmod(a, b); if (r != 0 && ((b < 0) != (r < 0))) r += b; return r;
+    T r = kiln::fmod(a, b); if (r != 0 && ((b < 0) != (r < 0))) r += b; return r;
   } else {
     T r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r;
   }
@@ -67,14 +94,14 @@ template <typename T> static inline T kiln_sign(T x) {
   if constexpr (std::is_floating_point_v<T>) { if (x != x) return x; }
   return static_cast<T>((T(0) < x) - (x < T(0)));
 }
-static inline float kiln_bf16_to_f32(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline float kiln_bf16_to_f32(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
 static inline uint16_t kiln_f32_to_bf16(float f) {
   if (f != f) return 0x7fc0;
-  uint32_t u; std::memcpy(&u, &f, 4); u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16);
+  uint32_t u; __builtin_memcpy(&u, &f, 4); u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16);
 }
 static inline float kiln_round_bf16(float f) { return kiln_bf16_to_f32(kiln_f32_to_bf16(f)); }
-static inline float kiln_f16_to_f32(uint16_t h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
-static inline uint16_t kiln_f32_to_f16(float f) { _Float16 x = (_Float16)f; uint16_t h; std::memcpy(&h, &x, 2); return h; }
+static inline float kiln_f16_to_f32(uint16_t h) { _Float16 x; __builtin_memcpy(&x, &h, 2); return (float)x; }
+static inline uint16_t kiln_f32_to_f16(float f) { _Float16 x = (_Float16)f; uint16_t h; __builtin_memcpy(&h, &x, 2); return h; }
 static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
 template <typename T> static inline void kiln_welford_merge(T& mean, T& m2, int64_t& n, T bmean, T bm2, int64_t bn) {
   if (bn == 0) return;

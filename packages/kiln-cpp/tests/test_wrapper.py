@@ -1,0 +1,46 @@
+"""The generated wrapper: storage reuse and in-place outputs keep results right, outputs
+that are views come back as views with eager's strides."""
+
+from __future__ import annotations
+
+import torch
+
+import kiln_cpp  # noqa: F401
+from kiln_inductor.testing import check_compiled
+
+aten = torch.ops.aten
+
+
+def test_in_place_output_over_a_dead_input_is_correct():
+    def f(x, w):
+        a = aten.exp.default(x)
+        m = aten.mm.default(a, w)
+        return (aten.add.Tensor(a, m),)
+
+    compiled = check_compiled(f, [torch.randn(16, 16), torch.randn(16, 16)])
+    assert "# in place" in compiled.wrapper_source
+
+
+def test_storage_of_dead_buffers_is_reused_and_results_stay_right():
+    def f(x, w):
+        a = aten.exp.default(x)
+        b = aten.mm.default(a, w)
+        c = aten.sin.default(b)
+        d = aten.mm.default(c, w)
+        e = aten.cos.default(d)
+        return (aten.mm.default(e, w),)
+
+    compiled = check_compiled(f, [torch.randn(32, 32), torch.randn(32, 32)], rtol=1e-4)
+    assert compiled.stats["reused_buffers"] >= 1
+
+
+def test_view_outputs_keep_eager_strides():
+    def f(x):
+        y = aten.mul.Tensor(x, 2.0)
+        return (aten.permute.default(y, [1, 0]), aten.slice.Tensor(x, 1, 1, 3))
+
+    x = torch.randn(4, 5)
+    compiled = check_compiled(f, [x])
+    a, b = compiled(x)
+    assert a.stride() == f(x)[0].stride()
+    assert b.data_ptr() == x[:, 1:3].data_ptr()  # a view of the input, not a copy
