@@ -25,3 +25,23 @@ def test_sdpa_masks_match_eager(mask_kind):
 
     gm = kiln_aot.trace(attend, [q, k, v, mask])
     torch.testing.assert_close(gm(q, k, v, mask)[0], attend(q, k, v, mask)[0])
+
+
+def test_bool_mask_conversion_stays_on_the_query_device():
+    q = kiln_aot.FakeTensor(torch.empty(2, 2, 4, 8, device="meta"), torch.device("cuda"))
+    m = kiln_aot.FakeTensor(
+        torch.empty(2, 1, 4, 4, dtype=torch.bool, device="meta"), torch.device("cuda")
+    )
+    gm = kiln_aot.trace(lambda q, m: F.scaled_dot_product_attention(q, q, q, attn_mask=m), [q, m])
+    kiln_aot.verify_graph(gm)
+    devices = {
+        n.meta["val"].device.type
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.meta["val"].dim() > 0
+    }
+    assert devices == {"cuda"}
+    assert all(
+        n.kwargs.get("device") == torch.device("cuda")
+        for n in gm.graph.nodes
+        if n.target is torch.ops.aten.scalar_tensor.default
+    )
