@@ -67,8 +67,11 @@ def test_binary_sweep_on_gpu():
         assert_case(results[c.label])
 
 
-@pytest.mark.parametrize("persistent_max", [8192, 64], ids=["persistent", "looped"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype,persistent_max",
+    [(torch.float32, 8192), (torch.float32, 64), (torch.bfloat16, 8192)],
+    ids=["float32-persistent", "float32-looped", "bfloat16-persistent"],
+)
 def test_reduction_sweep_on_gpu(dtype, persistent_max):
     cases = []
     for name, fn in sweep.REDUCTIONS.items():
@@ -134,7 +137,7 @@ def test_int64_indexing_past_two_billion_elements():
 def test_autotuning_picks_and_caches_a_winner(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     x = make((4096, 1000), torch.float32, device=CUDA)
-    with settings_scope(max_autotune=True):
+    with settings_scope(autotune=True, max_autotune=True):
         results = run_batch([Case("softmax", lambda t: aten._softmax.default(t, 1, False), (x,))])
     assert_case(results["softmax"])
     assert list((tmp_path / "triton-autotune").rglob("winner.json"))

@@ -82,13 +82,14 @@ class TritonLauncher:
         self._kwargs = config.as_dict()
 
     def candidates(self) -> list[LaunchConfig]:
-        return candidate_configs(self.meta, self.cfg.max_autotune)
+        cands = candidate_configs(self.meta, self.cfg.max_autotune)
+        return cands if self.cfg.autotune else cands[:1]
 
     def choose(self, args: Sequence[Any]) -> LaunchConfig:
         if interpreting():
             return interpreter_config(self.meta)
         cands = self.candidates()
-        if len(cands) == 1 or not self.cfg.autotune:
+        if len(cands) == 1:
             return cands[0]
         device = torch.cuda.get_device_name(args[0].device) if args else "cuda"
         tkey = digest(self.key, device, str(self.cfg.max_autotune))

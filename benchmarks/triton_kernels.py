@@ -1,0 +1,308 @@
+"""Triton kernels on a GPU: eager vs torch.compile vs kiln (kiln_triton), side by side.
+
+    python benchmarks/triton_kernels.py [--out DIR] [--iters 50]
+
+Rows, all measured in one run on one GPU:
+  copy         device-to-device copy of 64M float32: the bandwidth ceiling of this run
+  pointwise8   an 8-op pointwise chain over 64M float32 (goal: kiln >= 80% of copy)
+  softmax      over (32768, 4096), bfloat16 and float32 (goal: kiln >= torch.compile)
+  layer_norm   over (32768, 4096) with weight and bias, bfloat16 and float32
+  small model  a batch-1 GPT-style model: per-call time of default vs reduce-overhead
+               (CUDA graphs), for kiln and for torch.compile
+
+Large kernels are timed with CUDA events around each call (median of ``--iters`` calls
+after warm-up); effective bandwidth counts each input read once and each output written
+once. The small model is timed on the host (synchronized), since per-call overhead is
+what CUDA graphs remove. Every compiled result is compared with eager first. The table is
+printed; JSON goes to ``--out`` (default benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+N_POINTWISE = 64 * 1024 * 1024
+ROWS, COLS = 32768, 4096
+DEVICE = "cuda"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def cuda_time_ms(fn: Callable[[], Any], iters: int) -> float:
+    for _ in range(3):
+        fn()
+    if DEVICE != "cuda":  # --cpu-smoke: host timing
+        return host_time_us(fn, calls=1, repeats=iters) / 1e3
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_time_us(fn: Callable[[], Any], calls: int = 200, repeats: int = 5) -> float:
+    if DEVICE != "cuda":  # --cpu-smoke: the interpreter is slow
+        calls, repeats = 1, min(repeats, 2)
+    for _ in range(2):
+        fn()
+    sync()
+    per_call = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(per_call)
+
+
+def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double(), ref.double()
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def pointwise8(x: torch.Tensor) -> torch.Tensor:
+    y = x * 1.5 + 0.5  # 2
+    y = torch.relu(y) - 0.25  # 4
+    y = y * x  # 5
+    y = torch.sigmoid(y) * 2.0  # 7
+    return y + x  # 8
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def kiln_backend(mode: str | None = None) -> Callable[..., Any]:
+    import kiln_triton
+
+    return lambda gm, ex: kiln_triton.compile_fx(gm, ex, mode=mode)
+
+
+def compilers(mode: str | None = None) -> dict[str, Callable[[Callable], Callable]]:
+    return {
+        "eager": lambda f: f,
+        "torch.compile": lambda f: torch.compile(f, mode=mode, dynamic=False),
+        "kiln": lambda f: torch.compile(f, backend=kiln_backend(mode), dynamic=False),
+    }
+
+
+def bench_kernel(
+    name: str, fn: Callable, args: tuple, nbytes: int, iters: int, tol: float
+) -> list[dict]:
+    rows = []
+    ref = fn(*args)
+    for cname, make in compilers().items():
+        torch._dynamo.reset()
+        compiled = make(fn)
+        t0 = time.perf_counter()
+        out = compiled(*args)
+        sync()
+        compile_s = time.perf_counter() - t0
+        err = rel_error(out, ref)
+        ms = cuda_time_ms(lambda c=compiled: c(*args), iters)
+        rows.append({
+            "kernel": name, "compiler": cname, "ms": ms, "GB/s": nbytes / ms / 1e6,
+            "rel_error": err, "correct": err <= tol, "compile_s": compile_s if cname != "eager" else 0.0,
+        })  # fmt: skip
+        del out
+    return rows
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class SmallGPT(nn.Module):
+    def __init__(self, vocab: int = 1024, d: int = 256, layers: int = 2, ctx: int = 64):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList([Block(d, 4) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+def bench_small_model() -> list[dict]:
+    torch.manual_seed(0)
+    model = SmallGPT().to(DEVICE).eval()
+    idx = torch.randint(0, 1024, (1, 32), device=DEVICE)
+    rows = []
+    with torch.no_grad():
+        ref = model(idx)
+        for mode in (None, "reduce-overhead"):
+            for cname, make in compilers(mode).items():
+                if cname == "eager" and mode is not None:
+                    continue
+                torch._dynamo.reset()
+                compiled = make(model)
+                t0 = time.perf_counter()
+                out = compiled(idx)
+                sync()
+                compile_s = time.perf_counter() - t0
+                idx2 = torch.randint(0, 1024, (1, 32), device=DEVICE)  # new values each check
+                err = max(rel_error(out, ref), rel_error(compiled(idx2), model(idx2)))
+                us = host_time_us(lambda c=compiled: c(idx))
+                rows.append({
+                    "kernel": "small model b=1", "compiler": cname, "mode": mode or "default",
+                    "us_per_call": us, "rel_error": err, "correct": err <= 1e-4, "compile_s": compile_s,
+                })  # fmt: skip
+    return rows
+
+
+def print_table(rows: list[dict], copy_gbs: float) -> str:
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (interpreter smoke run)"
+    lines = [f"device: {name}   copy bandwidth: {copy_gbs:.0f} GB/s", ""]
+    lines.append(
+        f"{'kernel':<26}{'eager ms':>10}{'torch.compile':>15}{'kiln':>10}{'kiln GB/s':>11}{'% copy':>8}{'kiln/tc':>9}  correct"
+    )
+    by_kernel: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if "ms" in r:
+            by_kernel.setdefault(r["kernel"], {})[r["compiler"]] = r
+    for k, rs in by_kernel.items():
+        if k == "copy":
+            continue
+        e, t, kl = rs["eager"], rs["torch.compile"], rs["kiln"]
+        ok = (
+            "yes"
+            if t["correct"] and kl["correct"]
+            else f"NO (tc {t['rel_error']:.1e}, kiln {kl['rel_error']:.1e})"
+        )
+        lines.append(
+            f"{k:<26}{e['ms']:>10.3f}{t['ms']:>15.3f}{kl['ms']:>10.3f}{kl['GB/s']:>11.0f}"
+            f"{100 * kl['GB/s'] / copy_gbs:>7.0f}%{t['ms'] / kl['ms']:>9.2f}  {ok}"
+        )
+    small = [r for r in rows if "us_per_call" in r]
+    if small:
+        lines += [
+            "",
+            f"{'small model (batch 1)':<26}{'mode':<18}{'us/call':>10}{'compile s':>11}  correct",
+        ]
+        for r in small:
+            lines.append(
+                f"{r['compiler']:<26}{r['mode']:<18}{r['us_per_call']:>10.1f}{r['compile_s']:>11.1f}  {r['correct']}"
+            )
+        k = {r["mode"]: r["us_per_call"] for r in small if r["compiler"] == "kiln"}
+        if len(k) == 2:
+            lines.append(
+                f"kiln reduce-overhead vs default: {k['default'] / k['reduce-overhead']:.2f}x faster per call"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument(
+        "--cpu-smoke", action="store_true", help="tiny sizes on CPU through Triton's interpreter"
+    )
+    args = ap.parse_args()
+    if args.cpu_smoke:
+        return cpu_smoke(args)
+    assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU (or --cpu-smoke)"
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.manual_seed(0)
+    rows: list[dict] = []
+    x = torch.randn(N_POINTWISE, device=DEVICE)
+    dst = torch.empty_like(x)
+    copy_ms = cuda_time_ms(lambda d=dst, s=x: d.copy_(s), args.iters)
+    copy_gbs = 2 * x.numel() * 4 / copy_ms / 1e6
+    rows.append({"kernel": "copy", "compiler": "eager", "ms": copy_ms, "GB/s": copy_gbs})
+    del dst
+    rows += bench_kernel(
+        "pointwise8 64M fp32", pointwise8, (x,), 2 * x.numel() * 4, args.iters, 1e-5
+    )
+    del x
+    for dtype in (torch.bfloat16, torch.float32):
+        tag = "bf16" if dtype == torch.bfloat16 else "fp32"
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        x = torch.randn(ROWS, COLS, device=DEVICE, dtype=dtype)
+        nbytes = 2 * x.numel() * x.element_size()
+        rows += bench_kernel(f"softmax {tag}", softmax, (x,), nbytes, args.iters, tol)
+        w = torch.randn(COLS, device=DEVICE, dtype=dtype)
+        b = torch.randn(COLS, device=DEVICE, dtype=dtype)
+        rows += bench_kernel(f"layer_norm {tag}", layer_norm, (x, w, b), nbytes, args.iters, tol)
+        del x
+        torch.cuda.empty_cache()
+    if not args.skip_model:
+        rows += bench_small_model()
+    table = print_table(rows, copy_gbs)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "triton_kernels.json").write_text(json.dumps({
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
+        "copy_GBps": copy_gbs, "rows": rows,
+    }, indent=1))  # fmt: skip
+    (out / "triton_kernels.txt").write_text(table + "\n")
+    return 0
+
+
+def cpu_smoke(args: argparse.Namespace) -> int:
+    """Check the script's logic without a GPU: tiny sizes, CPU tensors, Triton's
+    interpreter through kiln_triton.testing.use_triton_for_cpu."""
+    import os
+
+    global DEVICE, N_POINTWISE, ROWS, COLS
+    os.environ["TRITON_INTERPRET"] = "1"
+    from kiln_triton.testing import use_triton_for_cpu
+
+    DEVICE, N_POINTWISE, ROWS, COLS = "cpu", 4096, 16, 256
+    args.iters, args.out = 3, args.out + "/cpu-smoke"
+    with use_triton_for_cpu():
+        return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
