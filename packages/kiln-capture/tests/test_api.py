@@ -149,3 +149,13 @@ def test_optimized_module_keeps_parameters():
     om = kiln_capture.optimize(CountingBackend())(m)
     assert dict(om._orig_mod.named_parameters()).keys() == dict(m.named_parameters()).keys()
     assert isinstance(om, kiln_capture.OptimizedModule)
+
+
+def test_backend_failure_propagates_as_backend_error():
+    def broken_backend(gm, example_inputs):
+        raise ValueError("cannot compile this")
+
+    f = kiln_capture.optimize(broken_backend)(with_print)
+    with pytest.raises(kiln_capture.BackendError) as info:
+        f(torch.randn(2))
+    assert isinstance(info.value.cause, ValueError) and "broken_backend" in str(info.value)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,4 +135,4 @@ def explain(fn, *args, **kwargs):
     return run
 
 
-__all__ = ["ExplainOutput", "OptimizedModule", "disable", "explain", "optimize", "reset", "types"]
+__all__ = ["ExplainOutput", "OptimizedModule", "disable", "explain", "optimize", "reset"]

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from kiln_capture import breaks
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_resume_code
 from kiln_capture.bytecode.rewrite import in_exception_range
-from kiln_capture.codegen import CodeGen, build_function, graph_call_lines
+from kiln_capture.codegen import CodeGen, build_function
 from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
 from kiln_capture.evaluator import UNBOUND, Return, RootFrame
 from kiln_capture.guards import GuardSet
@@ -335,6 +334,4 @@ __all__ = [
     "CacheEntry",
     "SkipFrame",
     "compile_frame",
-    "breaks",
-    "graph_call_lines",
 ]

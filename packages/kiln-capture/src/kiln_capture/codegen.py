@@ -100,13 +100,6 @@ class CodeGen:
         return ns
 
 
-def graph_call_lines(cg: CodeGen, has_graph: bool) -> list[str]:
-    if not has_graph:
-        return []
-    inputs = ", ".join(s.expr() for s in cg.out.input_sources.values())
-    return [f"__k_out = __k_graph({inputs})"]
-
-
 def build_function(name: str, params: list[str], body: list[str], ns: dict) -> types.FunctionType:
     src = f"def {name}(__k_fn, {', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
     exec(compile(src, f"<kiln {name}>", "exec"), ns)

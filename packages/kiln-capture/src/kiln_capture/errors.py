@@ -27,10 +27,6 @@ class GraphBreakError(RuntimeError):
         self.graph_break = brk
 
 
-class CaptureInternalError(RuntimeError):
-    """A bug in kiln-capture itself; the frame is run eagerly and this is logged."""
-
-
 class BackendError(RuntimeError):
     """The backend raised while compiling a captured graph.
 

@@ -10,7 +10,6 @@ frames they call are still offered to the hook.
 from __future__ import annotations
 
 import os
-import sys
 import sysconfig
 import threading
 import types
@@ -162,4 +161,3 @@ def cache_entries(code: types.CodeType) -> list[CacheEntry]:
 
 
 _C.set_callback(_callback, RUN_DEFAULT, _trampolines, _skip)
-_ = sys

@@ -7,8 +7,6 @@ import functools
 import math
 import operator
 
-import torch
-
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.variables.base import Var
@@ -511,5 +509,4 @@ __all__ = [
     "identical",
     "is_builtin_callable",
     "unary",
-    "torch",
 ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 
-import torch
 from torch import nn
 
 from kiln_capture import breaks
@@ -204,4 +203,4 @@ class ModuleVar(Var):
         return super().call_method(tx, name, args, kwargs)
 
 
-__all__ = ["ModuleVar", "lookup_class_attr", "torch"]
+__all__ = ["ModuleVar", "lookup_class_attr"]
