@@ -225,3 +225,29 @@ def test_tied_parameters_share_one_input():
     torch.testing.assert_close(om(x), m(x))
     placeholders = [n for n in b.graphs[0].graph.nodes if n.op == "placeholder"]
     assert len(placeholders) == 2  # x and the shared weight
+
+
+def test_module_list_change_recompiles():
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+    b = CountingBackend()
+    om = kiln_capture.optimize(b)(m)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(om(x), m(x))
+    del m[2]
+    torch.testing.assert_close(om(x), m(x))
+    assert len(b.graphs) == 2
+
+
+def test_global_module_hooks_are_respected():
+    m = Scaled().eval()
+    om = kiln_capture.optimize(CountingBackend())(m)
+    x = torch.randn(2, 3)
+    om(x)
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, inp, out: out * 0 if isinstance(out, torch.Tensor) else out
+    )
+    try:
+        torch.testing.assert_close(om(x), m(x))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(om(x), m(x))

@@ -3,6 +3,7 @@ and attributes are read through guarded sources, calls inline ``forward`` with h
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 from torch import nn
@@ -14,6 +15,13 @@ from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import TupleVar
 
+_module_impl = importlib.import_module("torch.nn.modules.module")
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+)
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
@@ -99,6 +107,12 @@ class ModuleVar(Var):
             return self.getattr(tx, "__call__").call(tx, args, kwargs)
         if getattr(m.forward, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{type(m).__name__}.forward is disabled")
+        if any(getattr(_module_impl, name, None) for name in _GLOBAL_HOOKS):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "global nn.Module hooks are registered")
+        tx.out.guards.add(
+            f"not any(getattr({tx.out.guards.const(_module_impl)}, n, None) for n in {_GLOBAL_HOOKS!r})",
+            "no global nn.Module hooks",
+        )
         if self.source is not None and not (m._forward_hooks or m._forward_pre_hooks):
             tx.out.guards.no_hooks(self.source)
         if (
@@ -133,9 +147,16 @@ class ModuleVar(Var):
 
     def _children(self, tx) -> list[Var]:
         m = self.value
-        if isinstance(m, nn.ParameterList | nn.ParameterDict):
-            return [self._entry(tx, "_parameters", k) for k in m._parameters]
-        return [self._entry(tx, "_modules", k) for k in m._modules]
+        table = "_parameters" if isinstance(m, nn.ParameterList | nn.ParameterDict) else "_modules"
+        self._guard_keys(tx, table)
+        return [self._entry(tx, table, k) for k in m.__dict__[table]]
+
+    def _guard_keys(self, tx, table: str) -> None:
+        """Iterating a container depends on which children it holds."""
+        if self.source is not None:
+            tx.out.guards.dict_keys(
+                AttrSource(self.source, table), tuple(self.value.__dict__[table])
+            )
 
     def unpack(self, tx) -> list[Var]:
         m = self.value
@@ -149,6 +170,7 @@ class ModuleVar(Var):
 
     def length(self, tx) -> int:
         if isinstance(self.value, _CONTAINERS):
+            self._children(tx)
             return len(self.value)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"len() of {type(self.value).__name__}")
 
