@@ -21,6 +21,12 @@ SETTINGS: dict[str, Setting] = {
         "cache entries per code object; past it the frame runs eagerly (logged)",
         affects_cache=True,
     ),
+    "raise_internal": Setting(
+        "KILN_CAPTURE_RAISE_INTERNAL",
+        False,
+        "raise kiln-capture's own bugs instead of running the frame eagerly (tests set it)",
+        affects_cache=False,
+    ),
     "log": Setting(
         "KILN_LOG",
         "",
@@ -34,6 +40,7 @@ SETTINGS: dict[str, Setting] = {
 class CaptureConfig:
     cache_size_limit: int = 8
     log_topics: frozenset[str] = field(default_factory=frozenset)
+    raise_internal: bool = False
 
 
 def _read() -> CaptureConfig:
@@ -42,6 +49,7 @@ def _read() -> CaptureConfig:
     )
     topics = os.environ.get(SETTINGS["log"].env, "")
     return CaptureConfig(
+        raise_internal=os.environ.get(SETTINGS["raise_internal"].env, "0") == "1",
         cache_size_limit=limit,
         log_topics=frozenset(t.strip() for t in topics.split(",") if t.strip()),
     )

@@ -124,7 +124,7 @@ def _callback(code: types.CodeType, func, args: tuple):
     except (GraphBreakError, BackendError):
         raise
     except Exception as e:  # a bug in kiln: never a wrong answer, run the frame as usual
-        if os.environ.get("KILN_CAPTURE_RAISE_INTERNAL") == "1":
+        if config.raise_internal:
             raise
         log(
             "breaks",
