@@ -168,26 +168,90 @@ if INTERPRETING:
     atan2 = _gpu_only("atan2")
     lgamma = _gpu_only("lgamma")
 else:
+    # jit wrappers: Triton maps libdevice to the CUDA/HIP implementation only where a
+    # kernel's own globals name the libdevice module
     from triton.language.extra import libdevice
 
-    tanh = libdevice.tanh
-    expm1 = libdevice.expm1
-    log1p = libdevice.log1p
-    log10 = libdevice.log10
-    tan = libdevice.tan
-    sinh = libdevice.sinh
-    cosh = libdevice.cosh
-    asinh = libdevice.asinh
-    acosh = libdevice.acosh
-    atanh = libdevice.atanh
-    erfc = libdevice.erfc
-    trunc = libdevice.trunc
-    nearbyint = libdevice.nearbyint
-    hypot = libdevice.hypot
-    copysign = libdevice.copysign
-    pow = libdevice.pow
-    asin = libdevice.asin
-    acos = libdevice.acos
-    atan = libdevice.atan
-    atan2 = libdevice.atan2
-    lgamma = libdevice.lgamma
+    @triton.jit
+    def tanh(x):
+        return libdevice.tanh(x)
+
+    @triton.jit
+    def expm1(x):
+        return libdevice.expm1(x)
+
+    @triton.jit
+    def log1p(x):
+        return libdevice.log1p(x)
+
+    @triton.jit
+    def log10(x):
+        return libdevice.log10(x)
+
+    @triton.jit
+    def tan(x):
+        return libdevice.tan(x)
+
+    @triton.jit
+    def sinh(x):
+        return libdevice.sinh(x)
+
+    @triton.jit
+    def cosh(x):
+        return libdevice.cosh(x)
+
+    @triton.jit
+    def asinh(x):
+        return libdevice.asinh(x)
+
+    @triton.jit
+    def acosh(x):
+        return libdevice.acosh(x)
+
+    @triton.jit
+    def atanh(x):
+        return libdevice.atanh(x)
+
+    @triton.jit
+    def erfc(x):
+        return libdevice.erfc(x)
+
+    @triton.jit
+    def trunc(x):
+        return libdevice.trunc(x)
+
+    @triton.jit
+    def nearbyint(x):
+        return libdevice.nearbyint(x)
+
+    @triton.jit
+    def asin(x):
+        return libdevice.asin(x)
+
+    @triton.jit
+    def acos(x):
+        return libdevice.acos(x)
+
+    @triton.jit
+    def atan(x):
+        return libdevice.atan(x)
+
+    @triton.jit
+    def lgamma(x):
+        return libdevice.lgamma(x)
+
+    @triton.jit
+    def hypot(a, b):
+        return libdevice.hypot(a, b)
+
+    @triton.jit
+    def copysign(a, b):
+        return libdevice.copysign(a, b)
+
+    @triton.jit
+    def pow(a, b):
+        return libdevice.pow(a, b)
+
+    @triton.jit
+    def atan2(a, b):
+        return libdevice.atan2(a, b)
