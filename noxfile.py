@@ -7,6 +7,7 @@
     nox -s slow               the suites marked slow (real models), kept out of CI's time budget
     nox -s demo               the main job: compile GPT-2 on the CPU, check, print the speed-up
     nox -s bench              the CPU model suite against eager and torch.compile
+    nox -s report             the compile report rendered in headless Chromium
 
 A fresh venv must get torch's CPU build: a bare torch range resolves to a multi-GB CUDA
 build. ``KILN_TORCH_SPEC`` overrides the pin (``torch==2.13.0`` by default; on a machine
@@ -170,3 +171,14 @@ def bench(session: nox.Session) -> None:
     _install(session, _all_in_order())
     session.install("transformers>=4.40", "matplotlib")
     session.run("python", "benchmarks/models.py", *(session.posargs or ["--train"]))
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """The compile report rendered in headless Chromium (Debian's package; CI skips this)."""
+    import shutil
+
+    if not shutil.which("chromium"):
+        session.run("apt-get", "install", "-y", "-q", "chromium", external=True)
+    _install(session, _all_in_order())
+    session.run("python", "-m", "pytest", "packages/kiln/tests/test_report.py", "-m", "slow", "-v")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TOPICS = ("graphs", "guards", "breaks", "recompiles", "kernels", "timings")
-STAGES = ("capture", "aot.fw", "aot.bw", "aot", "ir", "sched", "cpp", "triton", "wrapper")
+STAGES = ("capture", "aot.fw", "aot.bw", "aot", "aten", "ir", "sched", "cpp", "triton", "wrapper")
 # Timing lines: "capture: 0.12 s", "lower took 3 ms", or "{'lower_s': 0.1, 'codegen_s': ...}".
 _TIMING = re.compile(
     r"(?P<stage>[A-Za-z][A-Za-z.\-]*?)(?:_(?P<unit1>s|ms))?'?\s*(?:took|:|=)\s*"
@@ -44,7 +44,7 @@ class Report:
     wall_s: float = 0.0
     exit_status: str = "ok"
     records: dict[str, list[str]] = field(
-        default_factory=lambda: {t: [] for t in (*TOPICS, "other")}
+        default_factory=lambda: {t: [] for t in (*TOPICS, "aot", "ir", "other")}
     )
     files: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # stage -> [(name, text)]
     timings: dict[str, float] = field(default_factory=dict)
@@ -56,15 +56,33 @@ class _Collector(logging.Handler):
         self.report = report
 
     def emit(self, record: logging.LogRecord) -> None:
+        try:  # a handler must never raise into the code that logs
+            self._collect(record)
+        except Exception:
+            self.handleError(record)
+
+    def _collect(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        topic = getattr(record, "topic", None) or _topic_of(record.name, message)
-        if topic not in self.report.records:
-            topic = "other"
-        self.report.records[topic].append(f"[{record.name}] {message}")
-        if topic == "timings":
+        topic = getattr(record, "topic", None)
+        tagged = _TAG.match(message)
+        if topic is None and tagged:  # "[topic] message", as packages log disabled topics
+            topic, message = tagged["topic"], message[tagged.end() :]
+        section = _section_of(record.name, topic or _topic_of(record.name, message))
+        self.report.records[section].append(f"[{record.name}] {message}")
+        if section == "timings":
             for stage, sec in parse_timings(message):
                 if stage != "total":
                     self.report.timings[stage] = self.report.timings.get(stage, 0.0) + sec
+
+
+_TAG = re.compile(r"\[(?:kiln[:_ ]?)?(?P<topic>[a-z]+)\]\s*")
+
+
+def _section_of(logger: str, topic: str) -> str:
+    """Where a record goes: graphs of the compiler stages get their own sections."""
+    if topic == "graphs" and not logger.startswith(("kiln_capture", "kiln.")):
+        return "aot" if logger.startswith("kiln_aot") else "ir"
+    return topic if topic in TOPICS else "other"
 
 
 def parse_timings(message: str) -> list[tuple[str, float]]:
@@ -87,7 +105,12 @@ def _topic_of(logger: str, message: str) -> str:
 
 def _stage_of(name: str) -> str:
     for stage in STAGES:
-        if name.startswith(stage + ".") or name.endswith("." + stage) or f".{stage}." in name:
+        if (
+            name == stage
+            or name.startswith(stage + ".")
+            or name.endswith("." + stage)
+            or f".{stage}." in name
+        ):
             return stage
     return "other"
 
@@ -149,7 +172,7 @@ def render(report: Report) -> str:
         f"<h1>kiln compile report: {esc(report.script)}</h1>",
         f"<p id='summary'>arguments: <code>{esc(' '.join(report.argv)) or '(none)'}</code> · "
         f"wall time {report.wall_s:.2f} s · script: {esc(report.exit_status)} · "
-        f"graphs: {len(report.files.get('capture', []))} · "
+        f"graphs: {sum(1 for r in report.records['graphs'] if 'captured graph' in r)} · "
         f"kernels: {sum(len(report.files.get(s, [])) for s in ('cpp', 'triton'))} · "
         f"graph breaks: {len(report.records['breaks'])} · "
         f"recompiles: {len(report.records['recompiles'])}</p>",
@@ -159,7 +182,7 @@ def render(report: Report) -> str:
         ("breaks", "Graph breaks", None),
         ("guards", "Guards", None),
         ("recompiles", "Recompiles", None),
-        ("aot", "ATen graphs (forward / backward)", ("aot.fw", "aot.bw", "aot")),
+        ("aot", "ATen graphs (forward / backward)", ("aot.fw", "aot.bw", "aot", "aten")),
         ("ir", "Loop-level IR and schedule", ("ir", "sched")),
         ("kernels", "Kernels", ("cpp", "triton", "wrapper")),
     ]
