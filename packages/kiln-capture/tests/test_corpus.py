@@ -19,6 +19,7 @@ for _mod in (
     "breaking",
     "effects",
     "contexts",
+    "patterns",
 ):
     importlib.import_module(f"corpus.{_mod}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
-from kiln_capture.variables.base import Var
+from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar
 
 
@@ -104,9 +104,25 @@ class NamedTupleVar(TupleVar):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}.{name}") from e
         if isinstance(idx, int) and not callable(idx):
             return self.items[idx]
-        if name == "_asdict":
-            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}._asdict")
-        return ConstVar(getattr(self.cls, name))
+        if name in ("_replace", "_asdict"):
+            return MethodCallVar(self, name)
+        attr = getattr(self.cls, name)
+        if callable(attr):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}.{name}()")
+        return tx.out.wrap_value(attr)
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        fields = getattr(self.cls, "_fields", None)
+        if name == "_replace" and fields is not None and not args:
+            unknown = set(kwargs) - set(fields)
+            if unknown:
+                raise Unsupported(
+                    breaks.EXCEPTION, f"ValueError: unexpected field names {sorted(unknown)}"
+                )
+            return NamedTupleVar(self.cls, [kwargs.get(f, v) for f, v in zip(fields, self.items)])
+        if name == "_asdict" and fields is not None:
+            return DictVar(dict(zip(fields, self.items)))
+        return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg) -> str:
         if self.source is not None:
