@@ -30,7 +30,8 @@ def test_storage_of_dead_buffers_is_reused_and_results_stay_right():
         e = aten.cos.default(d)
         return (aten.mm.default(e, w),)
 
-    compiled = check_compiled(f, [torch.randn(32, 32), torch.randn(32, 32)], rtol=1e-4)
+    # moderate magnitudes: sin/cos of large matmul outputs amplify last-bit differences
+    compiled = check_compiled(f, [torch.randn(32, 32) * 0.2, torch.randn(32, 32) * 0.2], rtol=1e-4)
     assert compiled.stats["reused_buffers"] >= 1
 
 
@@ -44,3 +45,13 @@ def test_view_outputs_keep_eager_strides():
     a, b = compiled(x)
     assert a.stride() == f(x)[0].stride()
     assert b.data_ptr() == x[:, 1:3].data_ptr()  # a view of the input, not a copy
+
+
+def test_inputs_with_other_strides_than_compiled_for_are_handled():
+    def f(x):
+        return (aten.exp.default(x),)
+
+    x = torch.randn(6, 5)
+    compiled = check_compiled(f, [x])
+    y = torch.randn(5, 6).t()  # same shape, transposed strides
+    torch.testing.assert_close(compiled(y)[0], torch.exp(y))

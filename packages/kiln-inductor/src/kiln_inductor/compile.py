@@ -33,15 +33,37 @@ _graph_ids = itertools.count()
 class CompiledGraph:
     """The callable a compiled graph becomes: ``compiled(*args) -> tuple of tensors``."""
 
-    def __init__(self, call: Callable[[list[Any]], tuple], source: str, stats: dict[str, Any]):
+    def __init__(
+        self,
+        call: Callable[[list[Any]], tuple],
+        source: str,
+        stats: dict[str, Any],
+        layouts: Sequence[tuple[tuple[int, ...], tuple[int, ...]] | None] = (),
+    ):
         self._call = call
         self.wrapper_source = source
         self.stats = stats
+        # kernels index inputs with the strides the graph was compiled for
+        self._layouts = list(layouts)
 
     def __call__(self, *args: Any) -> tuple:
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
+        for i, want in enumerate(self._layouts):
+            if want is not None and args[i].stride() != want[1]:
+                args = self._restride(args, i, want)
         return self._call(args)
+
+    @staticmethod
+    def _restride(args: tuple, i: int, want: tuple[tuple[int, ...], tuple[int, ...]]) -> tuple:
+        x = args[i]
+        if tuple(x.shape) != want[0]:
+            raise ValueError(
+                f"kiln: input {i} has shape {tuple(x.shape)} but the graph was compiled for "
+                f"{want[0]}\n  fix: compile again for this shape (kiln_aot and kiln.compile do so)"
+            )
+        fixed = torch.empty_strided(want[0], want[1], dtype=x.dtype, device=x.device).copy_(x)
+        return (*args[:i], fixed, *args[i + 1 :])
 
 
 def _dump(debug: Path | None, stage: str, text: str) -> None:
@@ -113,7 +135,14 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     }
     log.log("timings", f"graph{gid}: {stats}")
     log.log("graphs", f"graph{gid}:\n{_format_schedule(steps)}{source}")
-    return CompiledGraph(namespace["call"], source, stats)
+    layouts = [
+        (tuple(int(s) for s in b.layout.size), tuple(int(s) for s in b.layout.stride))
+        if b is not None
+        and all(getattr(v, "is_Integer", False) for v in (*b.layout.size, *b.layout.stride))
+        else None
+        for b in ir.inputs
+    ]
+    return CompiledGraph(namespace["call"], source, stats, layouts)
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:

@@ -47,6 +47,13 @@ SETTINGS: dict[str, Setting] = {
         "body holds at least this many ops (below it, it is recomputed in each consumer)",
         True,
     ),
+    "realize_expensive": Setting(
+        "KILN_REALIZE_EXPENSIVE",
+        2,
+        "a pointwise value read by several consumers is computed once when its body holds at "
+        "least this many transcendental ops (exp, log, tanh, erf, pow...)",
+        True,
+    ),
     "max_inline_ops": Setting(
         "KILN_MAX_INLINE_OPS", 120, "a pointwise body past this many ops is always realized", True
     ),
@@ -70,6 +77,7 @@ class Config:
     log: str = ""
     debug_dir: str = ""
     realize_ops_threshold: int = 12
+    realize_expensive: int = 2
     max_inline_ops: int = 120
     fallback_unlowered: bool = True
 

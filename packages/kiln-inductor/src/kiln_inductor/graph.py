@@ -123,6 +123,8 @@ class GraphLowering:
         self._count = 0
         self.device = self._find_device()
         self.fallback_ops: list[str] = []
+        # values already computed into a buffer: later consumers read it, not recompute it
+        self._realized: dict[int, tuple[Any, StorageView]] = {}
 
     def _find_device(self) -> torch.device:
         for x in self.example_inputs:
@@ -155,6 +157,14 @@ class GraphLowering:
         """A StorageView reading ``value`` from memory, computing it into a buffer if needed."""
         if isinstance(value, StorageView) and (layout is None or value.layout == layout):
             return value
+        if layout is None and id(value) in self._realized:
+            return self._realized[id(value)][1]
+        view = self._realize(value, layout)
+        if layout is None:
+            self._realized[id(value)] = (value, view)
+        return view
+
+    def _realize(self, value: Any, layout: Layout | None) -> StorageView:
         if layout is None and isinstance(value, View):
             strided = self.as_strided_view(value)
             if strided is not None:
@@ -199,7 +209,11 @@ class GraphLowering:
         with ops_handler(cost):
             value.make_loader()(index_vars("q", len(value.size)))
         if cost.ops >= self.config.max_inline_ops or (
-            n_users > 1 and (cost.ops >= self.config.realize_ops_threshold or cost.expensive >= 2)
+            n_users > 1
+            and (
+                cost.ops >= self.config.realize_ops_threshold
+                or cost.expensive >= self.config.realize_expensive
+            )
         ):
             return self.realize(value)
         return value
@@ -287,9 +301,15 @@ class GraphLowering:
             self.current_node = None
         return self.ir
 
+    def _current(self, value: Any) -> Any:
+        """The value as a consumer should read it now (its buffer, once realized)."""
+        if isinstance(value, TensorValue) and id(value) in self._realized:
+            return self._realized[id(value)][1]
+        return value
+
     def lower_node(self, n: torch.fx.Node, env: dict) -> Any:
-        args = torch.fx.node.map_arg(n.args, lambda a: env[a])
-        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
+        args = torch.fx.node.map_arg(n.args, lambda a: self._current(env[a]))
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: self._current(env[a]))
         if n.target is operator.getitem:
             return args[0][args[1]]
         target = n.target
@@ -314,7 +334,7 @@ class GraphLowering:
             if not isinstance(o, torch.fx.Node):
                 self.ir.outputs.append(o)
                 continue
-            self.add_output(env[o], o.meta.get("val"))
+            self.add_output(self._current(env[o]), o.meta.get("val"))
 
     def add_output(self, value: Any, val: Any) -> None:
         if isinstance(value, (list, tuple)):
