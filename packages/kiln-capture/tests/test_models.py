@@ -83,6 +83,75 @@ def test_hf_model_captured_without_breaks(name):
     torch.testing.assert_close(again.last_hidden_state, expected.last_hidden_state)
 
 
+def _more_models():
+    tf = transformers
+    small = dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=128,
+    )
+    return {
+        "mistral": lambda: tf.MistralModel(
+            tf.MistralConfig(num_key_value_heads=2, max_position_embeddings=64, **small)
+        ),
+        "qwen2": lambda: tf.Qwen2Model(
+            tf.Qwen2Config(num_key_value_heads=2, max_position_embeddings=64, **small)
+        ),
+        "gpt_neox": lambda: tf.GPTNeoXModel(tf.GPTNeoXConfig(max_position_embeddings=64, **small)),
+        "roberta": lambda: tf.RobertaModel(tf.RobertaConfig(max_position_embeddings=66, **small)),
+        "opt": lambda: tf.OPTModel(
+            tf.OPTConfig(
+                num_hidden_layers=2,
+                hidden_size=64,
+                num_attention_heads=4,
+                ffn_dim=128,
+                vocab_size=128,
+                max_position_embeddings=64,
+                word_embed_proj_dim=64,
+            )
+        ),
+        "distilbert": lambda: tf.DistilBertModel(
+            tf.DistilBertConfig(
+                n_layers=2,
+                dim=64,
+                n_heads=4,
+                hidden_dim=128,
+                vocab_size=128,
+                max_position_embeddings=64,
+            )
+        ),
+        "t5": lambda: tf.T5Model(
+            tf.T5Config(num_layers=2, d_model=64, num_heads=4, d_ff=128, d_kv=16, vocab_size=128)
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["mistral", "qwen2", "gpt_neox", "roberta", "opt", "distilbert", "t5"]
+)
+def test_more_hf_models_captured_without_breaks(name):
+    torch.manual_seed(0)
+    try:
+        model = _more_models()[name]().eval()
+    except (AttributeError, TypeError, ValueError) as e:
+        pytest.skip(f"this transformers version cannot build {name}: {e}")
+    ids = torch.randint(3, 128, (2, 10))
+    kwargs = {} if name in ("roberta", "distilbert") else {"use_cache": False}
+    if name == "t5":
+        kwargs["decoder_input_ids"] = ids
+
+    def run(ids):
+        return model(input_ids=ids, **kwargs)
+
+    with torch.no_grad():
+        ref = run(ids)
+        out = kiln_capture.explain(run)(ids)
+    assert (out.graph_count, out.break_count) == (1, 0), str(out.breaks)
+    torch.testing.assert_close(out.result.last_hidden_state, ref.last_hidden_state)
+
+
 def test_hf_training_step_matches_eager():
     """A training step (loss and gradients) matches eager, whatever breaks it needs."""
     torch.manual_seed(0)

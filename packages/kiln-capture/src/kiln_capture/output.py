@@ -77,6 +77,7 @@ class OutputGraph:
         self.input_sources: dict[fx.Node, Source] = {}
         self._wrapped: dict[int, Var] = {}
         self._keepalive: list[object] = []
+        self._placeholder_names: set[str] = set()
         self.ops = 0
 
     # -- wrapping values read from the frame ---------------------------------------------
@@ -197,7 +198,12 @@ class OutputGraph:
         ):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor subclass {type(t).__name__}")
         self.guards.tensor(source, t)
-        name = _input_name(source.expr())
+        name = base = _input_name(source.expr())
+        n = 1
+        while name in self._placeholder_names:
+            name = f"{base}_{n}"
+            n += 1
+        self._placeholder_names.add(name)
         node = self.graph.placeholder(name)
         meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         if t.requires_grad:
