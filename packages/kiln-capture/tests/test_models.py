@@ -152,6 +152,34 @@ def test_more_hf_models_captured_without_breaks(name):
     torch.testing.assert_close(out.result.last_hidden_state, ref.last_hidden_state)
 
 
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_hf_train_mode_with_dropout_matches_eager(name):
+    """Train mode (dropout on): one graph, and the same loss and gradients as eager
+    under the same seed (the graph draws random numbers in eager's order)."""
+    make, kwargs = HF_MODELS[name]
+    torch.manual_seed(0)
+    model = make().train()
+    ids = torch.randint(0, 128, (2, 12))
+
+    def run(ids):
+        return model(input_ids=ids, **kwargs).last_hidden_state.sum()
+
+    torch.manual_seed(5)
+    out = kiln_capture.explain(run)(ids)
+    out.result.backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    torch.manual_seed(5)
+    ref = run(ids)
+    ref.backward()
+    assert (out.graph_count, out.break_count) == (1, 0), str(out.breaks)
+    torch.testing.assert_close(out.result, ref)
+    ref_grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(ref_grads)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
 def test_hf_training_step_matches_eager():
     """A training step (loss and gradients) matches eager, whatever breaks it needs."""
     torch.manual_seed(0)
