@@ -251,3 +251,20 @@ def test_global_module_hooks_are_respected():
     finally:
         handle.remove()
     torch.testing.assert_close(om(x), m(x))
+
+
+def branch_on_requires_grad(x, w):
+    y = x @ w
+    if y.requires_grad:
+        return y * 2
+    return y - 1
+
+
+def test_grad_mode_change_recompiles():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(branch_on_requires_grad)
+    x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
+    torch.testing.assert_close(f(x, w), branch_on_requires_grad(x, w))
+    with torch.no_grad():
+        torch.testing.assert_close(f(x, w), branch_on_requires_grad(x, w))
+    assert len(b.graphs) == 2

@@ -73,6 +73,11 @@ class OutputGraph:
         self.globals = globals_dict
         self.grad_enabled = torch.is_grad_enabled()
         self.initial_grad = self.grad_enabled
+        # metadata (requires_grad) depends on the grad mode the frame starts in
+        self.guards.add(
+            f"{self.guards.const(torch.is_grad_enabled)}() is {self.grad_enabled}",
+            f"grad mode is {'enabled' if self.grad_enabled else 'disabled'}",
+        )
         self.example_inputs: list[torch.Tensor] = []
         self.input_sources: dict[fx.Node, Source] = {}
         self._wrapped: dict[int, Var] = {}
