@@ -268,3 +268,23 @@ def test_grad_mode_change_recompiles():
     with torch.no_grad():
         torch.testing.assert_close(f(x, w), branch_on_requires_grad(x, w))
     assert len(b.graphs) == 2
+
+
+def make_ones(x):
+    return x.double() + torch.ones(3)
+
+
+def test_default_dtype_change_recompiles():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(make_ones)
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x), make_ones(x))
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out, ref = f(x), make_ones(x)
+        assert out.dtype == ref.dtype
+        torch.testing.assert_close(out, ref)
+    finally:
+        torch.set_default_dtype(prev)
+    assert len(b.graphs) == 2

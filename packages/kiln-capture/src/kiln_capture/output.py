@@ -295,6 +295,18 @@ class OutputGraph:
             return SizeVar([ConstVar(s) for s in result])
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"op returned a {type(result).__name__}")
 
+    def guard_factory_defaults(self) -> None:
+        """Tensors made from Python values take the default dtype and device."""
+        g = self.guards
+        g.add(
+            f"{g.const(torch.get_default_dtype)}() is {g.const(torch.get_default_dtype())}",
+            f"default dtype is {torch.get_default_dtype()}",
+        )
+        g.add(
+            f"{g.const(torch.get_default_device)}() == {g.const(torch.get_default_device())}",
+            f"default device is {torch.get_default_device()}",
+        )
+
     def set_grad(self, enabled: bool) -> bool:
         prev = self.grad_enabled
         if prev != enabled:

@@ -329,5 +329,6 @@ class TorchFnVar(Var):
         if isinstance(probe, torch.Tensor) or (
             isinstance(probe, tuple | list) and any(isinstance(p, torch.Tensor) for p in probe)
         ):
+            tx.out.guard_factory_defaults()
             return tx.out.tensor_op("call_function", fn, list(args), kwargs)
         return tx.out.wrap_value(probe)
