@@ -346,3 +346,24 @@ def test_cat_pad_and_indexing(dtype):
     results = run_batch(cases)
     for c in cases:
         assert_case(results[c.label])
+
+
+@pytest.mark.parametrize("persistent_max", [8192, 64], ids=["persistent", "looped"])
+def test_nan_propagates_like_eager(persistent_max):
+    x = make((8, 300), F32)
+    x[3, 17] = float("nan")
+    x[5, 250] = float("nan")
+    x[5, 20] = float("nan")
+    cases = [
+        Case("amax", lambda t: aten.amax.default(t, [1]), (x,)),
+        Case("amin", lambda t: aten.amin.default(t, [1]), (x,)),
+        Case("argmax", lambda t: aten.argmax.default(t, 1), (x,)),
+        Case("argmin", lambda t: aten.argmin.default(t, 1), (x,)),
+        Case("max_dim", lambda t: aten.max.dim(t, 1), (x,)),
+        Case("maximum", lambda t: aten.maximum.default(t, aten.flip.default(t, [0])), (x,)),
+        Case("softmax", lambda t: aten._softmax.default(t, 1, False), (x,)),
+    ]
+    with settings_scope(persistent_max=persistent_max):
+        results = run_batch(cases)
+    for c in cases:
+        assert_case(results[c.label])
