@@ -129,8 +129,9 @@ def main() -> None:
         return
     reps = 5 if args.quick else 10
     results = []
+    rows = workloads(args.quick)
     with torch.no_grad():
-        for name, fn, inputs in workloads(args.quick):
+        for name, fn, inputs in rows:
             row: dict = {"workload": name}
             expected = first(fn(*inputs))
             row["eager_ms"] = timeit(fn, inputs, reps) * 1e3
@@ -142,16 +143,20 @@ def main() -> None:
             row["kiln_kernels"] = sum(g["kernels"] for g in graphs)
             torch.testing.assert_close(first(kfn(*inputs)), expected, rtol=1e-4, atol=1e-4)
             row["kiln_ms"] = timeit(kfn, inputs, reps) * 1e3
-            if not args.no_torch_compile:
+            row["speedup_vs_eager"] = row["eager_ms"] / row["kiln_ms"]
+            results.append(row)
+            print(f"  done: {name}", file=sys.stderr)
+        # torch.compile last: Inductor leaves compile workers and kernels behind that would
+        # disturb the other columns' timings
+        if not args.no_torch_compile:
+            for row, (name, fn, inputs) in zip(results, rows):
                 torch._dynamo.reset()
                 t = time.perf_counter()
                 tfn = torch.compile(fn)
                 first(tfn(*inputs))
                 row["torch_compile_s"] = time.perf_counter() - t
                 row["torch_compile_ms"] = timeit(tfn, inputs, reps) * 1e3
-            row["speedup_vs_eager"] = row["eager_ms"] / row["kiln_ms"]
-            results.append(row)
-            print(f"  done: {name}", file=sys.stderr)
+                print(f"  done: torch.compile {name}", file=sys.stderr)
     # a second process with the warm cache must compile no kernel
     proc = subprocess.run(
         [sys.executable, __file__, "--warm-check"] + (["--quick"] if args.quick else []),
