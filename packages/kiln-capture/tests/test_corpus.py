@@ -46,6 +46,7 @@ def test_program(case):
     report = kiln_capture.explain(case.fn)
     torch.manual_seed(0)
     out = report(*captured_args)
+    assert torch.is_grad_enabled(), "the captured program leaked a grad mode"
     assert_same(out.result, expected)
     assert_same(captured_args, eager_args, "args")
     for k in snapshot:
@@ -66,6 +67,7 @@ def test_program(case):
     )
     torch.manual_seed(0)
     again = fn(*again_args)
+    assert torch.is_grad_enabled(), "the cache hit leaked a grad mode"
     assert_same(again, expected)
     if not snapshot or case.fn.__name__ not in ("write_global",):
         assert len(backend.graphs) == n, "second call recompiled"

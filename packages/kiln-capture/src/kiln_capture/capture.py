@@ -18,7 +18,7 @@ from torch import fx
 
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_resume_code
-from kiln_capture.bytecode.rewrite import in_exception_range
+from kiln_capture.bytecode.rewrite import covering_handlers
 from kiln_capture.codegen import CodeGen, build_function
 from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
 from kiln_capture.evaluator import UNBOUND, Return, RootFrame
@@ -27,6 +27,7 @@ from kiln_capture.log import log
 from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import NullVar, Var
 from kiln_capture.variables.containers import IteratorVar
+from kiln_capture.variables.contexts import ContextMethodVar
 
 MAX_RESTARTS = 32
 _STEP_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "FORMAT_VALUE"})
@@ -102,11 +103,14 @@ def _run_root(root: RootFrame):
 
 
 def _compile_graph(
-    out: OutputGraph, cg: CodeGen, ctx
+    out: OutputGraph, cg: CodeGen, ctx, restore_grad: bool = False
 ) -> tuple[object, fx.GraphModule | None, list[str]]:
     if out.ops == 0:
         return None, None, []
     graph = out.graph
+    if restore_grad and out.grad_enabled != out.initial_grad:  # cut inside a grad-mode block: the
+        # generated code re-enters the block, so the graph leaves the mode as it found it
+        graph.call_function(torch._C._set_grad_enabled, (out.initial_grad,))
     graph.output(tuple(t.node for t in cg.outputs))
     kept = []
     for node in list(graph.nodes):
@@ -146,9 +150,11 @@ def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEnt
     except Unsupported as e:
         return SkipFrame(f"{e.kind.id}: {e.detail}")
     compiled, gm, inputs = _compile_graph(out, cg, ctx)
-    body = (
-        _graph_lines(compiled, inputs) + cg.preamble + [f"__k_ret = {ret_expr}"] + compute + apply
-    )
+    body = _graph_lines(compiled, inputs)
+    if compiled is None and out.grad_enabled != out.initial_grad:
+        # no graph to carry it: the frame still leaves the grad mode it set
+        body.append(f"torch._C._set_grad_enabled({out.grad_enabled})")
+    body += cg.preamble + [f"__k_ret = {ret_expr}"] + compute + apply
     body.append("return __k_ret")
     return _entry(out, root, cg, compiled, gm, body, {})
 
@@ -197,8 +203,12 @@ def _finish_break(
         _record_break(ctx, b)
         return SkipFrame(reason, b)
 
-    if in_exception_range(code, ins.offset):
-        return skip("the break is inside a with/try block")
+    handlers = covering_handlers(code, ins.offset)
+    exits = [v for v in stack if isinstance(v, ContextMethodVar) and v.which == "exit"]
+    if "try" in handlers:
+        return skip("the break is inside a try block")
+    if handlers and (not exits or any(_is_foreign_exit(v) for v in stack)):
+        return skip("the break is inside a with block of a context manager kiln cannot re-enter")
     if ins.opname in _STEP_CALLS:
         if ins.opname == "CALL":
             base = len(stack) - ins.arg - 2
@@ -271,7 +281,7 @@ def _finish_break(
         calls.append(f"{fexpr}({', '.join(args)})")
 
     step = _step_lines(ins, stack, base, root.kw_names, calls)
-    compiled, gm, inputs = _compile_graph(out, cg, ctx)
+    compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
     body = (
         _graph_lines(compiled, inputs)
         + cg.preamble
@@ -287,6 +297,15 @@ def _finish_break(
         brk = dataclasses.replace(brk, detail=detail, resumed=False)
     _record_break(ctx, brk)
     return _entry(out, root, cg, compiled, gm, body, extra)
+
+
+def _is_foreign_exit(v: Var) -> bool:
+    """An ``__exit__`` on the stack of a context manager other than a grad mode."""
+    name = getattr(v, "name", None)
+    fn = getattr(v, "fn", None)
+    if fn is not None:
+        name = getattr(getattr(fn, "fn", None), "__name__", name)
+    return not isinstance(v, ContextMethodVar) and name == "__exit__"
 
 
 def _step_lines(ins, stack: list[Var], base: int, kw_names: tuple, calls: list[str]) -> list[str]:

@@ -33,6 +33,7 @@ class CodeGen:
         self.outputs: list[TensorVar] = []
         self.preamble: list[str] = []  # temporaries for mutable values built once
         self._built: dict[int, str] = {}
+        self._contexts: dict[int, str] = {}
         self._output_index: dict[fx.Node, int] = {}
 
     def const(self, value: object) -> str:
@@ -55,6 +56,11 @@ class CodeGen:
             self._built[id(var)] = name
             self.preamble.append(f"{name} = {expr}")
         return name
+
+    def context_name(self, ctx: object, create: bool = False) -> str | None:
+        if create:
+            self._contexts[id(ctx)] = f"__k_ctx{len(self._contexts)}"
+        return self._contexts.get(id(ctx))
 
     def tensor(self, var: TensorVar) -> str:
         if var.node.op == "placeholder":

@@ -120,8 +120,8 @@ def break_inside_loop_runs_rest_eagerly(x):
     return x
 
 
-@case(graphs=0, breaks=1)
-def break_inside_with_block_runs_frame_eagerly(x):
+@case(graphs=1, breaks=1, args=lambda: (T(4, 4, grad=True),))
+def break_inside_no_grad_block_resumes(x):
     with torch.no_grad():
         y = x * 2
         print("inside no_grad")
@@ -193,3 +193,49 @@ def new_dict_alias_survives_break(x):
     print("break")
     alias["b"] = x * 3
     return d
+
+
+@case(graphs=2, breaks=1, args=lambda: (T(4, 4, grad=True),))
+def break_inside_nested_grad_blocks(x):
+    with torch.no_grad():
+        a = x * 2
+        with torch.enable_grad():
+            b = x * 3
+            print("inside enable_grad inside no_grad")
+            c = b + a
+        d = c * 2
+    return a, b, c, d, x + 1, [t.requires_grad for t in (a, b, c, d)]
+
+
+@case(graphs=0, breaks=1)
+def break_inside_try_block_runs_frame_eagerly(x):
+    try:
+        y = x * 2
+        print("inside try")
+    except ValueError:
+        y = x
+    return y
+
+
+class _UserContext:
+    def __init__(self):
+        self.entered = 0
+
+    def __enter__(self):
+        self.entered += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.entered -= 1
+        return False
+
+
+_CTX = _UserContext()
+
+
+@case(graphs=0, breaks=1)
+def break_inside_user_context_runs_frame_eagerly(x):
+    with _CTX:
+        y = x * 2
+        print("inside a user context manager")
+    return y + _CTX.entered

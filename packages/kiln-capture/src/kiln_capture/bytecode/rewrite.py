@@ -75,6 +75,20 @@ def encode_exception_table(entries: list[tuple[int, int, int, int, bool]]) -> by
     return bytes(out)
 
 
+def covering_handlers(code, offset: int) -> list[str]:
+    """For each exception-table range around ``offset``: "with" when its handler is a
+    with-statement's (PUSH_EXC_INFO then WITH_EXCEPT_START), else "try"."""
+    instrs = list(dis.get_instructions(code))
+    by_offset = {ins.offset: i for i, ins in enumerate(instrs)}
+    kinds = []
+    for start, end, target, _depth, _lasti in parse_exception_table(code):
+        if start <= offset < end:
+            i = by_offset.get(target)
+            names = [ins.opname for ins in instrs[i : i + 3]] if i is not None else []
+            kinds.append("with" if "WITH_EXCEPT_START" in names else "try")
+    return kinds
+
+
 def in_exception_range(code, offset: int) -> bool:
     return any(start <= offset < end for start, end, *_ in parse_exception_table(code))
 

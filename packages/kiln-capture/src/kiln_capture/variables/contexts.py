@@ -73,3 +73,18 @@ class ContextMethodVar(Var):
             return self.ctx.enter(tx)
         self.ctx.exit(tx)
         return ConstVar(None)
+
+    def reconstruct(self, cg) -> str:
+        """At a graph break inside ``with <grad mode>:`` the generated code enters a real
+        context manager of the same kind (once) and hands its ``__exit__`` on the stack to
+        the continuation, whose with-statement then exits it as usual."""
+        if self.which != "exit":
+            return super().reconstruct(cg)
+        name = cg.context_name(self.ctx)
+        if name is None:
+            cls = cg.const(self.ctx.cls)
+            arg = repr(self.ctx.target) if self.ctx.cls is torch.set_grad_enabled else ""
+            name = cg.context_name(self.ctx, create=True)
+            cg.preamble.append(f"{name} = {cls}({arg})")
+            cg.preamble.append(f"{name}.__enter__()")
+        return f"{name}.__exit__"

@@ -297,6 +297,9 @@ class TorchFnVar(Var):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:
             return ConstVar(tx.out.grad_enabled)
+        if fn is torch._C._set_grad_enabled and len(args) == 1 and args[0].is_const():
+            tx.out.set_grad(bool(args[0].as_const()))
+            return ConstVar(None)
         if fn in _COMPILING_QUERIES:
             # like torch.compile, captured code takes the "compiling" path of libraries
             return ConstVar(True)
