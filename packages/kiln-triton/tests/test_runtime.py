@@ -1,0 +1,74 @@
+"""Launch configurations, the settings scope, and the on-disk kernel source cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln_triton.config import read_triton_config, settings_scope
+from kiln_triton.runtime.configs import LaunchConfig, candidate_configs, interpreter_config
+from kiln_triton.runtime.launcher import load_module, source_key
+
+
+def test_pointwise_candidates():
+    small = candidate_configs({"kind": "pointwise", "xnumel": 1000}, False)
+    assert small == [LaunchConfig(1024, 1, 4)]
+    big = candidate_configs({"kind": "pointwise", "xnumel": 1 << 26}, False)
+    assert [c.XBLOCK for c in big] == [1024, 2048]
+    assert len(candidate_configs({"kind": "pointwise", "xnumel": 1 << 26}, True)) > len(big)
+    tiny = candidate_configs({"kind": "pointwise", "xnumel": 3}, True)
+    assert all(c.XBLOCK == 4 for c in tiny)
+
+
+def test_persistent_candidates_keep_the_row_in_one_block():
+    cands = candidate_configs({"kind": "persistent", "xnumel": 32768, "rblock": 4096}, False)
+    assert cands and all(c.RBLOCK == 4096 and c.XBLOCK == 1 for c in cands)
+    assert {c.num_warps for c in cands} == {16, 8}
+    small_rows = candidate_configs({"kind": "persistent", "xnumel": 32768, "rblock": 64}, False)
+    assert small_rows[0].XBLOCK == 64
+
+
+def test_looped_candidates_fit_the_extent():
+    cands = candidate_configs({"kind": "looped", "xnumel": 8, "extent": 100}, True)
+    assert all(c.RBLOCK <= 128 and c.XBLOCK <= 8 for c in cands)
+    assert len(set(cands)) == len(cands)
+
+
+def test_interpreter_prefers_large_blocks():
+    assert interpreter_config({"kind": "pointwise", "xnumel": 300}).XBLOCK == 512
+    cfg = interpreter_config({"kind": "persistent", "xnumel": 10, "rblock": 512})
+    assert (cfg.XBLOCK, cfg.RBLOCK) == (16, 512)
+
+
+def test_settings_scope_overrides_and_restores(monkeypatch):
+    monkeypatch.setenv("KILN_TRITON_PERSISTENT_MAX", "1024")
+    assert read_triton_config().persistent_max == 1024
+    with settings_scope(persistent_max=64, max_autotune=True) as cfg:
+        assert cfg.persistent_max == 64 and cfg.max_autotune
+        with settings_scope(autotune=False):
+            assert read_triton_config().persistent_max == 64
+            assert not read_triton_config().autotune
+    assert read_triton_config().persistent_max == 1024 and not read_triton_config().max_autotune
+    with pytest.raises(TypeError, match="unknown kiln-triton settings"):
+        with settings_scope(block_size=3):
+            pass
+
+
+def test_kernel_sources_are_cached_and_imported_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    source = (
+        "import triton\nimport triton.language as tl\n\n"
+        "@triton.jit\ndef kernel(in_ptr0, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):\n"
+        "    x = tl.arange(0, XBLOCK)\n    tl.store(out_ptr0 + x, tl.load(in_ptr0 + x) * 3)\n"
+    )
+    key = source_key(source, read_triton_config())
+    module = load_module(source, key)
+    assert load_module(source, key) is module
+    files = list((tmp_path / "triton").rglob("kernel.py"))
+    assert len(files) == 1 and files[0].read_text() == source
+
+    import torch
+
+    x = torch.arange(8, dtype=torch.float32)
+    y = torch.empty_like(x)
+    module.kernel[(1,)](x, y, XBLOCK=8, RBLOCK=1)
+    torch.testing.assert_close(y, x * 3)
