@@ -10,6 +10,7 @@ runs the rest of the frame, itself captured when the hook sees it.
 from __future__ import annotations
 
 import dataclasses
+import time
 import types
 from dataclasses import dataclass, field
 
@@ -123,12 +124,14 @@ def _compile_graph(
     examples = [out.example_inputs[list(out.input_sources).index(n)] for n in kept]
     gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnCaptured")
     log("graphs", f"captured graph {len(ctx.graphs)} ({out.ops} ops)\n{gm.code}")
+    start = time.perf_counter()
     try:
         compiled = ctx.backend(gm, examples)
     except BackendError:
         raise
     except Exception as e:
         raise BackendError(ctx.backend, e) from e
+    ctx.backend_seconds += time.perf_counter() - start
     ctx.graphs.append(gm)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)

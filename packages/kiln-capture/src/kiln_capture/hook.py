@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sysconfig
 import threading
+import time
 import types
 from dataclasses import dataclass, field
 
@@ -76,6 +77,7 @@ class Context:
     fullgraph: bool
     recorder: Recorder | None = None
     graphs: list = field(default_factory=list)
+    backend_seconds: float = 0.0  # time spent in the backend (compilers below capture)
 
 
 _tls = threading.local()
@@ -119,6 +121,7 @@ def _callback(code: types.CodeType, func, args: tuple):
         reason = f"recompiling {code.co_qualname} ({code.co_filename}:{code.co_firstlineno}): guard failed: {why}"
         log("recompiles", reason)
         _record_recompile(ctx, reason)
+    start, backend_before = time.perf_counter(), ctx.backend_seconds
     try:
         result = compile_frame(code, func, args, ctx)
     except (GraphBreakError, BackendError):
@@ -132,6 +135,12 @@ def _callback(code: types.CodeType, func, args: tuple):
         )
         _eager_codes[key] = f"internal error: {e}"
         return RUN_DEFAULT
+    backend_s = ctx.backend_seconds - backend_before
+    log(
+        "timings",
+        f"capture of {code.co_qualname}: frame_s={time.perf_counter() - start:.4f} "
+        f"backend_s={backend_s:.4f} (capture_s = frame_s - backend_s)",
+    )
     if isinstance(result, SkipFrame):
         log("breaks", f"{code.co_qualname} runs eagerly: {result.reason}")
         _eager_codes[key] = result.reason
