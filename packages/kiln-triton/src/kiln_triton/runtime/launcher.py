@@ -28,6 +28,7 @@ from kiln_inductor.runtime.cache import KernelCache, digest
 
 from .. import __version__
 from ..config import TritonConfig
+from ..errors import TritonCompileError
 from .configs import LaunchConfig, candidate_configs, interpreter_config
 
 _modules: dict[str, Any] = {}
@@ -158,15 +159,26 @@ def precompile(launchers: Sequence[TritonLauncher], workers: int) -> None:
     if not jobs:
         return
 
-    def compile_one(job: tuple[TritonLauncher, LaunchConfig]) -> None:
+    from triton.compiler.errors import CompilationError
+
+    def compile_one(job: tuple[TritonLauncher, LaunchConfig]) -> Exception | None:
         ln, c = job
         dtypes = [getattr(torch, d) for d in ln.meta["arg_dtypes"]]
         try:
             ln.fn.warmup(*dtypes, grid=(1,), **c.as_dict())
+        except CompilationError as e:
+            return e
         except Exception as e:
             log.log("kernels", f"precompile of {c} failed (compiles at first call): {e}")
+        return None
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        list(pool.map(compile_one, jobs))
+        errors = list(pool.map(compile_one, jobs))
     log.log("timings", f"precompiled {len(jobs)} kernel configs in {time.perf_counter() - t0:.1f}s")
+    # a kernel Triton rejects in every configuration fails the compilation now, where the
+    # caller (kiln.compile) can still run the graph eagerly, rather than at its first call
+    for ln in launchers:
+        failed = [e for (owner, _), e in zip(jobs, errors) if owner is ln and e is not None]
+        if failed and len(failed) == len(ln.candidates()):
+            raise TritonCompileError(f"cache entry {ln.key}", str(failed[0]))
