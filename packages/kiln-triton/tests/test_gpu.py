@@ -76,6 +76,8 @@ def test_reduction_sweep_on_gpu(dtype, persistent_max):
     cases = []
     for name, fn in sweep.REDUCTIONS.items():
         for vname, variant in {**sweep.RED_VARIANTS, "large": lambda mk: mk((4, 70000))}.items():
+            if name == "prod" and vname == "large":
+                continue  # a product of 70000 factors under- or overflows by order
             x = variant(lambda s: make(s, dtype, device=CUDA))
             cases.append(Case(f"{name}/{vname}", fn, (x,)))
     with settings_scope(persistent_max=persistent_max):
@@ -166,7 +168,7 @@ def test_reduce_overhead_replays_cuda_graphs_correctly():
         x3 = torch.randn(5, 64, device=CUDA)  # a new shape: captured anew
         torch.testing.assert_close(runner(x3), model(x3), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(runner(x3 * 2), model(x3 * 2), rtol=1e-4, atol=1e-4)
-        assert len(runner.graphs) == 2 and runner.replays == 5
+        assert len(runner.graphs) == 2 and runner.replays == 6
 
 
 def test_torch_compile_reduce_overhead_mode():
@@ -230,14 +232,13 @@ def test_gpt2_style_forward_and_backward_match_eager():
 # last: a failed capture is the most likely to disturb the CUDA context for what follows
 def test_capture_failure_falls_back_with_a_logged_reason(caplog):
     def fn(x):
-        return (torch.ops.aten.nonzero.default(x > 0),)  # data-dependent shape: syncs
+        return (x * x.sum().item(),)  # .item() synchronizes: not capturable
 
     x = torch.randn(64, device=CUDA)
-    gm = torch.fx.symbolic_trace(lambda t: fn(t))
+    runner = CudaGraphRunner(fn, "syncing")
     with caplog.at_level(logging.WARNING, logger="kiln_inductor"):
-        runner = kiln_triton.compile_fx(gm, [x], mode="reduce-overhead")
-        out = runner(x)
-        out2 = runner(x)
-    torch.testing.assert_close(out[0], fn(x)[0])
-    torch.testing.assert_close(out2[0], fn(x)[0])
-    assert "capture" in caplog.text or "skipped" in caplog.text
+        out, out2 = runner(x)[0], runner(x * 2)[0]
+    torch.testing.assert_close(out, fn(x)[0])
+    torch.testing.assert_close(out2, fn(x * 2)[0])
+    assert list(runner.graphs.values()) == [None] and runner.replays == 0
+    assert "CUDA graph capture of syncing failed" in caplog.text
