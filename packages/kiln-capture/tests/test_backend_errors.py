@@ -32,3 +32,20 @@ def test_a_backend_error_subclass_passes_through_unwrapped():
 
     with pytest.raises(MyFailure):
         kiln_capture.optimize(backend)(f)(torch.randn(3))
+
+
+def test_stats_count_graphs_breaks_and_recompiles():
+    def with_break(x):
+        x = x.sin()
+        print("break")
+        return x.cos()
+
+    kiln_capture.reset()
+    g = kiln_capture.optimize(lambda gm, ex: gm.forward)(with_break)
+    g(torch.randn(3))
+    g(torch.randn(3))  # cache hit
+    g(torch.randn(5))  # new shape: recompiles
+    got = kiln_capture.stats()
+    assert got["graphs"] == 4 and got["breaks"] == 2 and got["recompiles"] == 2, got
+    kiln_capture.reset()
+    assert kiln_capture.stats() == {"graphs": 0, "breaks": 0, "recompiles": 0}

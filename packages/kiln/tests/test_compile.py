@@ -340,3 +340,15 @@ def test_inductor_training_matches_eager_gradients():
     reference(x).square().sum().backward()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_stats_count_graphs_fallbacks_breaks_and_recompiles():
+    def with_break(x):
+        x = x.sin()
+        print("break")
+        return x.cos()
+
+    compiled = kiln.compile(with_break, backend="eager")
+    compiled(torch.randn(3))
+    compiled(torch.randn(4))
+    assert kiln.stats() == {"graphs": 4, "fallbacks": 0, "breaks": 2, "recompiles": 2}

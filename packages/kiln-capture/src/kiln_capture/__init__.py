@@ -16,6 +16,7 @@ if tuple(_C.built_for_python()) != sys.version_info[:2]:
 from kiln_capture.api import ExplainOutput, OptimizedModule, disable, explain, optimize, reset
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.errors import BackendError, GraphBreakError
+from kiln_capture.stats import stats
 
 __all__ = [
     "BackendError",
@@ -28,4 +29,5 @@ __all__ = [
     "explain",
     "optimize",
     "reset",
+    "stats",
 ]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from kiln_capture import stats as counters
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_resume_code
 from kiln_capture.bytecode.rewrite import covering_handlers
@@ -132,6 +133,7 @@ def _compile_graph(
     except Exception as e:
         raise BackendError(ctx.backend, e) from e
     ctx.backend_seconds += time.perf_counter() - start
+    counters.bump("graphs")
     ctx.graphs.append(gm)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
@@ -346,6 +348,7 @@ def _resume_code(code, offset, presence, params) -> types.CodeType:
 
 
 def _record_break(ctx, brk: GraphBreak) -> None:
+    counters.bump("breaks")
     log("breaks", str(brk))
     if ctx.recorder is not None:
         ctx.recorder.breaks.append(brk)

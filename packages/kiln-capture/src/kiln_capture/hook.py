@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln_capture import _C
+from kiln_capture import stats as counters
 from kiln_capture.bytecode.rewrite import make_trampoline
 from kiln_capture.capture import EAGER_RESUME_CODES, CacheEntry, SkipFrame, compile_frame
 from kiln_capture.config import config
@@ -154,6 +155,7 @@ def _callback(code: types.CodeType, func, args: tuple):
 
 
 def _record_recompile(ctx: Context, reason: str) -> None:
+    counters.bump("recompiles")
     if ctx.recorder is not None:
         ctx.recorder.recompiles.append(reason)
 
@@ -163,6 +165,7 @@ def reset() -> None:
     _cache.clear()
     _eager_codes.clear()
     _skip.clear()
+    counters.clear()
 
 
 def cache_entries(code: types.CodeType) -> list[CacheEntry]:

@@ -137,10 +137,10 @@ def reset() -> None:
 
 
 def stats() -> dict[str, int]:
-    """Since the last reset: graphs compiled, graphs that fell back to eager, graph breaks."""
-    capture_stats = getattr(kiln_capture, "stats", None)
-    breaks = capture_stats()["breaks"] if capture_stats else -1
-    return {**backends.COUNTERS, "breaks": breaks}
+    """Since the last reset: graphs compiled, graphs that fell back to eager, graph breaks,
+    recompiles."""
+    captured = kiln_capture.stats()
+    return {**backends.COUNTERS, "breaks": captured["breaks"], "recompiles": captured["recompiles"]}
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> Any:
