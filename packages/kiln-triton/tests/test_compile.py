@@ -93,8 +93,13 @@ def test_reduce_overhead_on_cpu_tensors_runs_without_cuda_graphs(caplog):
         compiled = kiln_triton.compile_fx(gm, [x, y], mode="reduce-overhead")
         assert isinstance(compiled, CudaGraphRunner)
         out = compiled(x, y)
-    torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, fn(x, y))
+        out2 = compiled(x * 2, y)
+    first = out[0] if isinstance(out, (tuple, list)) else out
+    second = out2[0] if isinstance(out2, (tuple, list)) else out2
+    torch.testing.assert_close(first, fn(x, y))
+    torch.testing.assert_close(second, fn(x * 2, y))
     assert compiled.graphs == {} and compiled.replays == 0
+    assert len(compiled.checked) == 1  # one signature, decided once
     assert "CUDA graphs skipped: inputs are not all CUDA tensors" in caplog.text
 
 

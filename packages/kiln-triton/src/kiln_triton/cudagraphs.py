@@ -33,28 +33,40 @@ class _Captured:
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a captured graph depends on, built in one cheap pass (it runs every call)."""
     sig: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
             ptr = a.data_ptr() if isinstance(a, torch.nn.Parameter) else None
-            sig.append((tuple(a.shape), a.stride(), a.dtype, str(a.device), ptr))
+            sig.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, ptr))
         else:
             sig.append(("value", repr(a)))
     return tuple(sig)
+
+
+def _static_reason(args: tuple[Any, ...]) -> tuple[str | None, bool]:
+    """(why this signature can never be captured, whether some input requires grad)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or any(t.device.type != "cuda" for t in tensors):
+        return "inputs are not all CUDA tensors", False
+    return None, any(t.requires_grad for t in tensors)
 
 
 class CudaGraphRunner:
     def __init__(self, fn: Callable[..., Any], name: str = "graph"):
         self.fn, self.name = fn, name
         self.graphs: dict[tuple[Any, ...], _Captured | None] = {}
+        self.checked: dict[tuple[Any, ...], tuple[str | None, bool]] = {}
         self.pool: Any = None
         self.replays = 0
 
-    def why_not(self, args: tuple[Any, ...]) -> str | None:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not tensors or any(t.device.type != "cuda" for t in tensors):
-            return "inputs are not all CUDA tensors"
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    def why_not(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> str | None:
+        if key not in self.checked:
+            self.checked[key] = _static_reason(args)
+        reason, needs_grad = self.checked[key]
+        if reason is not None:
+            return reason
+        if needs_grad and torch.is_grad_enabled():
             return "inputs require grad (training graphs run without CUDA graphs)"
         if torch.cuda.is_current_stream_capturing():
             return "called while another CUDA graph is being captured"
@@ -63,11 +75,11 @@ class CudaGraphRunner:
     def __call__(self, *args: Any) -> Any:
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
-        reason = self.why_not(args)
+        key = _signature(args)
+        reason = self.why_not(key, args)
         if reason is not None:
             log.warn_once(f"cudagraphs:{reason}", f"kiln-triton: CUDA graphs skipped: {reason}")
             return self.fn(*args)
-        key = _signature(args)
         if key not in self.graphs:
             return self._first_call(key, args)
         entry = self.graphs[key]
