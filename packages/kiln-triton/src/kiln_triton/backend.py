@@ -32,7 +32,7 @@ class TritonBackend:
                 for n in (*group.inputs, *group.outputs)
             ],
         }
-        return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)  # type: ignore[attr-defined]
+        return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
 
     def load_kernels(self, sources: Sequence[KernelSource]) -> list[Callable[..., Any]]:
         return load_triton_kernels(sources, read_triton_config())

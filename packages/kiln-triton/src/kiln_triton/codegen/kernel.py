@@ -34,14 +34,14 @@ from typing import Any
 import sympy
 import torch
 
-from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction
+from kiln_inductor.ir.nodes import Buffer, ComputedBuffer
 from kiln_inductor.ir.ops import ops_handler
 from kiln_inductor.ir.symbols import coefficients, contiguous_strides, product, simplify_index
 from kiln_inductor.scheduler.fuse import Block, FusedGroup
 
 from ..errors import TritonCodegenError
 from .index import print_index
-from .triton_ops import TritonOpsHandler, TritonValue, literal, tl_type
+from .triton_ops import TritonOpsHandler, TritonValue
 
 HEADER = """import triton
 import triton.language as tl
@@ -108,6 +108,7 @@ class TritonKernel:
         self.outer_strides: dict[sympy.Symbol, Any] = {}
         self.unsynced: set[str] = set()  # stored since the last barrier
         self.int64 = self._needs_int64()
+        self.source = ""
 
     def _needs_int64(self) -> bool:
         spans = [_int(self.buffers[n].layout.storage_span(), "storage") for n in self.ptrs]
@@ -321,8 +322,5 @@ def generate_triton_kernel(
     group: FusedGroup, buffers: dict[str, Buffer], persistent_max: int
 ) -> TritonKernel:
     kernel = TritonKernel(group, buffers, persistent_max)
-    kernel.source = kernel.generate()  # type: ignore[attr-defined]
+    kernel.source = kernel.generate()
     return kernel
-
-
-_ = (Reduction, literal, tl_type)

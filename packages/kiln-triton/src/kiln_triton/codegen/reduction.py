@@ -21,7 +21,7 @@ from kiln_inductor.ir.nodes import ComputedBuffer, Reduction
 from kiln_inductor.ir.symbols import product
 from kiln_inductor.scheduler.fuse import Block
 
-from .triton_ops import TritonValue, literal, tl_type
+from .triton_ops import TritonValue, tl_type
 
 if TYPE_CHECKING:
     from .kernel import TritonKernel
@@ -269,6 +269,3 @@ class ReductionCodegen:
             rep = groups[key][0]
             is_mean = n.body.reduction_type == "welford_mean"  # type: ignore[union-attr]
             self._store(n, means[id(rep)] if is_mean else m2s[id(rep)])
-
-
-_ = literal
