@@ -64,7 +64,7 @@ def _install(session: nox.Session, dists: list[str]) -> None:
     session.install(TORCH_SPEC, *BUILD_REQUIREMENTS, *TEST_REQUIREMENTS)
     args: list[str] = []
     for dist in dists:
-        args += ["-e", str(PACKAGES_DIR / dist)]
+        args += ["-e", f"{PACKAGES_DIR / dist}[test]"]
     session.install("--no-build-isolation", *args)
 
 

@@ -16,9 +16,18 @@ def enabled(topic: str) -> bool:
 
 
 def log(topic: str, message: str) -> None:
-    """Print ``message`` to stderr when ``topic`` is switched on by KILN_LOG."""
+    """Log ``message`` under ``topic`` on the ``kiln_inductor`` logger (the record carries
+    ``topic``, which ``python -m kiln report`` sorts by); printed to stderr when ``topic``
+    is switched on by KILN_LOG, a debug record otherwise."""
     if enabled(topic):
-        print(f"[kiln:{topic}] {message}", file=sys.stderr)
+        if not _logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("[kiln:%(topic)s] %(message)s"))
+            _logger.addHandler(handler)
+            _logger.setLevel(logging.INFO)
+        _logger.info(message, extra={"topic": topic})
+    else:
+        _logger.debug("[%s] %s", topic, message)
 
 
 def warn_once(key: str, message: str) -> None:
