@@ -58,6 +58,10 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
+def _call(model, args):
+    return model(**args) if isinstance(args, dict) else model(*args)
+
+
 class Runner:
     def __init__(self, device: str, train: bool, runs: int):
         import torch
@@ -76,13 +80,13 @@ class Runner:
         torch = self.torch
         if self.train:
             model.zero_grad(set_to_none=True)
-            outs = _leaves(model(*args))
+            outs = _leaves(_call(model, args))
             loss = sum(o.float().mean() for o in outs if o.is_floating_point())
             loss.backward()
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             return [o.detach() for o in outs], grads
         with torch.no_grad():
-            return _leaves(model(*args)), []
+            return _leaves(_call(model, args)), []
 
     def latency(self, model, args) -> float:
         """Median seconds per step after warm-up (CUDA events on the GPU)."""

@@ -2,8 +2,8 @@
 
 Sources: HF transformers models built from configs, timm models with
 ``pretrained=False`` (where timm is installed: the H200, not the CPU machine, whose
-torch has no matching torchvision), and in-repo models. Each builder takes the device
-and dtype and returns ``(module, args)``; sizes are small enough for a 2-core CPU.
+torch has no matching torchvision), and in-repo models. Each builder takes the device,
+dtype and size and returns ``(module, args)`` (a tuple, or a dict of keyword arguments); sizes are small enough for a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def t5(device, dtype, size):
         use_cache=False,
     )
     ids = _ids(2, 64, cfg.vocab_size, device)
-    return _hf(cfg, "T5Model", device, dtype), (ids, None, None, None, ids)
+    return _hf(cfg, "T5Model", device, dtype), {"input_ids": ids, "decoder_input_ids": ids}
 
 
 @model("hf_resnet", "transformers")
