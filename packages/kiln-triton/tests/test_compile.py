@@ -12,10 +12,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln_triton
-from kiln_inductor import get_backend, register_backend, registered_backends
+from kiln_inductor import get_backend, register_backend, registered_backends, unregister_backend
 from kiln_triton.compile import resolve_options
 from kiln_triton.cudagraphs import CudaGraphRunner
-from kiln_triton.testing import _NoBackend, use_triton_for_cpu
+from kiln_triton.testing import use_triton_for_cpu
 
 
 class Block(nn.Module):
@@ -112,7 +112,21 @@ def test_use_triton_for_cpu_restores_the_previous_backend():
             assert get_backend("cpu") is backend
         assert get_backend("cpu") is sentinel
     finally:
-        register_backend("cpu", before if before is not None else _NoBackend("cpu"))
+        if before is None:
+            unregister_backend("cpu")
+        else:
+            register_backend("cpu", before)
+
+
+def test_use_triton_for_cpu_leaves_no_backend_where_there_was_none():
+    before = unregister_backend("cpu")
+    try:
+        with use_triton_for_cpu():
+            pass
+        assert "cpu" not in registered_backends()
+    finally:
+        if before is not None:
+            register_backend("cpu", before)
 
 
 def test_importing_registers_the_cuda_backend():

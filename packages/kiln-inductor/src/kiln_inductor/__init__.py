@@ -10,7 +10,14 @@ Public API:
 from importlib.metadata import version as _version
 
 from . import lowering  # noqa: F401  (registers the lowerings)
-from .backend import KernelBackend, KernelSource, get_backend, register_backend, registered_backends
+from .backend import (
+    KernelBackend,
+    KernelSource,
+    get_backend,
+    register_backend,
+    registered_backends,
+    unregister_backend,
+)
 from .compile import CompiledGraph, compile_aten_graph, compile_fx
 from .errors import AotUnavailableError, KilnInductorError, LoweringError, NoBackendError
 from .runtime.cache import KernelCache
@@ -32,4 +39,5 @@ __all__ = [
     "get_backend",
     "register_backend",
     "registered_backends",
+    "unregister_backend",
 ]

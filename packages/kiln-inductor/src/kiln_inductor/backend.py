@@ -71,8 +71,16 @@ class KernelBackend(Protocol):
 _BACKENDS: dict[str, KernelBackend] = {}
 
 
-def register_backend(device_type: str, backend: KernelBackend) -> None:
+def register_backend(device_type: str, backend: KernelBackend) -> KernelBackend | None:
+    """Make ``backend`` generate kernels for ``device_type``; returns the one it replaces."""
+    previous = _BACKENDS.get(device_type)
     _BACKENDS[device_type] = backend
+    return previous
+
+
+def unregister_backend(device_type: str) -> KernelBackend | None:
+    """Remove the backend of ``device_type`` (returns it, or None if there was none)."""
+    return _BACKENDS.pop(device_type, None)
 
 
 def get_backend(device_type: str) -> KernelBackend:
