@@ -33,3 +33,45 @@ def test_coefficients_of_affine_and_non_affine_indices():
     x, y = index_vars("x", 2)
     assert coefficients(3 * x + 5 * y + 7, [x, y]) == ([3, 5], 7)
     assert coefficients(FloorDiv(x, 2) + y, [x, y]) is None
+
+
+def test_common_stride_factors_out_of_div_and_mod():
+    import sympy
+
+    from kiln_inductor.ir.symbols import FloorDiv, ModIndex, simplify_index
+
+    x0, x1 = sympy.symbols("x0 x1", integer=True, nonnegative=True)
+    ranges = {x0: sympy.Integer(256), x1: sympy.Integer(1024)}
+    # a reshape of a (2, 128, 1024) buffer read back flat: contiguous after simplification
+    e = 1024 * ModIndex(x0, 128) + 131072 * FloorDiv(1024 * x0 + x1, 131072) + x1
+    assert simplify_index(e, ranges) == 1024 * x0 + x1
+
+
+def test_common_stride_rules_agree_with_integer_arithmetic():
+    import itertools
+    import random
+
+    import sympy
+
+    from kiln_inductor.ir.symbols import FloorDiv, ModIndex, simplify_index
+
+    x0, x1, x2 = sympy.symbols("x0 x1 x2", integer=True, nonnegative=True)
+    rng = random.Random(0)
+
+    def value(e, env):
+        e = e.replace(FloorDiv, lambda p, q: sympy.floor(p / q))
+        return int(e.replace(ModIndex, lambda p, q: sympy.Mod(p, q)).subs(env))
+
+    for _ in range(60):
+        sizes = {x0: rng.randint(1, 8), x1: rng.randint(1, 8), x2: rng.randint(1, 4)}
+        k, d = rng.choice([1, 2, 4, 8]), rng.choice([2, 4, 6, 8, 16, 24])
+        base = k * rng.choice([1, 3]) * x0 + k * x1 + rng.choice([0, 1, 3]) * x2
+        for e in (
+            FloorDiv(base, d),
+            ModIndex(base, d),
+            5 * ModIndex(base, d) + 5 * d * FloorDiv(base, d),
+        ):
+            s = simplify_index(e, {v: sympy.Integer(n) for v, n in sizes.items()})
+            for a, b, c in itertools.product(*(range(sizes[v]) for v in (x0, x1, x2))):
+                env = {x0: a, x1: b, x2: c}
+                assert value(s, env) == value(e, env), (e, s, env)

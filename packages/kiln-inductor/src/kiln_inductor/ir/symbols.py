@@ -9,6 +9,7 @@ keeps reshapes of contiguous data vectorizable.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import sympy
@@ -166,9 +167,57 @@ def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
             rb = upper_bound(r, ranges) if r != 0 else sympy.Integer(0)
             if q != 0 and rb is not None and rb.is_Integer and div.is_Integer and rb < div:
                 return q if isinstance(e, FloorDiv) else r
+            scaled = _factor_common_stride(e, ranges)
+            if scaled is not None:
+                return scaled
         return e
 
-    return visit(sympy.expand(expr))
+    return _merge_div_mod(visit(sympy.expand(expr)))
+
+
+def _factor_common_stride(e: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
+    """(k*a + r) // d -> a // (d/k) and (k*a + r) % d -> k*(a % (d/k)) + r, when k divides d,
+    k divides every coefficient of a, and 0 <= r < k over the loop ranges.
+
+    Views of views (a reshape of a transposed slice, ...) produce these; without the rule a
+    contiguous inner loop keeps a division and the compiler cannot vectorize it."""
+    base, div = e.args
+    if not div.is_Integer:
+        return None
+    terms = sympy.Add.make_args(sympy.expand(base))
+    coeffs = [t.as_coeff_Mul()[0] for t in terms]
+    if any(not c.is_Integer or c <= 0 for c in coeffs):
+        return None
+    for k in sorted({math.gcd(int(div), int(c)) for c in coeffs}, reverse=True):
+        if k <= 1:
+            break
+        a = sum((t / k for t, c in zip(terms, coeffs) if int(c) % k == 0), sympy.Integer(0))
+        r = sum((t for t, c in zip(terms, coeffs) if int(c) % k != 0), sympy.Integer(0))
+        if a == 0 or r == 0:
+            continue
+        rb = upper_bound(r, ranges)
+        if rb is None or not rb.is_Integer or rb >= k:
+            continue
+        if isinstance(e, FloorDiv):
+            return FloorDiv(a, div // k)
+        return k * ModIndex(a, div // k) + r
+    return None
+
+
+def _merge_div_mod(expr: Expr) -> Expr:
+    """c*(a % m) + c*m*(a // m) -> c*a, the inverse of splitting a flat index."""
+    terms = list(sympy.Add.make_args(expr))
+    for i, t in enumerate(terms):
+        c, rest = t.as_coeff_Mul()
+        if not isinstance(rest, ModIndex):
+            continue
+        a, m = rest.args
+        partner = c * m * FloorDiv(a, m)
+        for j, u in enumerate(terms):
+            if j != i and sympy.expand(u - partner) == 0:
+                rest_terms = [v for k2, v in enumerate(terms) if k2 not in (i, j)]
+                return _merge_div_mod(sympy.Add(*rest_terms, c * a))
+    return expr
 
 
 def coefficients(expr: Expr, variables: Sequence[sympy.Symbol]) -> tuple[list[Expr], Expr] | None:

@@ -179,8 +179,12 @@ def _div(a: Any, b: Any, rounding_mode: str | None = None) -> Pointwise:
 def _pow(a: Any, b: Any) -> Pointwise:
     dtype = promote(a, b)
     if not isinstance(b, TensorValue) and isinstance(a, TensorValue):
+        # ATen specializes these exponents the same way (x*x, x*x*x), so results match
+        # eager and the loop needs no libm pow (slow, and GELU-tanh uses x**3).
         if b == 2:
             return pointwise(lambda x: ops.mul(x, x), [a], dtype)
+        if b == 3:
+            return pointwise(lambda x: ops.mul(ops.mul(x, x), x), [a], dtype)
         if b == 1:
             return pointwise(lambda x: x, [a], dtype)
         if b == 0.5 and dtype.is_floating_point:
