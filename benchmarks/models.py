@@ -8,7 +8,7 @@
 For each model a worker subprocess (with a timeout) builds it with random weights, runs
 eager, torch.compile and kiln.compile on the same inputs, and reports per compiler:
 correctness against eager (outputs, and gradients with --train), median latency and
-speed-up over eager, compile time (first call), peak memory of a steady-state call,
+speed-up over eager, compile time (first call), peak memory a steady-state call adds over what is resident before it,
 and graph/break counts. A second worker over the same cache folders gives warm-cache
 compile times. The table (with geomeans) is printed, the results are written as JSON
 under benchmarks/results/ and drawn as a PNG chart when matplotlib is installed.
@@ -51,9 +51,21 @@ def _peak_rss_reset() -> None:
         pass
 
 
-def _peak_rss_mb() -> float:
+def _release_free_memory() -> None:
+    """Give freed heap pages back to the OS (glibc), so a call's allocations show in RSS."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _rss_field_mb(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -119,9 +131,13 @@ class Runner:
             self.step(model, args)
             self.sync()
             return torch.cuda.max_memory_allocated() / 2**20
+        # Memory the call itself takes on top of what is resident before it: the process's
+        # baseline (models built earlier in this worker) would otherwise bias later columns.
+        _release_free_memory()
         _peak_rss_reset()
+        before = _rss_field_mb("VmRSS")
         self.step(model, args)
-        return _peak_rss_mb()
+        return _rss_field_mb("VmHWM") - before
 
 
 def _close(got, want, dtype) -> tuple[bool, float]:

@@ -80,7 +80,7 @@ def compile(
         )
     optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
-        return _compiled_module(model, optimize(_module_caller(model)))
+        return _compiled_module(model, optimize(model))
     return optimize(model)
 
 
@@ -99,16 +99,6 @@ def _compiled_module(module: torch.nn.Module, compiled_call: Callable) -> torch.
     object.__setattr__(compiled, "__dict__", module.__dict__)
     _COMPILED_STATE[compiled] = (module, compiled_call)
     return compiled
-
-
-def _module_caller(module: torch.nn.Module) -> Callable:
-    """A plain function calling ``module``: its frame is the one captured, so the module's
-    ``__call__`` (hooks included) and ``forward`` are inlined into one graph."""
-
-    def call_module(*args: Any, **kwargs: Any) -> Any:
-        return module(*args, **kwargs)
-
-    return call_module
 
 
 def _call_compiled(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -132,15 +122,19 @@ def disable(fn: F | None = None, recursive: bool = True) -> Any:
 def reset() -> None:
     """Forget every compiled frame and cache entry (``torch._dynamo.reset``)."""
     kiln_capture.reset()
-    for key in backends.COUNTERS:
-        backends.COUNTERS[key] = 0
+    backends.FALLBACKS[0] = 0
 
 
 def stats() -> dict[str, int]:
     """Since the last reset: graphs compiled, graphs that fell back to eager, graph breaks,
     recompiles."""
     captured = kiln_capture.stats()
-    return {**backends.COUNTERS, "breaks": captured["breaks"], "recompiles": captured["recompiles"]}
+    return {
+        "graphs": captured["graphs"],
+        "fallbacks": backends.FALLBACKS[0],
+        "breaks": captured["breaks"],
+        "recompiles": captured["recompiles"],
+    }
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> Any:

@@ -30,8 +30,8 @@ log = logging.getLogger("kiln")
 
 Backend = Callable[[torch.fx.GraphModule, list], Callable]
 
-# Graphs handed to a backend and graphs that fell back to eager since the last reset.
-COUNTERS: dict[str, int] = {"graphs": 0, "fallbacks": 0}
+# Graphs that fell back to eager since the last reset (capture counts the graphs).
+FALLBACKS = [0]
 
 
 def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -118,11 +118,10 @@ def with_fallback(name: str, backend: Backend, *, allow_fallback: bool) -> Backe
 
     @functools.wraps(backend)
     def guarded(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        COUNTERS["graphs"] += 1
         try:
             return backend(gm, example_inputs)
         except Exception as e:
-            COUNTERS["fallbacks"] += 1
+            FALLBACKS[0] += 1
             stage = getattr(e, "stage", None)
             op = getattr(e, "op", None)
             error = BackendCompilerFailed(name, stage, str(op) if op is not None else None, e)

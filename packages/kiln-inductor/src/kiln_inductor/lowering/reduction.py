@@ -73,17 +73,13 @@ def _sum_dtype(x: TensorValue, dtype: torch.dtype | None) -> torch.dtype:
     return torch.int64 if (not x.dtype.is_floating_point and not x.dtype.is_complex) else x.dtype
 
 
-def _finish(value: TensorValue, dtype: torch.dtype) -> TensorValue:
-    return to_dtype(value, dtype) if value.dtype != dtype else value
-
-
 @register_lowering(aten.sum)
 def sum_(
     x: TensorValue, dims: Any = None, keepdim: bool = False, dtype: torch.dtype | None = None
 ) -> TensorValue:
     dt = _sum_dtype(x, dtype)
     acc = compute_dtype(dt)
-    return _finish(reduce(x, dims, keepdim, "sum", acc, acc), dt)
+    return to_dtype(reduce(x, dims, keepdim, "sum", acc, acc), dt)
 
 
 @register_lowering(aten.prod)
@@ -92,7 +88,7 @@ def prod(
 ) -> TensorValue:
     dt = _sum_dtype(x, dtype)
     acc = compute_dtype(dt)
-    return _finish(reduce(x, dim, keepdim, "prod", acc, acc), dt)
+    return to_dtype(reduce(x, dim, keepdim, "prod", acc, acc), dt)
 
 
 @register_lowering(aten.mean)
@@ -102,7 +98,7 @@ def mean(
     dt = dtype or x.dtype
     n = _count(x, dims)
     s = reduce(x, dims, keepdim, "sum", compute_dtype(dt), compute_dtype(dt))
-    return _finish(
+    return to_dtype(
         pointwise(
             lambda v: ops.truediv(v, ops.constant(n, compute_dtype(dt))), [s], compute_dtype(dt)
         ),
@@ -123,7 +119,7 @@ def _amax_amin(x: TensorValue, dims: Any = (), keepdim: bool = False) -> TensorV
 
 
 def amax(x: TensorValue, dims: Any, keepdim: bool) -> TensorValue:
-    return _finish(reduce(x, dims, keepdim, "max", compute_dtype(x.dtype)), x.dtype)
+    return to_dtype(reduce(x, dims, keepdim, "max", compute_dtype(x.dtype)), x.dtype)
 
 
 @register_lowering(aten.max, aten.min)
@@ -134,8 +130,8 @@ def _max_min(x: TensorValue, dim: Any = None, keepdim: bool = False) -> Any:
     if dim is None or isinstance(dim, TensorValue):
         if isinstance(dim, TensorValue):  # max.other == maximum
             return pointwise(getattr(ops, kind + "imum"), [x, dim], promote(x, dim))
-        return _finish(reduce(x, None, False, kind, compute_dtype(x.dtype)), x.dtype)
-    values = _finish(reduce(x, dim, keepdim, kind, compute_dtype(x.dtype)), x.dtype)
+        return to_dtype(reduce(x, None, False, kind, compute_dtype(x.dtype)), x.dtype)
+    values = to_dtype(reduce(x, dim, keepdim, kind, compute_dtype(x.dtype)), x.dtype)
     indices = reduce(x, dim, keepdim, "arg" + kind, torch.int64)
     return values, indices
 
@@ -215,7 +211,7 @@ def var_mean(
         return ops.truediv(v, ops.constant(max(float(n) - corr, 0.0), dt))
 
     out_dtype = x.dtype if x.dtype.is_floating_point else dt
-    return _finish(pointwise(var, [m2], dt), out_dtype), _finish(m, out_dtype)
+    return to_dtype(pointwise(var, [m2], dt), out_dtype), to_dtype(m, out_dtype)
 
 
 @register_lowering(aten.var)
@@ -250,7 +246,7 @@ def softmax(x: TensorValue, dim: int, half_to_float: bool = False) -> TensorValu
     m = amax(xc, [dim], True)
     e = exp(sub(xc, m))
     s = sum_(e, [dim], True)
-    return _finish(div(e, s), out_dtype)
+    return to_dtype(div(e, s), out_dtype)
 
 
 @register_lowering(aten._log_softmax)
@@ -260,7 +256,7 @@ def log_softmax(x: TensorValue, dim: int, half_to_float: bool = False) -> Tensor
     m = amax(xc, [dim], True)
     shifted = sub(xc, m)
     s = sum_(exp(shifted), [dim], True)
-    return _finish(sub(shifted, pointwise(ops.log, [s], s.dtype)), out_dtype)
+    return to_dtype(sub(shifted, pointwise(ops.log, [s], s.dtype)), out_dtype)
 
 
 @register_lowering(aten.logsumexp)
