@@ -227,3 +227,28 @@ def test_timm_model_captured_without_breaks(name):
         out = kiln_capture.explain(model)(x)
     assert (out.graph_count, out.break_count) == (1, 0), str(out.breaks)
     torch.testing.assert_close(out.result, ref)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_hf_model_under_cpu_autocast_matches_eager(name):
+    """The caller's bf16 autocast applies inside the captured graph (LLaMA's rotary
+    embedding also opens its own ``autocast(enabled=False)`` block)."""
+    make, kwargs = HF_MODELS[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    ids = torch.randint(0, 128, (2, 12))
+
+    def run(ids):
+        return model(input_ids=ids, **kwargs).last_hidden_state
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = run(ids)
+        out = kiln_capture.explain(run)(ids)
+    assert (out.graph_count, out.break_count) == (1, 0), str(out.breaks)
+    dtypes = {
+        n.meta["val"].dtype
+        for n in out.graphs[0].graph.nodes
+        if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
+    }
+    assert torch.bfloat16 in dtypes  # matmuls ran in bf16
+    assert out.result.dtype == ref.dtype and torch.equal(out.result, ref)

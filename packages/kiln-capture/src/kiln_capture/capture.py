@@ -110,6 +110,7 @@ def _compile_graph(
     if out.ops == 0:
         return None, None, []
     graph = out.graph
+    out.close_autocast()
     if restore_grad and out.grad_enabled != out.initial_grad:  # cut inside a grad-mode block: the
         # generated code re-enters the block, so the graph leaves the mode as it found it
         graph.call_function(torch._C._set_grad_enabled, (out.initial_grad,))

@@ -46,7 +46,7 @@ from kiln_capture.variables.containers import (
     SliceVar,
     TupleVar,
 )
-from kiln_capture.variables.contexts import GradModeVar
+from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.functions import NestedFunctionVar
 from kiln_capture.variables.objects import SuperVar
 
@@ -120,7 +120,7 @@ class Frame:
         self.stack: list[Var] = []
         self.ip = 0
         self.kw_names: tuple[str, ...] = ()
-        self.contexts: list[GradModeVar] = []
+        self.contexts: list[ContextVar] = []
         self.current: dis.Instruction | None = None
         self.lineno = code.co_firstlineno
 
@@ -631,7 +631,7 @@ class Frame:
 
     def BEFORE_WITH(self, ins):
         ctx = self.pop()
-        if isinstance(ctx, GradModeVar):
+        if isinstance(ctx, ContextVar):
             self.push(ctx.getattr(self, "__exit__"))
             self.push(ctx.enter(self))
             return

@@ -58,7 +58,7 @@ def skipped_file(filename: str) -> bool:
         return True
     parts = path.split(os.sep)
     if path.startswith(_SITE_DIRS) or "site-packages" in parts or "dist-packages" in parts:
-        return any(p in _SKIP_PACKAGES for p in parts)
+        return any(p.removesuffix(".py") in _SKIP_PACKAGES for p in parts)
     return path.startswith(_STDLIB_DIRS)
 
 

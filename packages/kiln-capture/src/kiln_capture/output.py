@@ -7,6 +7,7 @@ operations become FX nodes whose ``meta["val"]`` is computed on the meta device
 
 from __future__ import annotations
 
+import contextlib
 import re
 import types
 from operator import getitem as _getitem
@@ -14,7 +15,7 @@ from operator import getitem as _getitem
 import torch
 from torch import fx, nn
 
-from kiln_capture import breaks
+from kiln_capture import autocast_state, breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.guards import GuardSet
 from kiln_capture.side_effects import SideEffects
@@ -23,6 +24,7 @@ from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.builtins import BuiltinVar, is_builtin_callable
 from kiln_capture.variables.constants import LITERAL_TYPES, ConstVar, is_constant_value
 from kiln_capture.variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar
+from kiln_capture.variables.contexts import AutocastVar, ContextMethodVar, EnteredAutocastVar
 from kiln_capture.variables.functions import BoundMethodVar, TorchFnVar, UserFunctionVar
 from kiln_capture.variables.modules import ModuleVar
 from kiln_capture.variables.objects import ObjectVar
@@ -32,12 +34,13 @@ _DEVICE_LIKE_METHODS = frozenset({"to", "cuda", "cpu", "type_as"})
 
 
 # torch modules whose Python functions are inlined rather than recorded as graph calls:
-# module forwards, and the decorator/context-manager plumbing of grad modes.
+# module forwards, and the decorator/context-manager plumbing of grad modes and autocast.
 _INLINED_TORCH_MODULES = (
     "torch.nn.modules",
     "torch.testing",
     "torch.utils._contextlib",
     "torch.autograd.grad_mode",
+    "torch.amp.autocast_mode",
 )
 
 
@@ -77,6 +80,14 @@ class OutputGraph:
         self.guards.add(
             f"{self.guards.const(torch.is_grad_enabled)}() is {self.grad_enabled}",
             f"grad mode is {'enabled' if self.grad_enabled else 'disabled'}",
+        )
+        # so do dtypes under autocast (the caller's autocast applies to the frame)
+        self.autocast = autocast_state.current()
+        self.initial_autocast = self.autocast
+        self.autocast_open: list[fx.Node] = []  # _enter_autocast nodes not yet exited
+        self.guards.add(
+            f"{self.guards.const(autocast_state.current)}() == {self.guards.const(self.autocast)}",
+            f"autocast state is {self.autocast or 'off'}",
         )
         self.example_inputs: list[torch.Tensor] = []
         self.input_sources: dict[fx.Node, Source] = {}
@@ -166,6 +177,19 @@ class OutputGraph:
                     g.dict_keys(source, tuple(value))
                 items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
                 return DictVar(items, source, cls=type(value))
+        if isinstance(value, torch.amp.autocast):
+            if rooted:
+                g.id_is(source, value)
+            return AutocastVar(value, source)
+        if (
+            isinstance(value, types.MethodType)
+            and isinstance(value.__self__, torch.amp.autocast)
+            and value.__name__ == "__exit__"
+            and rooted
+        ):  # a continuation's with-block exit of an autocast its caller entered
+            obj_source = AttrSource(source, "__self__")
+            g.type_is(obj_source, value.__self__)
+            return ContextMethodVar(EnteredAutocastVar(value.__self__, obj_source), "exit")
         if isinstance(value, types.BuiltinMethodType) and type(
             getattr(value, "__self__", None)
         ) in (list, dict):
@@ -225,8 +249,9 @@ class OutputGraph:
     def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
         node_args = tuple(_to_node(a) for a in args)
         node_kwargs = {k: _to_node(v) for k, v in kwargs.items()}
-        meta_args = [_to_meta(a) for a in args]
-        meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        under_autocast = bool(self.autocast)
+        meta_args = [_to_meta(a, under_autocast) for a in args]
+        meta_kwargs = {k: _to_meta(v, under_autocast) for k, v in kwargs.items()}
         device = _infer_device(kind, target, args, kwargs)
         if "device" in meta_kwargs and meta_kwargs["device"] is not None:
             meta_kwargs["device"] = "meta"
@@ -234,7 +259,13 @@ class OutputGraph:
             meta_args = [meta_args[0]] + ["meta" if _device_like(a) else a for a in meta_args[1:]]
         name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
         try:
-            with torch.set_grad_enabled(self.grad_enabled), torch.device("meta"):
+            with (
+                torch.set_grad_enabled(self.grad_enabled),
+                torch.device("meta"),
+                autocast_state.autocast_as(self.autocast)
+                if under_autocast
+                else contextlib.nullcontext(),
+            ):
                 if kind == "call_method":
                     if target in ("cuda", "cpu"):
                         result = meta_args[0]
@@ -242,6 +273,8 @@ class OutputGraph:
                         result = getattr(meta_args[0], target)(*meta_args[1:], **meta_kwargs)
                 else:
                     result = target(*meta_args, **meta_kwargs)
+            if under_autocast:
+                result = autocast_state.to_meta(result)
         except Unsupported:
             raise
         except (NotImplementedError, RuntimeError) as e:
@@ -306,6 +339,31 @@ class OutputGraph:
             f"{g.const(torch.get_default_device)}() == {g.const(torch.get_default_device())}",
             f"default device is {torch.get_default_device()}",
         )
+
+    def enter_autocast(self, device: str, dtype, enabled: bool, cache_enabled: bool) -> fx.Node:
+        """Record ``torch.autocast(...).__enter__()``; the node's value is the mode object
+        that ``exit_autocast`` hands back (both are side-effectful for FX's dead-code pass)."""
+        node = self.graph.call_function(
+            torch.amp._enter_autocast, (device, dtype, enabled, cache_enabled)
+        )
+        node.meta["val"] = None
+        self.autocast = autocast_state.with_device(self.autocast, device, dtype, enabled)
+        self.autocast_open.append(node)
+        return node
+
+    def exit_autocast(self, enter: fx.Node, restore) -> None:
+        node = self.graph.call_function(torch.amp._exit_autocast, (enter,))
+        node.meta["val"] = None
+        self.autocast = restore
+        self.autocast_open.remove(enter)
+
+    def close_autocast(self) -> None:
+        """At the end of a graph: exit the regions still open, innermost first, so the
+        graph leaves the autocast state as it found it."""
+        for enter in reversed(self.autocast_open):
+            node = self.graph.call_function(torch.amp._exit_autocast, (enter,))
+            node.meta["val"] = None
+        self.autocast_open.clear()
 
     def set_grad(self, enabled: bool) -> bool:
         prev = self.grad_enabled
@@ -399,15 +457,16 @@ def _to_node(v: Var):
         ) from None
 
 
-def _to_meta(v: Var):
+def _to_meta(v: Var, on_device: bool = False):
+    """The meta value of an argument; ``on_device``: tensors as DeviceMeta (autocast)."""
     if isinstance(v, TensorVar):
-        return v.meta
+        return autocast_state.DeviceMeta(v.meta, v.device) if on_device else v.meta
     if isinstance(v, TupleVar | SizeVar) and not v.is_const():
-        return tuple(_to_meta(i) for i in v.items)
+        return tuple(_to_meta(i, on_device) for i in v.items)
     if isinstance(v, ListVar):
-        return [_to_meta(i) for i in v.items]
+        return [_to_meta(i, on_device) for i in v.items]
     if type(v).__name__ == "SliceVar":
-        return slice(*(_to_meta(p) for p in v.parts))
+        return slice(*(_to_meta(p, on_device) for p in v.parts))
     if isinstance(v, DictVar):
-        return {k: _to_meta(i) for k, i in v.items.items()}
+        return {k: _to_meta(i, on_device) for k, i in v.items.items()}
     return v.as_const()

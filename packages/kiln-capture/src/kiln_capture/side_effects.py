@@ -1,5 +1,6 @@
 """Side effects of the captured region, replayed after the graph in program order:
-mutated input lists and dicts (their final contents), attribute stores, global stores."""
+mutated input lists and dicts (their final contents), attribute stores, global stores,
+and calls of real objects the graph cannot make (exiting an autocast entered outside)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ class SideEffects:
             self.order.append(("global", name))
         self.global_stores[name] = value
 
+    def call_after(self, statement: str) -> None:
+        """A statement over the frame's sources, run after the graph (no value computed)."""
+        self.order.append(("call", statement))
+
     def values(self) -> list[Var]:
         out: list[Var] = []
         for kind, key in self.order:
@@ -44,7 +49,7 @@ class SideEffects:
                 out.extend(key.children())
             elif kind == "attr":
                 out.append(self.attr_stores[key][2])
-            else:
+            elif kind == "global":
                 out.append(self.global_stores[key])
         return out
 
@@ -73,6 +78,8 @@ class SideEffects:
                 obj, name, value = self.attr_stores[key]
                 compute.append(f"{tmp} = ({cg.rebuild(obj)}, {cg.rebuild(value)})")
                 apply.append(f"setattr({tmp}[0], {name!r}, {tmp}[1])")
+            elif kind == "call":
+                apply.append(key)
             else:
                 compute.append(f"{tmp} = {cg.rebuild(self.global_stores[key])}")
                 apply.append(f"__k_G[{key!r}] = {tmp}")

@@ -65,11 +65,28 @@ def set_grad_enabled_function_call(x):
     return y, y.requires_grad
 
 
-@case(graphs=1, breaks=2, args=lambda: (T(4, 4), T(4, 4)))
-def autocast_region_runs_eagerly(x, w):
-    # autocast changes op dtypes in ways the meta device cannot show: the region runs
-    # eagerly (logged), never with wrong metadata
+@case(args=lambda: (T(4, 4), T(4, 4)))
+def autocast_region(x, w):
     y = x + 1
     with torch.autocast("cpu", dtype=torch.bfloat16):
         z = y @ w
     return z.float() * 2, z.dtype
+
+
+@case(args=lambda: (T(4, 4, grad=True), T(4, 4)))
+def autocast_nested_disabled_with_no_grad(x, w):
+    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
+        a = torch.relu(x @ w)
+        with torch.autocast("cpu", enabled=False), torch.no_grad():
+            b = a.float() @ w
+        c = torch.softmax(a @ b.to(a.dtype), -1)
+    return a, b, c, b.requires_grad
+
+
+@case(graphs=2, breaks=1, args=lambda: (T(4, 4), T(4, 4)))
+def autocast_break_in_region(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = x @ w
+        n = int(a.sum().float().abs().item() > 0)
+        b = a @ w * n
+    return a, b, b @ b

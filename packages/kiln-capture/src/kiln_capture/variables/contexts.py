@@ -1,10 +1,23 @@
-"""Context managers of grad mode: ``torch.no_grad()``, ``enable_grad()``, ``set_grad_enabled``.
+"""Context managers the trace models: grad modes and autocast.
 
-Entering one flips the trace's grad mode (metadata is computed under it) and records
+Grad modes (``torch.no_grad()``, ``enable_grad()``, ``set_grad_enabled``): entering one
+flips the trace's grad mode (metadata is computed under it) and records
 ``torch._C._set_grad_enabled`` in the graph, so the graph carries the same mode.
+
+Autocast (``torch.autocast``, ``torch.amp.autocast``, ``torch.cpu.amp.autocast``, the
+decorator form too): entering records ``torch.amp._enter_autocast(device, dtype, enabled,
+cache_enabled)`` and exiting ``torch.amp._exit_autocast(mode)``, so running the graph as
+given casts as eager does, and a tracer that runs the graph's nodes under its own
+dispatch mode sees the casts (autocast sits above the Python dispatch key). Metadata
+inside the region is computed under the same autocast state (see autocast_state.py).
+Every graph leaves the autocast state as it found it: regions still open at the end of
+a graph (a graph break inside the block) are closed by the graph, and the generated
+code enters a real autocast for the continuation (see ``ContextMethodVar.reconstruct``).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -16,7 +29,33 @@ from kiln_capture.variables.constants import ConstVar
 GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
 
-class GradModeVar(Var):
+class ContextVar(Var):
+    """A context manager the trace models: ``enter``/``exit`` change the trace's state."""
+
+    def enter(self, tx) -> Var:
+        raise NotImplementedError
+
+    def exit(self, tx) -> None:
+        raise NotImplementedError
+
+    def constructor(self, cg) -> str:
+        """An expression that makes an equivalent, not yet entered, real context manager."""
+        raise NotImplementedError
+
+    def getattr(self, tx, name):
+        if name == "__enter__":
+            return ContextMethodVar(self, "enter")
+        if name == "__exit__":
+            return ContextMethodVar(self, "exit")
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self!r}.{name}")
+
+    def reconstruct(self, cg) -> str:
+        raise Unsupported(
+            breaks.UNSUPPORTED_VALUE, f"context manager {self!r} live across a graph break"
+        )
+
+
+class GradModeVar(ContextVar):
     def __init__(self, tx, cls: type, args: list[Var]) -> None:
         self.cls = cls
         if cls is torch.no_grad:
@@ -50,21 +89,103 @@ class GradModeVar(Var):
         if tx.contexts and tx.contexts[-1] is self:
             tx.contexts.pop()
 
-    def getattr(self, tx, name):
-        if name == "__enter__":
-            return ContextMethodVar(self, "enter")
-        if name == "__exit__":
-            return ContextMethodVar(self, "exit")
-        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}.{name}")
+    def constructor(self, cg) -> str:
+        arg = repr(self.target) if self.cls is torch.set_grad_enabled else ""
+        return f"{cg.const(self.cls)}({arg})"
 
-    def reconstruct(self, cg) -> str:
-        raise Unsupported(
-            breaks.UNSUPPORTED_VALUE, "a grad-mode context manager live across a graph break"
+
+class AutocastVar(ContextVar):
+    """``torch.autocast(...)``: settings read from a real (never entered) instance."""
+
+    def __init__(self, obj: torch.amp.autocast, source=None) -> None:
+        self.obj = obj
+        self.source = source
+        self.device: str = obj.device
+        self.dtype: torch.dtype = obj.fast_dtype
+        self.enabled: bool = bool(obj._enabled)
+        self.cache_enabled: bool = bool(obj._cache_enabled)
+        self.node = None  # the _enter_autocast node while entered in this trace
+        self.prev = None
+
+    @staticmethod
+    def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> AutocastVar:
+        try:
+            consts = [a.as_const() for a in args]
+            kw = {k: v.as_const() for k, v in kwargs.items()}
+        except Unsupported:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, "torch.autocast with non-constant arguments"
+            ) from None
+        try:
+            with warnings.catch_warnings():  # eager code warns (deprecations) when it runs
+                warnings.simplefilter("ignore")
+                return AutocastVar(cls(*consts, **kw))
+        except Exception as e:
+            raise Unsupported(breaks.EXCEPTION, f"torch.autocast raised {e}") from e
+
+    def __repr__(self) -> str:
+        return f"Autocast({self.device}, {self.dtype}, enabled={self.enabled})"
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def enter(self, tx) -> Var:
+        if self.node is not None:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "re-entering an autocast context")
+        self.prev = tx.out.autocast
+        self.node = tx.out.enter_autocast(self.device, self.dtype, self.enabled, self.cache_enabled)
+        tx.contexts.append(self)
+        return self
+
+    def exit(self, tx) -> None:
+        if self.node is None:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, "exit of an autocast context that was not entered"
+            )
+        tx.out.exit_autocast(self.node, self.prev)
+        self.node = None
+        if tx.contexts and tx.contexts[-1] is self:
+            tx.contexts.pop()
+
+    def constructor(self, cg) -> str:
+        return (
+            f"torch.amp.autocast({self.device!r}, dtype={cg.const(self.dtype)}, "
+            f"enabled={self.enabled!r}, cache_enabled={self.cache_enabled!r})"
         )
 
 
+class EnteredAutocastVar(ContextVar):
+    """A real autocast entered before the frame began (by a continuation's caller); only
+    its exit is modelled. The graph cannot name the real object, so at the exit it enters
+    a region with the state the real ``__exit__`` restores (closed again at the graph's
+    end), and the generated code calls the real ``__exit__`` after the graph."""
+
+    def __init__(self, obj: torch.amp.autocast, source) -> None:
+        self.obj = obj
+        self.source = source
+        self.exited = False
+
+    def __repr__(self) -> str:
+        return f"EnteredAutocast({self.obj.device})"
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def exit(self, tx) -> None:
+        if self.exited:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "exit of an autocast exited before")
+        from kiln_capture.sources import AttrSource
+
+        obj = self.obj
+        for attr in ("device", "prev", "prev_fastdtype", "prev_cache_enabled"):
+            tx.out.wrap(getattr(obj, attr), AttrSource(self.source, attr))  # guards them
+        tx.out.enter_autocast(obj.device, obj.prev_fastdtype, obj.prev, obj.prev_cache_enabled)
+        tx.out.side_effects.call_after(f"{self.source.expr()}.__exit__(None, None, None)")
+        self.exited = True
+
+
 class ContextMethodVar(Var):
-    def __init__(self, ctx: GradModeVar, which: str) -> None:
+    def __init__(self, ctx: ContextVar, which: str) -> None:
         self.ctx = ctx
         self.which = which
 
@@ -75,16 +196,17 @@ class ContextMethodVar(Var):
         return ConstVar(None)
 
     def reconstruct(self, cg) -> str:
-        """At a graph break inside ``with <grad mode>:`` the generated code enters a real
+        """At a graph break inside ``with <grad mode or autocast>:`` the generated code enters a real
         context manager of the same kind (once) and hands its ``__exit__`` on the stack to
         the continuation, whose with-statement then exits it as usual."""
         if self.which != "exit":
             return super().reconstruct(cg)
+        if isinstance(self.ctx, EnteredAutocastVar):
+            return f"{self.ctx.source.expr()}.__exit__"
         name = cg.context_name(self.ctx)
         if name is None:
-            cls = cg.const(self.ctx.cls)
-            arg = repr(self.ctx.target) if self.ctx.cls is torch.set_grad_enabled else ""
+            ctor = self.ctx.constructor(cg)
             name = cg.context_name(self.ctx, create=True)
-            cg.preamble.append(f"{name} = {cls}({arg})")
+            cg.preamble.append(f"{name} = {ctor}")
             cg.preamble.append(f"{name}.__enter__()")
         return f"{name}.__exit__"

@@ -261,6 +261,24 @@ _COMPILING_QUERIES = tuple(
     )
     if f
 )
+
+
+def _autocast_query(tx, fn, args: list[Var]) -> Var | None:
+    """``torch.is_autocast_enabled(dev)`` / ``get_autocast_dtype(dev)`` answered from the
+    trace's autocast state (the real state is the caller's, not the traced block's)."""
+    if fn is torch.is_autocast_enabled or fn is torch.get_autocast_dtype:
+        if args and not args[0].is_const():
+            return None
+        device = args[0].as_const() if args else "cuda"
+        state = dict(tx.out.autocast)
+        if fn is torch.is_autocast_enabled:
+            return ConstVar(device in state)
+        return ConstVar(state.get(device, torch.get_autocast_dtype(device)))
+    if fn is getattr(torch, "is_autocast_cpu_enabled", None):
+        return ConstVar("cpu" in dict(tx.out.autocast))
+    return None
+
+
 _CUDA_QUERIES = {
     "is_available",
     "device_count",
@@ -300,6 +318,9 @@ class TorchFnVar(Var):
         if fn is torch._C._set_grad_enabled and len(args) == 1 and args[0].is_const():
             tx.out.set_grad(bool(args[0].as_const()))
             return ConstVar(None)
+        answer = _autocast_query(tx, fn, args)
+        if answer is not None:
+            return answer
         if fn in _COMPILING_QUERIES:
             # like torch.compile, captured code takes the "compiling" path of libraries
             return ConstVar(True)

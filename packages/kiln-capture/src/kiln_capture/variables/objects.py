@@ -15,7 +15,7 @@ from kiln_capture.sources import AttrSource
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar, is_constant_value
 from kiln_capture.variables.containers import NamedTupleVar, TupleVar
-from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, GradModeVar
+from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, AutocastVar, GradModeVar
 from kiln_capture.variables.modules import lookup_class_attr
 from kiln_capture.variables.tensors import SizeVar
 
@@ -233,6 +233,8 @@ def _is_record(cls: type) -> bool:
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if cls in GRAD_MODE_CLASSES:
         return GradModeVar(tx, cls, args)
+    if issubclass(cls, torch.amp.autocast):
+        return AutocastVar.construct(tx, cls, args, kwargs)
     if cls is torch.Size:
         return SizeVar(args[0].unpack(tx) if args else [])
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):

@@ -1,0 +1,125 @@
+"""Autocast: the state a trace assumes, its guard, and tensor metadata computed under it.
+
+Design note: "metadata under autocast"
+--------------------------------------
+Autocast casts an op's arguments in the dispatcher, above the Python key, and only
+arguments that live on the autocast device. A meta tensor is never eligible, so an op
+evaluated on the meta device under ``torch.autocast("cpu")`` would report the un-cast
+dtype. While the trace's autocast state enables some device, each op's metadata is
+therefore computed on ``DeviceMeta`` wrappers: tensors that report the real device
+(autocast casts them as it would the real ones) and run every op that reaches them,
+the casts included, on their meta tensor. The real autocast state is set to the trace's
+for that one call, with the autocast weight cache off (it is keyed by tensor address and
+the wrappers die after each op).
+
+The state is a tuple of ``(device, dtype)`` for each device with autocast enabled; the
+frame's state at entry is guarded (``current()``), since the same code traced with
+autocast on and off gives different graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.utils._pytree import tree_map
+
+DEVICES = ("cpu", "cuda")
+
+AutocastState = tuple[tuple[str, torch.dtype], ...]
+
+
+def current() -> AutocastState:
+    """The calling thread's autocast state: ``(device, dtype)`` per enabled device."""
+    return tuple((d, torch.get_autocast_dtype(d)) for d in DEVICES if torch.is_autocast_enabled(d))
+
+
+def with_device(state: AutocastState, device: str, dtype: torch.dtype, enabled: bool):
+    """``state`` after entering ``torch.autocast(device, dtype, enabled=enabled)``."""
+    rest = tuple((d, t) for d, t in state if d != device)
+    if not enabled:
+        return rest
+    return tuple(sorted(rest + ((device, dtype),), key=lambda e: DEVICES.index(e[0])))
+
+
+class DeviceMeta(torch.Tensor):
+    """A meta tensor that reports a real device (see the design note above)."""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, device: torch.device) -> DeviceMeta:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.shape,
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            device=device,
+            requires_grad=elem.requires_grad,
+        )
+        r.elem = elem.detach() if elem.requires_grad else elem
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        device = None
+
+        def unwrap(t):
+            nonlocal device
+            if isinstance(t, DeviceMeta):
+                device = device or t.device
+                return t.elem
+            return t
+
+        args, kwargs = tree_map(unwrap, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        return tree_map(lambda t: DeviceMeta(t, device) if isinstance(t, torch.Tensor) else t, out)
+
+
+def to_meta(value):
+    """Plain meta tensors for the wrappers in an op's result (requires_grad kept)."""
+
+    def unwrap(t):
+        if not isinstance(t, DeviceMeta):
+            return t
+        m = t.elem
+        if t.requires_grad and not m.requires_grad:
+            m = m.detach().requires_grad_(True)
+        return m
+
+    return tree_map(unwrap, value)
+
+
+@contextlib.contextmanager
+def autocast_as(state: AutocastState) -> Iterator[None]:
+    """Set the real autocast state to ``state`` (weight cache off), restore it after."""
+    saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in DEVICES]
+    cache = torch.is_autocast_cache_enabled()
+    wanted = dict(state)
+    torch.set_autocast_cache_enabled(False)
+    try:
+        for d in DEVICES:
+            torch.set_autocast_enabled(d, d in wanted)
+            if d in wanted:
+                torch.set_autocast_dtype(d, wanted[d])
+        yield
+    finally:
+        for d, enabled, dtype in saved:
+            torch.set_autocast_enabled(d, enabled)
+            torch.set_autocast_dtype(d, dtype)
+        torch.set_autocast_cache_enabled(cache)
+
+
+__all__ = [
+    "DEVICES",
+    "AutocastState",
+    "DeviceMeta",
+    "autocast_as",
+    "current",
+    "to_meta",
+    "with_device",
+]
