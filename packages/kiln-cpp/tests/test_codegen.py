@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from kiln_cpp.config import read_cpp_config
@@ -35,6 +36,8 @@ def assert_in_order(text: str, fragments: list[str]) -> None:
 
 
 def test_softmax_kernel_shape():
+    """One kernel, three loops per row: max, sum of exp (kept in a per-row scratch array),
+    then the exp read back times the reciprocal of the sum (exp is computed once)."""
     (src,) = kernel_sources(
         lambda x: (aten._softmax.default(x, -1, False),), [torch.randn(4096, 1024)]
     )
@@ -45,14 +48,46 @@ def test_softmax_kernel_shape():
             "const float* __restrict__ in_ptr0, float* __restrict__ out_ptr0",
             "#pragma omp parallel for",
             "for (int64_t x0 = 0; x0 < 4096L",
-            "#pragma omp simd reduction(max:",
+            "alignas(64) float scr0[1024L];",
+            "int acc0_nan = 0;",
+            "#pragma omp simd reduction(max:acc0) reduction(|:acc0_nan)",
             "kiln::max<float>",
             "#pragma omp simd reduction(+:",
             "expf(",
+            "scr0[q0_0] = ",
             "#pragma omp simd",
+            "= scr0[q0_0];",
+            "(1.0f / acc",
             "out_ptr0[",
         ],
     )
+    assert body.count("expf(") == 1
+
+
+def test_row_sharing_keeps_different_values_apart():
+    """exp(where(pad, x, 0)) and where(pad, exp(x), 0) look alike but differ: only equal
+    structural keys are shared between the loops of a row; the result matches eager."""
+    from kiln_inductor.testing import check_compiled
+
+    def fn(x):
+        e = aten.exp.default(x)
+        pad = aten.constant_pad_nd.default(e, [0, 4], 0.0)  # exp under a mask
+        s = aten.sum.dim_IntList(pad, [-1], True)
+        return (aten.div.Tensor(aten.exp.default(aten.constant_pad_nd.default(x, [0, 4])), s),)
+
+    check_compiled(fn, [torch.randn(16, 60)])
+
+
+def test_division_by_a_literal_stays_a_division():
+    (src,) = kernel_sources(
+        lambda x: (
+            aten.div.Tensor(x, aten.sum.dim_IntList(x, [-1], True)),
+            aten.div.Tensor(x, 3.0),
+        ),
+        [torch.randn(64, 256)],
+    )
+    assert "(1.0f / acc" in src
+    assert "/ tmp" in src or "/ 3.0f" in src
 
 
 def test_full_reduction_uses_per_thread_partials():
@@ -118,6 +153,23 @@ def test_gcc_vectorizes_the_inner_loops(tmp_path):
                 f"loop at line {pragma_line + 1} not vectorized:\n{report}"
             )
         assert simd_loops
+
+
+def test_max_reduction_loop_is_packed(tmp_path):
+    """GCC's report can call a loop vectorized when only an epilogue is: the assembly of
+    softmax's max loop must hold a packed max (a bool NaN flag used to keep it scalar)."""
+    import shutil
+
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump not found")
+    (src,) = kernel_sources(lambda x: (aten.amax.default(x, [-1]),), [torch.randn(512, 1024)])
+    cfg = read_cpp_config()
+    path = tmp_path / "k.cpp"
+    path.write_text(src)
+    so = tmp_path / "k.so"
+    subprocess.run([cfg.cxx, *cfg.flags.split(), str(path), "-o", str(so)], check=True)
+    asm = subprocess.run(["objdump", "-d", str(so)], capture_output=True, text=True).stdout
+    assert "maxps" in asm, asm[-3000:]
 
 
 def test_second_process_with_warm_cache_compiles_no_kernel(tmp_path):

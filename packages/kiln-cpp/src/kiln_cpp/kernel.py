@@ -24,6 +24,7 @@ combined at the end. Welford reductions run in chunks: an exact two-pass mean/M2
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,31 +34,62 @@ import torch
 
 from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction
 from kiln_inductor.ir.ops import ops_handler
-from kiln_inductor.ir.symbols import contiguous_strides, product, simplify_index
+from kiln_inductor.ir.symbols import contiguous_strides, product
 from kiln_inductor.scheduler.fuse import Block, FusedGroup, loop_var_ranges
 
-from .cpp_ops import STORAGE_TYPES, CppOpsHandler, CppValue, ctype, literal, print_index
+from .cpp_ops import STORAGE_TYPES, CppValue, ctype, literal, print_index
 from .prelude import PRELUDE
+from .row_values import MAX_SCRATCH_BYTES, KernelOpsHandler, LoopScope, RowSharing
 
 PARALLEL_WORK = 32768  # elements of work below which a kernel runs on one thread
 CHUNK = 256  # reduction chunk (Welford blocks and per-thread partials)
 
 
-class _Handler(CppOpsHandler):
-    """Simplifies load indices with the current loop ranges before printing them."""
+def canonical_loop_vars(group: FusedGroup) -> tuple[dict[sympy.Symbol, sympy.Symbol], list[int]]:
+    """Blocks whose loops have equal extents get equal loop variables (``q<class>_<j>``), so
+    that their equal values have equal keys (see row_values). Returns the renaming and each
+    block's extents class."""
+    classes: dict[tuple[str, ...], int] = {}
+    rename: dict[sympy.Symbol, sympy.Symbol] = {}
+    of_block: list[int] = []
+    for block in group.blocks:
+        extents = (*block.inner, *block.rranges)
+        key = (block.kind == "welford", *(str(e) for e in extents))
+        c = classes.setdefault(key, len(classes))
+        of_block.append(c)
+        for j, v in enumerate((*block.vars, *block.rvars)):
+            rename[v] = sympy.Symbol(f"q{c}_{j}", integer=True, nonnegative=True)
+    return rename, of_block
 
-    ranges: dict[sympy.Symbol, Any] = {}
 
-    def load(self, name: str, index: Any) -> CppValue:
-        index = simplify_index(sympy.expand(index), self.ranges)
-        key = (name, index)
-        if key in self.forwarded_exprs:
-            return self.forwarded_exprs[key]
-        return super().load(name, index)
+def _renamed(group: FusedGroup, rename: dict[sympy.Symbol, sympy.Symbol]) -> FusedGroup:
+    def sub(e: Any) -> Any:
+        return sympy.sympify(e).xreplace(rename)
+
+    blocks = [
+        dataclasses.replace(
+            b, vars=tuple(rename[v] for v in b.vars), rvars=tuple(rename[v] for v in b.rvars)
+        )
+        for b in group.blocks
+    ]
+    bound = {
+        name: (
+            [sub(v) for v in vars_],
+            [sub(v) for v in rvars],
+            sub(store),
+            [(b, sub(e)) for b, e in loads],
+        )
+        for name, (vars_, rvars, store, loads) in group.bound.items()
+    }
+    return dataclasses.replace(group, blocks=blocks, bound=bound)
 
 
 class CppKernel:
-    def __init__(self, group: FusedGroup, buffers: dict[str, Buffer]):
+    def __init__(
+        self, group: FusedGroup, buffers: dict[str, Buffer], sharing: RowSharing | None = None
+    ):
+        self.rename, self.block_class = canonical_loop_vars(group)
+        group = _renamed(group, self.rename)
         self.group, self.buffers = group, buffers
         self.lines: list[str] = []
         self.depth = 1
@@ -74,8 +106,8 @@ class CppKernel:
             restrict = "" if name in group.aliases else " __restrict__"
             params.append(f"{STORAGE_TYPES[dt]}*{restrict} out_ptr{k}")
         self.params = params
-        self.h = _Handler(self._pointer_of, self.emit)
-        self.h.forwarded_exprs = {}
+        self.sharing = sharing or RowSharing()
+        self.h = KernelOpsHandler(self._pointer_of, self.emit, self.sharing)
         self.h.ranges = dict(zip(group.outer_vars, group.outer))
 
     def _pointer_of(self, name: str) -> tuple[str, torch.dtype]:
@@ -143,7 +175,13 @@ class CppKernel:
             )
         else:
             pragmas = [f"#pragma omp parallel for collapse({n}) {cond}"] + [None] * (n - 1)
-        self._nest(loops, pragmas, lambda: [self.block(b, parallel=False) for b in g.blocks])
+
+        def body() -> None:
+            self.scratch_declarations()
+            for b in g.blocks:
+                self.block(b, parallel=False)
+
+        self._nest(loops, pragmas, body)
 
     def _nest(self, loops: list[str], pragmas: list[str | None], body: Any) -> None:
         if not loops:
@@ -165,13 +203,44 @@ class CppKernel:
             if not loops:
                 self.pointwise_body(block)
                 return
-            self._nest(loops, pragmas, lambda: self.pointwise_body(block))
+            self._nest(
+                loops, pragmas, lambda: self.in_scope(block, lambda: self.pointwise_body(block))
+            )
             return
         loops = [
             f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})"
             for v, s in zip(block.vars, block.inner)
         ]
         self._nest(loops, [None] * len(loops), lambda: self.reduction(block, parallel))
+
+    def in_scope(self, block: Block, body: Any) -> None:
+        """Emit ``body`` as the innermost loop nest of ``block`` (see row_values.LoopScope)."""
+        k = self.group.blocks.index(block)
+        loop_vars = (*block.vars, *block.rvars)
+        extents = (*block.inner, *block.rranges)
+        flat = sum(
+            (v * s for v, s in zip(loop_vars, contiguous_strides(extents))), sympy.Integer(0)
+        )
+        n = product(extents)
+        self.h.scope = LoopScope(
+            block=k,
+            cls=self.block_class[k],
+            loop_names=frozenset(v.name for v in loop_vars),
+            flat=print_index(flat),
+            scratch_ok=bool(n.is_number) and int(n) * 8 <= MAX_SCRATCH_BYTES,
+        )
+        try:
+            body()
+        finally:
+            self.h.scope = None
+
+    def scratch_declarations(self) -> None:
+        """Per-row scratch arrays of the values shared between loops (row_values)."""
+        for key, (array, block) in sorted(self.sharing.arrays.items(), key=lambda kv: kv[1][0]):
+            dtype = self.sharing.wanted[key][2]
+            b = self.group.blocks[block]
+            n = product((*b.inner, *b.rranges))
+            self.emit(f"alignas(64) {ctype(dtype)} {array}[{print_index(n)}];")
 
     # -- pointwise ---------------------------------------------------------------------------
     def pointwise_body(self, block: Block) -> None:
@@ -215,7 +284,13 @@ class CppKernel:
                 v = a.node.body.inner_fn(vars_, rvars)  # type: ignore[union-attr]
                 a.update(v, rvars)
 
-        self._rnest(block, parallel, chunked, simd_pragma, body)
+        self._rnest(
+            block,
+            parallel,
+            chunked,
+            simd_pragma,
+            body if parallel else lambda: self.in_scope(block, body),
+        )
         if parallel:
             self.emit("#pragma omp critical")
             with self.scope():
@@ -356,11 +431,17 @@ class _Acc:
 
         self.dtype = compute_dtype(self.dtype)
         self.t = ctype(self.dtype)
+        # bool accumulators are ints: GCC does not vectorize a loop with a bool reduction
+        self.flag = self.dtype == torch.bool and not self.type.startswith("arg")
+        if self.flag:
+            self.t = "int"
         self.name = f"acc{k}"
         self.rranges = body.reduction_ranges
 
     def _init(self) -> str:
         t, dt = self.t, self.dtype
+        if self.flag:
+            return "1" if self.type in ("all", "min") else "0"
         if self.type in _INIT:
             return literal(_INIT[self.type], dt)
         if dt == torch.bool:
@@ -373,7 +454,8 @@ class _Acc:
         n = pre + self.name
         self.kernel.emit(f"{self.t} {n} = {self._init()};")
         if self.type in ("max", "min") and self.dtype.is_floating_point:
-            self.kernel.emit(f"bool {n}_nan = false;")
+            # an int flag, not a bool: GCC does not vectorize a loop with a bool reduction
+            self.kernel.emit(f"int {n}_nan = 0;")
         if self.type.startswith("arg"):
             self.kernel.emit(f"int64_t {n}_i = kiln::maxval<int64_t>();")
 
@@ -383,11 +465,11 @@ class _Acc:
         )
         if op is None:
             return []
-        if self.dtype == torch.bool and op in ("max", "min"):
-            op = "||" if op == "max" else "&&"
+        if self.flag:
+            op = "|" if self.type in ("any", "max") else "&"
         out = [f"reduction({op}:{self.name})"]
         if self.type in ("max", "min") and self.dtype.is_floating_point:
-            out.append(f"reduction(||:{self.name}_nan)")
+            out.append(f"reduction(|:{self.name}_nan)")
         return out
 
     def update(self, v: CppValue, rvars: Any) -> None:
@@ -397,14 +479,14 @@ class _Acc:
             e(f"{n} = {n} + {v};")
         elif self.type == "prod":
             e(f"{n} = {n} * {v};")
-        elif self.type in ("any", "all") or self.dtype == torch.bool:
-            op = "||" if self.type in ("any", "max") else "&&"
-            e(f"{n} = {n} {op} {v};")
+        elif self.flag:
+            op = "|" if self.type in ("any", "max") else "&"
+            e(f"{n} = {n} {op} static_cast<int>({v});")
         elif self.type in ("max", "min"):
             f = "kiln::max" if self.type == "max" else "kiln::min"
             e(f"{n} = {f}<{self.t}>({n}, {v});")
             if self.dtype.is_floating_point:
-                e(f"{n}_nan = {n}_nan || ({v} != {v});")
+                e(f"{n}_nan = {n}_nan | ({v} != {v});")
         else:
             flat = print_index(
                 sum(
@@ -423,14 +505,14 @@ class _Acc:
             e(f"{g} = {g} + {n};")
         elif self.type == "prod":
             e(f"{g} = {g} * {n};")
-        elif self.type in ("any", "all") or self.dtype == torch.bool:
-            op = "||" if self.type in ("any", "max") else "&&"
+        elif self.flag:
+            op = "|" if self.type in ("any", "max") else "&"
             e(f"{g} = {g} {op} {n};")
         elif self.type in ("max", "min"):
             f = "kiln::max" if self.type == "max" else "kiln::min"
             e(f"{g} = {f}<{self.t}>({g}, {n});")
             if self.dtype.is_floating_point:
-                e(f"{g}_nan = {g}_nan || {n}_nan;")
+                e(f"{g}_nan = {g}_nan | {n}_nan;")
         else:
             is_max = "true" if self.type == "argmax" else "false"
             e(
@@ -439,6 +521,8 @@ class _Acc:
 
     def final(self, pre: str) -> CppValue:
         n = pre + self.name
+        if self.flag:
+            return self.kernel.h._value(f"({n} != 0)", torch.bool)
         if self.type.startswith("arg"):
             return self.kernel.h._value(
                 f"({n}_i == kiln::maxval<int64_t>() ? 0 : {n}_i)", torch.int64
@@ -449,4 +533,10 @@ class _Acc:
 
 
 def generate_cpp_kernel(group: FusedGroup, buffers: dict[str, Buffer]) -> str:
-    return CppKernel(group, buffers).generate()
+    """Two passes when a later loop recomputes an expensive value of an earlier one (see
+    row_values): the first finds them, the second keeps them in per-row scratch arrays."""
+    first = CppKernel(group, buffers)
+    source = first.generate()
+    if not first.sharing.wanted:
+        return source
+    return CppKernel(group, buffers, RowSharing.from_pass(first.sharing)).generate()

@@ -1,0 +1,167 @@
+"""KernelOpsHandler: the ops handler of one kernel, sharing expensive values between its loops.
+
+Values computed once per row
+----------------------------
+A fused group runs several inner loops per outer iteration (softmax: max, then the sum of
+``exp(x - max)``, then ``exp(x - max) / sum``). Each loop is its own C++ scope, so plain
+CSE cannot see that the last loop recomputes the ``exp`` of the second. Here:
+
+- blocks whose loops have the same extents use the same C++ loop variables (the kernel
+  renames them), so equal values have equal *structural keys*: the expression with every
+  operand replaced by its own key, not by its C++ name;
+- a first generation pass records, for each expensive value (a libm call) computed
+  unconditionally in a block's innermost loop, which later block of the same extents
+  computes it again;
+- the second pass stores such a value into a per-row scratch array (``scr<k>[flat]``, on
+  the stack, L1-resident) where it is first computed and loads it in the later blocks.
+
+Division by a value that does not change along the innermost loop (softmax's sum) becomes
+a multiplication by its reciprocal, computed once (the way ATen's softmax kernel does it);
+GCC hoists the reciprocal out of the loop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from kiln_inductor.ir.symbols import simplify_index
+
+from .cpp_ops import CppOpsHandler, CppValue, ctype, literal
+from .prelude import SIMD_MATH_BINARY, SIMD_MATH_DOUBLE, SIMD_MATH_FLOAT
+
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_CALL = re.compile(r"^([A-Za-z_]\w*)\(")
+EXPENSIVE_CALLS = frozenset(SIMD_MATH_FLOAT + SIMD_MATH_DOUBLE + list(SIMD_MATH_BINARY))
+MAX_SCRATCH_BYTES = 128 * 1024  # per scratch array, on each thread's stack
+
+
+@dataclass
+class LoopScope:
+    """The innermost loop nest being emitted: its block, extents class and flat index."""
+
+    block: int
+    cls: int
+    loop_names: frozenset[str]
+    flat: str  # C++ flat index of the nest's variables (the scratch index)
+    scratch_ok: bool  # a constant extent small enough for a stack array
+
+
+@dataclass
+class RowSharing:
+    """What pass 1 found (``wanted``) and pass 2 uses: struct key -> (array, producer block)."""
+
+    produced: dict[str, tuple[int, int, torch.dtype]] = field(default_factory=dict)
+    wanted: dict[str, tuple[int, int, torch.dtype]] = field(default_factory=dict)
+    arrays: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    @staticmethod
+    def from_pass(first: RowSharing) -> RowSharing:
+        out = RowSharing()
+        for k, key in enumerate(sorted(first.wanted)):
+            block, cls, _ = first.wanted[key]
+            out.arrays[key] = (f"scr{k}", block)
+        out.wanted = dict(first.wanted)
+        return out
+
+
+class KernelOpsHandler(CppOpsHandler):
+    """Simplifies load indices with the current loop ranges; shares values across loops."""
+
+    def __init__(self, pointer_of: Any, emit: Any, sharing: RowSharing):
+        super().__init__(pointer_of, emit)
+        self.ranges: dict[sympy.Symbol, Any] = {}
+        self.forwarded_exprs: dict[tuple[str, Any], CppValue] = {}
+        self.sharing = sharing
+        self.scope: LoopScope | None = None
+        self.struct: dict[str, str] = {}  # C++ name -> structural id
+        self.interned: dict[str, str] = {}  # structural key -> id
+        self.variant: set[str] = set()  # names that change along the innermost loop
+        self.masked_depth = 0
+        self.literals: set[str] = set()  # names of compile-time constants
+
+    def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
+        v = super().constant(value, dtype)
+        self.literals.add(v.name)
+        return v
+
+    def load(self, name: str, index: Any) -> CppValue:
+        index = simplify_index(sympy.expand(index), self.ranges)
+        key = (name, index)
+        if key in self.forwarded_exprs:
+            return self.forwarded_exprs[key]
+        return super().load(name, index)
+
+    def masked(self, mask: CppValue, body: Any, other: Any) -> CppValue:
+        self.masked_depth += 1
+        try:
+            out = super().masked(mask, body, other)
+        finally:
+            self.masked_depth -= 1
+        self.variant.add(out.name)  # conservative: its inputs are not tracked
+        return out
+
+    # -- structural keys ---------------------------------------------------------------------
+    def _skey(self, expr: str, dtype: torch.dtype) -> str:
+        return f"{dtype}:" + _IDENT.sub(lambda m: self.struct.get(m.group(), m.group()), expr)
+
+    def _is_variant(self, expr: str) -> bool:
+        scope = self.scope
+        names = set(_IDENT.findall(expr))
+        return bool(names & self.variant) or (scope is not None and bool(names & scope.loop_names))
+
+    def _value(self, expr: str, dtype: torch.dtype) -> CppValue:
+        key = f"{dtype}:{expr}"
+        if key in self.cache:
+            return self.cache[key]
+        skey = self._skey(expr, dtype)
+        variant = self._is_variant(expr)
+        scope = self.scope
+        shared = self.sharing.arrays.get(skey) if scope is not None else None
+        if shared is not None and scope is not None and shared[1] != scope.block and variant:
+            name = self.fresh()
+            self.emit(f"const {ctype(dtype)} {name} = {shared[0]}[{scope.flat}];")
+            v = CppValue(name, dtype)
+        else:
+            v = super()._value(expr, dtype)
+            if scope is not None and variant:
+                self._record(expr, skey, v, scope, shared)
+        self.cache[key] = v
+        self.struct[v.name] = self.interned.setdefault(skey, f"@{len(self.interned)}")
+        if variant:
+            self.variant.add(v.name)
+        return v
+
+    def _record(
+        self, expr: str, skey: str, v: CppValue, scope: LoopScope, shared: tuple[str, int] | None
+    ) -> None:
+        m = _CALL.match(expr)
+        if m is None or m.group(1) not in EXPENSIVE_CALLS or not scope.scratch_ok:
+            return
+        if shared is not None and shared[1] == scope.block:
+            self.emit(f"{shared[0]}[{scope.flat}] = {v.name};")
+            return
+        produced = self.sharing.produced.get(skey)
+        if produced is None:
+            if self.masked_depth == 0:
+                self.sharing.produced[skey] = (scope.block, scope.cls, v.dtype)
+        elif produced[0] != scope.block and produced[1] == scope.cls:
+            self.sharing.wanted[skey] = produced
+
+    # -- division by a loop invariant --------------------------------------------------------
+    def truediv(self, a: CppValue, b: CppValue) -> CppValue:
+        if (
+            self.scope is not None
+            and a.dtype in (torch.float32, torch.float64)
+            and b.dtype == a.dtype
+            and self._is_variant(a.name)
+            and not self._is_variant(b.name)
+            and b.name not in self.literals  # x / 3.0 stays a division, as in eager
+        ):
+            r = self._value(f"({literal(1, b.dtype)} / {b})", b.dtype)
+            return self._bin(a, r, "*")
+        return super().truediv(a, b)
