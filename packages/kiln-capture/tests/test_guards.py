@@ -184,12 +184,15 @@ def add_one(x):
 def loop_calls(xs):
     out = []
     for t in xs:
-        print("a break inside a loop: the rest runs eagerly, add_one is captured alone")
+        print("a break inside a loop: past the resume limit the rest runs eagerly")
         out.append(add_one(t))
     return out
 
 
-def test_recompiles_are_reported_by_explain():
+def test_recompiles_are_reported_by_explain(monkeypatch):
+    from kiln_capture.config import config
+
+    monkeypatch.setattr(config, "loop_resume_limit", 0)  # add_one is captured alone
     xs = [torch.randn(2), torch.randn(3)]
     out = kiln_capture.explain(loop_calls)(xs)
     assert len(out.recompiles) == 1 and "add_one" in out.recompiles[0]

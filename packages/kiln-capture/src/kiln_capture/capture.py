@@ -22,6 +22,7 @@ from kiln_capture.breaks import GraphBreak
 from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_resume_code
 from kiln_capture.bytecode.rewrite import covering_handlers
 from kiln_capture.codegen import CodeGen, build_function
+from kiln_capture.config import config
 from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
 from kiln_capture.evaluator import UNBOUND, Return, RootFrame
 from kiln_capture.guards import GuardSet
@@ -45,7 +46,10 @@ _STEP_JUMP_OR_POP = {"JUMP_IF_TRUE_OR_POP": True, "JUMP_IF_FALSE_OR_POP": False}
 
 # (code, offset, stack presence, params) -> continuation code; one code object per site
 _RESUME_CODES: dict[tuple, types.CodeType] = {}
-# continuation codes that must run eagerly (a break inside a loop)
+# continuation code -> how many loop resumes led to it (a break inside a loop resumes in a
+# continuation that re-enters the loop; its next break makes a continuation of that one)
+_LOOP_DEPTH: dict[types.CodeType, int] = {}
+# continuation codes that must run eagerly (past config.loop_resume_limit)
 EAGER_RESUME_CODES: set[types.CodeType] = set()
 
 
@@ -237,9 +241,11 @@ def _finish_break(
     for off, _, _ in targets:
         live |= live_locals(code, off)
     params = [n for n in code.co_varnames if n in bound and n in live]
-    eager = any(isinstance(v, IteratorVar) for v in stack) or _loop_around(
+    in_loop = any(isinstance(v, IteratorVar) for v in stack) or _loop_around(
         code, ins.offset, root.instructions
     )
+    depth = _LOOP_DEPTH.get(code, 0) + (1 if in_loop else 0)
+    eager = depth > config.loop_resume_limit
 
     cg = CodeGen(out)
     cg.collect(
@@ -268,6 +274,7 @@ def _finish_break(
             rcode = _resume_code(code, off, presence, params)
         except Unsupported as e:
             return skip(e.detail)
+        _LOOP_DEPTH[rcode] = depth
         if eager:
             EAGER_RESUME_CODES.add(rcode)
         fn_name = f"__k_resume{j}"
@@ -299,7 +306,10 @@ def _finish_break(
     )
     body += ["    " + s for s in step] + ["finally:", "    __k_enable(__k_prev)"]
     if eager:
-        detail = brk.detail + "; the rest of the frame runs eagerly (break inside a loop)"
+        detail = (
+            brk.detail + f"; the rest of the frame runs eagerly (more than "
+            f"{config.loop_resume_limit} breaks resumed inside one loop)"
+        )
         brk = dataclasses.replace(brk, detail=detail, resumed=False)
     _record_break(ctx, brk)
     return _entry(out, root, cg, compiled, gm, body, extra)

@@ -18,7 +18,9 @@ from kiln_capture.variables.base import Var
 from kiln_capture.variables.tensors import TensorVar
 
 _SAFE_LITERALS = (int, bool, str, type(None), bytes)
-_MUTABLE_NEW = frozenset({"ListVar", "DictVar", "SetVar", "NewObjectVar", "RecordVar"})
+_MUTABLE_NEW = frozenset(
+    {"ListVar", "DictVar", "SetVar", "NewObjectVar", "RecordVar", "IteratorVar"}
+)
 
 
 def _new_object(cls: type, attrs: dict) -> object:

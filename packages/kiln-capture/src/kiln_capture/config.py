@@ -21,6 +21,13 @@ SETTINGS: dict[str, Setting] = {
         "cache entries per code object; past it the frame runs eagerly (logged)",
         affects_cache=True,
     ),
+    "loop_resume_limit": Setting(
+        "KILN_LOOP_RESUME_LIMIT",
+        64,
+        "graph breaks inside one loop resumed in a chain of continuations; past it the rest "
+        "of the frame runs eagerly (logged)",
+        affects_cache=True,
+    ),
     "raise_internal": Setting(
         "KILN_CAPTURE_RAISE_INTERNAL",
         False,
@@ -39,6 +46,7 @@ SETTINGS: dict[str, Setting] = {
 @dataclass
 class CaptureConfig:
     cache_size_limit: int = 8
+    loop_resume_limit: int = 64
     log_topics: frozenset[str] = field(default_factory=frozenset)
     raise_internal: bool = False
 
@@ -51,6 +59,9 @@ def _read() -> CaptureConfig:
     return CaptureConfig(
         raise_internal=os.environ.get(SETTINGS["raise_internal"].env, "0") == "1",
         cache_size_limit=limit,
+        loop_resume_limit=int(
+            os.environ.get(SETTINGS["loop_resume_limit"].env, SETTINGS["loop_resume_limit"].default)
+        ),
         log_topics=frozenset(t.strip() for t in topics.split(",") if t.strip()),
     )
 

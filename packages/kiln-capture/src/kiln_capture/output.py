@@ -23,8 +23,21 @@ from kiln_capture.sources import AttrSource, ConstRef, ItemSource, Source
 from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.builtins import BuiltinVar, is_builtin_callable
 from kiln_capture.variables.constants import LITERAL_TYPES, ConstVar, is_constant_value
-from kiln_capture.variables.containers import DictVar, ListVar, NamedTupleVar, TupleVar
-from kiln_capture.variables.contexts import AutocastVar, ContextMethodVar, EnteredAutocastVar
+from kiln_capture.variables.containers import (
+    LIST_ITERATOR_TYPES,
+    DictVar,
+    ListVar,
+    NamedTupleVar,
+    SourcedIteratorVar,
+    TupleVar,
+)
+from kiln_capture.variables.contexts import (
+    GRAD_MODE_CLASSES,
+    AutocastVar,
+    ContextMethodVar,
+    EnteredAutocastVar,
+    EnteredGradModeVar,
+)
 from kiln_capture.variables.functions import BoundMethodVar, TorchFnVar, UserFunctionVar
 from kiln_capture.variables.modules import ModuleVar
 from kiln_capture.variables.objects import ObjectVar
@@ -177,19 +190,25 @@ class OutputGraph:
                     g.dict_keys(source, tuple(value))
                 items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
                 return DictVar(items, source, cls=type(value))
+        if type(value) in LIST_ITERATOR_TYPES and rooted:  # a continuation's loop iterator
+            g.type_is(source, value)
+            return SourcedIteratorVar(self, value, source)
         if isinstance(value, torch.amp.autocast):
             if rooted:
                 g.id_is(source, value)
             return AutocastVar(value, source)
         if (
             isinstance(value, types.MethodType)
-            and isinstance(value.__self__, torch.amp.autocast)
             and value.__name__ == "__exit__"
             and rooted
-        ):  # a continuation's with-block exit of an autocast its caller entered
+            and isinstance(value.__self__, (torch.amp.autocast, *GRAD_MODE_CLASSES))
+            and hasattr(value.__self__, "prev")
+        ):  # a continuation's with-block exit of a context its caller entered
+            obj = value.__self__
             obj_source = AttrSource(source, "__self__")
-            g.type_is(obj_source, value.__self__)
-            return ContextMethodVar(EnteredAutocastVar(value.__self__, obj_source), "exit")
+            g.type_is(obj_source, obj)
+            kind = EnteredAutocastVar if isinstance(obj, torch.amp.autocast) else EnteredGradModeVar
+            return ContextMethodVar(kind(obj, obj_source), "exit")
         if isinstance(value, types.BuiltinMethodType) and type(
             getattr(value, "__self__", None)
         ) in (list, dict):

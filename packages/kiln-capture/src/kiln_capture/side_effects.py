@@ -38,8 +38,9 @@ class SideEffects:
             self.order.append(("global", name))
         self.global_stores[name] = value
 
-    def call_after(self, statement: str) -> None:
-        """A statement over the frame's sources, run after the graph (no value computed)."""
+    def call_after(self, statement) -> None:
+        """A statement over the frame's sources, run after the graph (no value computed);
+        a callable ``statement(cg)`` is asked for the text at replay time."""
         self.order.append(("call", statement))
 
     def values(self) -> list[Var]:
@@ -79,7 +80,7 @@ class SideEffects:
                 compute.append(f"{tmp} = ({cg.rebuild(obj)}, {cg.rebuild(value)})")
                 apply.append(f"setattr({tmp}[0], {name!r}, {tmp}[1])")
             elif kind == "call":
-                apply.append(key)
+                apply.append(key(cg) if callable(key) else key)
             else:
                 compute.append(f"{tmp} = {cg.rebuild(self.global_stores[key])}")
                 apply.append(f"__k_G[{key!r}] = {tmp}")

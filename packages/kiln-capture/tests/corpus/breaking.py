@@ -111,13 +111,86 @@ def break_in_inlined_function_resumes_in_callee(x):
     return z * y
 
 
-@case(graphs=1, breaks=1)
-def break_inside_loop_runs_rest_eagerly(x):
+@case(graphs=3, breaks=3)
+def break_inside_loop_resumes_in_the_loop(x):
     x = x * 2
     for i in range(3):
         x = x + i
-        print(i)
+        print(i)  # each iteration: a graph before, a continuation re-entering the loop
     return x
+
+
+class _Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(6, 6) for _ in range(3))
+
+    def forward(self, x):
+        norms = []
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            norms.append(x.norm().item())  # .item() feeding Python, mid-loop
+            x = x * (i + 1)
+        return x, norms
+
+
+_STACK = _Stack()
+
+
+@case(graphs=4, breaks=4, args=lambda: (T(2, 6),))  # the call itself, then 3
+def break_inside_module_list_loop(x):
+    return _STACK(x)
+
+
+@case(graphs=3, breaks=2, args=lambda: ([T(3), T(3)], T(3)))
+def break_inside_zip_loop(xs, y):
+    out = {}
+    for k, (a, b) in enumerate(zip(xs, [y, y * 2])):
+        c = a * b
+        print(k)
+        out[k] = c + 1
+    return out, y - 1
+
+
+@case(graphs=4, breaks=3)
+def break_inside_while_loop(x):
+    i = 0
+    while i < 3:
+        x = x * 1.5
+        if x.sum() > 1e9:  # a tensor-dependent branch inside the loop
+            x = x / 2
+        i += 1
+    return x - 1
+
+
+@case(graphs=3, breaks=2)
+def break_inside_inner_loop(x):
+    for i in range(2):
+        for name in ("a", "b"):
+            x = x + i
+            if name == "b":
+                print(name)
+        x = x * 2
+    return x
+
+
+@case(graphs=2, breaks=2, args=lambda: (T(4, 4, grad=True),))
+def break_inside_loop_inside_no_grad(x):
+    with torch.no_grad():
+        for i in range(2):
+            x = x * 2
+            print(i)
+    return x, x.requires_grad
+
+
+@case(graphs=2, breaks=1)
+def break_in_loop_then_loop_exits_early(x):
+    for i in range(10):
+        x = x + 1
+        if i == 1:
+            break
+        print(i)
+    return x * 3
 
 
 @case(graphs=1, breaks=1, args=lambda: (T(4, 4, grad=True),))

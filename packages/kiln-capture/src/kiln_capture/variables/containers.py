@@ -370,3 +370,83 @@ class IteratorVar(Var):
 
     def reconstruct(self, cg) -> str:
         return "iter([" + ", ".join(cg.rebuild(i) for i in self.items[self.pos :]) + "])"
+
+
+LIST_ITERATOR_TYPES = (type(iter([])), type(iter(())))
+
+
+def iter_remaining(it) -> int:
+    """Items left in a list/tuple iterator, read without consuming any."""
+    r = it.__reduce__()
+    return len(r[1][0]) - r[2] if len(r) > 2 else 0
+
+
+def iter_peek(it, i: int):
+    """The ``i``-th item still to come from a list/tuple iterator, without consuming it."""
+    r = it.__reduce__()
+    return r[1][0][r[2] + i]
+
+
+def iter_advance(it, n: int):
+    for _ in range(n):
+        next(it)
+    return it
+
+
+class SourcedIteratorVar(IteratorVar):
+    """A real list/tuple iterator read from the frame: how a continuation resuming inside
+    a ``for`` loop receives the loop's iterator (the generated code hands it on as
+    ``iter([<remaining items>])``). Items are read lazily, through ``iter_peek``, and
+    guarded as they are consumed; the generated code then advances the real iterator by
+    as many items as the trace consumed, so it is where eager code would leave it."""
+
+    def __init__(self, out, it, source) -> None:
+        super().__init__([])
+        self.out = out
+        self.real = it
+        self.source = source
+        self.available = iter_remaining(it)
+        self._advance_registered = False
+
+    def __repr__(self) -> str:
+        return f"Iterator({self.source.expr()}, consumed {self.pos} of {self.available})"
+
+    def _guard_count(self, exact: bool) -> None:
+        from kiln_capture.sources import CallSource
+
+        g = self.out.guards
+        n = CallSource(self.out.const_ref(iter_remaining), self.source, ()).expr()
+        if exact:
+            g.add(f"{n} == {self.pos}", f"{self.source.expr()} has {self.pos} items left")
+        else:
+            g.add(f"{n} >= {self.pos}", f"{self.source.expr()} has >= {self.pos} items left")
+        if not self._advance_registered:
+            self._advance_registered = True
+            self.out.side_effects.call_after(
+                lambda cg: f"{cg.const(iter_advance)}({self.source.expr()}, {self.pos})"
+            )
+
+    def next(self) -> Var | None:
+        from kiln_capture.sources import CallSource
+
+        if self.pos >= self.available:
+            self._guard_count(exact=True)
+            return None
+        src = CallSource(self.out.const_ref(iter_peek), self.source, (self.pos,))
+        item = self.out.wrap(iter_peek(self.real, self.pos), src)
+        self.items.append(item)
+        self.pos += 1
+        self._guard_count(exact=False)
+        return item
+
+    def unpack(self, tx) -> list[Var]:
+        start = self.pos
+        while self.next() is not None:
+            pass
+        return self.items[start:]
+
+    def children(self) -> list[Var]:
+        return []
+
+    def reconstruct(self, cg) -> str:
+        return self.source.expr()

@@ -184,6 +184,30 @@ class EnteredAutocastVar(ContextVar):
         self.exited = True
 
 
+class EnteredGradModeVar(ContextVar):
+    """A real grad-mode context entered before the frame began (a continuation resuming
+    inside ``with torch.no_grad():``); its exit restores the mode it saved."""
+
+    def __init__(self, obj, source) -> None:
+        self.obj = obj
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"EnteredGradMode({type(self.obj).__name__})"
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def exit(self, tx) -> None:
+        from kiln_capture.sources import AttrSource
+
+        prev = tx.out.wrap(self.obj.prev, AttrSource(self.source, "prev")).as_const()
+        tx.out.set_grad(bool(prev))
+
+
+ENTERED_OUTSIDE = (EnteredAutocastVar, EnteredGradModeVar)
+
+
 class ContextMethodVar(Var):
     def __init__(self, ctx: ContextVar, which: str) -> None:
         self.ctx = ctx
@@ -201,7 +225,7 @@ class ContextMethodVar(Var):
         the continuation, whose with-statement then exits it as usual."""
         if self.which != "exit":
             return super().reconstruct(cg)
-        if isinstance(self.ctx, EnteredAutocastVar):
+        if isinstance(self.ctx, ENTERED_OUTSIDE):
             return f"{self.ctx.source.expr()}.__exit__"
         name = cg.context_name(self.ctx)
         if name is None:
