@@ -145,6 +145,33 @@ def test_autotuning_picks_and_caches_a_winner(tmp_path, monkeypatch):
     assert list((tmp_path / "triton-autotune").rglob("winner.json"))
 
 
+def test_direct_launch_after_the_first_call_and_triton_path_for_misaligned_input(monkeypatch):
+    from kiln_triton.runtime.direct import DirectLaunch
+
+    outcomes = []
+    real = DirectLaunch.__call__
+
+    def record(self, args):
+        outcomes.append(real(self, args))
+        return outcomes[-1]
+
+    monkeypatch.setattr(DirectLaunch, "__call__", record)
+    fn = torch.fx.symbolic_trace(lambda x, y: (torch.sigmoid(x) * y + 1,))
+    x, y = make((1000,), torch.float32, device=CUDA), make((1000,), torch.float32, device=CUDA)
+    compiled = kiln_triton.compile_fx(fn, [x, y])
+    for _ in range(3):
+        x = make((1000,), torch.float32, device=CUDA)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+    assert outcomes == [True, True]  # the first call goes through Triton and builds it
+    base = make((1001,), torch.float32, device=CUDA)
+    shifted = base[1:]  # 4 bytes past a 16-byte boundary: Triton's path specializes anew
+    seen = len(outcomes)
+    torch.testing.assert_close(compiled(shifted, y), fn(shifted, y))
+    assert True not in outcomes[seen:]  # refused (or a new graph for the new offset)
+    torch.testing.assert_close(compiled(x, y), fn(x, y))
+    assert outcomes[-1] is True
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 64))
 

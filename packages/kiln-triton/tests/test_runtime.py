@@ -72,3 +72,65 @@ def test_kernel_sources_are_cached_and_imported_once(tmp_path, monkeypatch):
     y = torch.empty_like(x)
     module.kernel[(1,)](x, y, XBLOCK=8, RBLOCK=1)
     torch.testing.assert_close(y, x * 3)
+
+
+class _FakeKernel:
+    """A CompiledKernel stand-in whose launcher accepts one argument count."""
+
+    def __init__(self, accepts: int):
+        self.accepts, self.launches = accepts, []
+        self.function, self.packed_metadata = "fn", "meta"
+
+    def run(self, g0, g1, g2, stream, function, metadata, launch_md, enter, exit, *args):
+        if len(args) != self.accepts:
+            raise TypeError(f"expected {self.accepts} arguments, got {len(args)}")
+        self.launches.append(((g0, g1, g2), stream, args))
+
+
+class _FakeParam:
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _FakeFn:
+    params = [_FakeParam(n) for n in ("in_ptr0", "out_ptr0", "XBLOCK")]
+
+
+@pytest.mark.parametrize("accepts", [3, 2], ids=["constexprs-passed", "constexprs-dropped"])
+def test_direct_launch_finds_the_launchers_argument_shape(monkeypatch, accepts):
+    import torch
+
+    from kiln_triton.runtime import direct
+
+    class Driver:
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 1234)
+
+    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+    kernel = _FakeKernel(accepts)
+    x, out = torch.randn(64), torch.empty(64)
+    launch = direct.DirectLaunch.build(
+        _FakeFn, kernel, (x, out), {"XBLOCK": 64, "num_warps": 4}, (1,)
+    )
+    assert launch is not None
+    assert launch((x, out)) and launch((x, out))
+    assert [len(a) for _, _, a in kernel.launches] == [accepts, accepts]
+    assert kernel.launches[0][:2] == ((1, 1, 1), 1234)
+    assert launch.tails == [[64] if accepts == 3 else []]  # the shape that worked is kept
+    assert not launch((torch.randn(65)[1:], out))  # misaligned: Triton's path must specialize
+
+
+def test_direct_launch_gives_up_when_the_launcher_rejects_every_shape(monkeypatch):
+    import torch
+
+    from kiln_triton.runtime import direct
+
+    class Driver:
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 0)
+
+    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+    x = torch.randn(8)
+    launch = direct.DirectLaunch.build(_FakeFn, _FakeKernel(7), (x, x), {"XBLOCK": 8}, (1,))
+    assert not launch((x, x)) and launch.tails == []
+    assert not launch((x, x))

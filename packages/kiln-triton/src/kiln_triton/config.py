@@ -28,6 +28,9 @@ class TritonConfig:
     cudagraphs: bool = False
     # KILN_TRITON_COMPILE_WORKERS: threads compiling kernels ahead of the first call (0: off).
     compile_workers: int = 8
+    # KILN_TRITON_DIRECT_LAUNCH: after a kernel's first launch, launch it through its
+    # compiled launcher directly, skipping Triton's per-call argument binding (0: off).
+    direct_launch: bool = True
 
     def cache_key_part(self) -> str:
         return f"persistent_max={self.persistent_max}"
@@ -39,6 +42,7 @@ _ENV = {
     "max_autotune": "KILN_TRITON_MAX_AUTOTUNE",
     "cudagraphs": "KILN_TRITON_CUDAGRAPHS",
     "compile_workers": "KILN_TRITON_COMPILE_WORKERS",
+    "direct_launch": "KILN_TRITON_DIRECT_LAUNCH",
 }
 _override: contextvars.ContextVar[dict[str, object] | None] = contextvars.ContextVar(
     "kiln_triton_settings", default=None

@@ -30,6 +30,7 @@ from .. import __version__
 from ..config import TritonConfig
 from ..errors import TritonCompileError
 from .configs import LaunchConfig, candidate_configs, interpreter_config
+from .direct import DirectLaunch
 
 _modules: dict[str, Any] = {}
 
@@ -68,18 +69,25 @@ class TritonLauncher:
         self.config: LaunchConfig | None = None
         self._launch: Any = None
         self._kwargs: dict[str, int] = {}
+        self._grid: tuple[int, ...] = ()
+        self._direct: DirectLaunch | None = None
 
     def __call__(self, *args: Any) -> None:
+        direct = self._direct
+        if direct is not None and direct(args):
+            return
         if self._launch is None:
             if int(self.meta["xnumel"]) == 0:
                 return
             self.select(self.choose(args))
-        self._launch(*args, **self._kwargs)
+        kernel = self._launch(*args, **self._kwargs)
+        if direct is None and self.cfg.direct_launch and not interpreting():
+            self._direct = DirectLaunch.build(self.fn, kernel, args, self._kwargs, self._grid)
 
     def select(self, config: LaunchConfig) -> None:
         self.config = config
-        grid = (triton.cdiv(int(self.meta["xnumel"]), config.XBLOCK),)
-        self._launch = self.fn[grid]
+        self._grid = (triton.cdiv(int(self.meta["xnumel"]), config.XBLOCK),)
+        self._launch = self.fn[self._grid]
         self._kwargs = config.as_dict()
 
     def candidates(self) -> list[LaunchConfig]:
