@@ -7,9 +7,10 @@
 
 For each model a worker subprocess (with a timeout) builds it with random weights, runs
 eager, torch.compile and kiln.compile on the same inputs, and reports per compiler:
-correctness against eager (outputs, and gradients with --train), median latency and
-speed-up over eager, compile time (first call), peak memory a steady-state call adds over what is resident before it,
-and graph/break counts. A second worker over the same cache folders gives warm-cache
+correctness against eager (outputs, and gradients with --train), median latency (eager
+and the compilers timed in interleaved rounds, so load on a shared machine hits each
+alike) and speed-up over eager, compile time (first call), peak memory a steady-state call
+adds over what is resident before it, and graph/break counts. A second worker over the same cache folders gives warm-cache
 compile times. The table (with geomeans) is printed, the results are written as JSON
 under benchmarks/results/ and drawn as a PNG chart when matplotlib is installed.
 """
@@ -100,29 +101,33 @@ class Runner:
         with torch.no_grad():
             return _leaves(_call(model, args)), []
 
-    def latency(self, model, args) -> float:
-        """Median seconds per step after warm-up (CUDA events on the GPU)."""
+    def timed_step(self, model, args) -> float:
+        """Seconds of one step (CUDA events on the GPU)."""
         torch = self.torch
-        for _ in range(3):
+        if self.device == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
             self.step(model, args)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        self.step(model, args)
+        return time.perf_counter() - t0
+
+    def latencies(self, models: dict, args) -> dict[str, float]:
+        """Median seconds per step of each model, after warm-up, timed in interleaved rounds."""
+        for model in models.values():
+            for _ in range(3):
+                self.step(model, args)
         self.sync()
-        times = []
-        for _ in range(self.runs):
-            if self.device == "cuda":
-                start, end = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
-                start.record()
-                self.step(model, args)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                self.step(model, args)
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        times: dict[str, list[float]] = {name: [] for name in models}
+        order = list(models)
+        for r in range(self.runs):
+            for name in order[r % len(order) :] + order[: r % len(order)]:
+                times[name].append(self.timed_step(models[name], args))
+        return {name: statistics.median(t) for name, t in times.items()}
 
     def peak_memory_mb(self, model, args) -> float:
         torch = self.torch
@@ -203,11 +208,7 @@ def worker(
     result = {"model": name, "source": source, "task": "training" if train else "inference"}
     reference = copy.deepcopy(model)
     want_out, want_grads = runner.step(reference, args)
-    if not compile_only:
-        result["eager"] = {
-            "latency_s": runner.latency(reference, args),
-            "peak_mb": runner.peak_memory_mb(reference, args),
-        }
+    compiled_models = {}
     for cname in COMPILERS:
         entry: dict = {}
         candidate = copy.deepcopy(model)
@@ -222,13 +223,28 @@ def worker(
             entry["correct"] = ok_out and ok_grad
             entry["max_rel_err"] = max(err_out, err_grad)
             entry.update(_graph_counts(cname))
-            if not compile_only:
-                entry["latency_s"] = runner.latency(compiled, args)
-                entry["peak_mb"] = runner.peak_memory_mb(compiled, args)
-                entry["speedup"] = result["eager"]["latency_s"] / entry["latency_s"]
+            compiled_models[cname] = compiled
         except Exception as e:  # a failing compiler is a result, not a crash of the suite
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         result[cname] = entry
+    if compile_only:
+        return result
+    # Timed in interleaved rounds (eager, then each compiler, in turn), so that load from
+    # other processes on a shared machine slows every column alike instead of one.
+    timed = {"eager": reference, **compiled_models}
+    latencies = runner.latencies(timed, args)
+    result["eager"] = {
+        "latency_s": latencies["eager"],
+        "peak_mb": runner.peak_memory_mb(reference, args),
+    }
+    for cname, compiled in compiled_models.items():
+        entry = result[cname]
+        try:
+            entry["latency_s"] = latencies[cname]
+            entry["peak_mb"] = runner.peak_memory_mb(compiled, args)
+            entry["speedup"] = latencies["eager"] / latencies[cname]
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return result
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import re
 import warnings
 
 import pytest
@@ -352,3 +353,257 @@ def test_stats_count_graphs_fallbacks_breaks_and_recompiles():
     compiled(torch.randn(3))
     compiled(torch.randn(4))
     assert kiln.stats() == {"graphs": 4, "fallbacks": 0, "breaks": 2, "recompiles": 2}
+
+
+# -- documented behaviours: graph breaks, shapes, grad mode, nesting --------------------
+
+
+def with_print(x):
+    x = x.sin()
+    print("a graph break")
+    return x.cos()
+
+
+def test_fullgraph_raises_on_a_graph_break_naming_the_line():
+    compiled = kiln.compile(with_print, backend="eager", fullgraph=True)
+    with pytest.raises(kiln.GraphBreakError, match=r"print") as got:
+        compiled(torch.randn(3))
+    assert "test_compile.py" in str(got.value)
+
+
+def test_without_fullgraph_a_break_splits_the_graph_and_matches_eager():
+    backend = CountingBackend()
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(with_print, backend=backend)(x), with_print(x))
+    assert len(backend.graphs) == 2
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+def test_dynamic_values_are_accepted_and_every_shape_matches_eager(dynamic):
+    compiled = kiln.compile(fn, backend="eager", dynamic=dynamic)
+    torch.manual_seed(0)
+    for rows in (4, 6, 9):
+        x, y = torch.randn(rows, 8), torch.randn(8, 5)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+
+
+def test_dynamic_false_specializes_each_shape():
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend, dynamic=False)
+    torch.manual_seed(0)
+    for rows in (4, 6):
+        compiled(torch.randn(rows, 8), torch.randn(8, 5))
+    shapes = [
+        {tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)} for inputs in backend.inputs
+    ]
+    assert shapes == [{(4, 8), (8, 5)}, {(6, 8), (8, 5)}]
+
+
+def test_dynamic_of_another_type_is_rejected():
+    with pytest.raises(TypeError, match="dynamic"):
+        kiln.compile(fn, dynamic="auto")
+
+
+def test_a_new_shape_recompiles_and_an_old_one_reuses_its_graph():
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend)
+    torch.manual_seed(0)
+    a, b, y = torch.randn(4, 8), torch.randn(7, 8), torch.randn(8, 5)
+    torch.testing.assert_close(compiled(a, y), fn(a, y))
+    torch.testing.assert_close(compiled(b, y), fn(b, y))
+    torch.testing.assert_close(compiled(a * 2, y), fn(a * 2, y))
+    assert len(backend.graphs) == 2
+    assert kiln.stats()["recompiles"] == 1
+
+
+def test_a_new_dtype_recompiles():
+    backend = CountingBackend()
+    compiled = kiln.compile(fn, backend=backend)
+    x, y = inputs()
+    compiled(x, y)
+    out = compiled(x.double(), y.double())
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, fn(x.double(), y.double()))
+    assert len(backend.graphs) == 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_every_named_backend_matches_eager(backend):
+    compiled = kiln.compile(fn, backend=backend, options={"raise_on_error": True})
+    x, y = inputs()
+    torch.testing.assert_close(compiled(x, y), fn(x, y), rtol=1e-5, atol=1e-5)
+
+
+def grad_mode_mixer(x):
+    with torch.no_grad():
+        scale = x.abs().mean()
+    return x.sin() * scale
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_no_grad_inside_the_compiled_function(backend):
+    torch.manual_seed(0)
+    x = torch.randn(5, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    out = kiln.compile(grad_mode_mixer, backend=backend, options={"raise_on_error": True})(x)
+    want = grad_mode_mixer(x_ref)
+    torch.testing.assert_close(out, want)
+    out.sum().backward()
+    want.sum().backward()
+    # scale was computed without grad: its dependence on x is not differentiated
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_no_grad_outside_then_grad_enabled_recompiles(backend):
+    torch.manual_seed(0)
+    model = MLP().eval()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend=backend, options={"raise_on_error": True})
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        out = compiled(x)
+    assert out.grad_fn is None and not out.requires_grad
+    torch.testing.assert_close(out, reference(x).detach(), rtol=1e-4, atol=1e-5)
+    out = compiled(x)  # grad mode is guarded: this call must build a backward
+    assert out.requires_grad
+    out.square().sum().backward()
+    reference(x).square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_disable_on_a_function_nested_two_calls_deep():
+    calls = []
+
+    @kiln.disable
+    def eager_only(x):
+        calls.append(torch.compiler.is_compiling())
+        return x * 3
+
+    def middle(x):
+        return eager_only(x + 1) - 1
+
+    def outer(x):
+        return middle(x.sin()).cos()
+
+    backend = CountingBackend()
+    compiled = kiln.compile(outer, backend=backend)
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x), outer(x))
+    graphs = len(backend.graphs)
+    torch.testing.assert_close(compiled(x * 2), outer(x * 2))
+    assert len(backend.graphs) == graphs  # the second call reuses every graph
+    assert calls == [False] * 4  # really called each time (2 compiled + 2 eager), never traced
+    assert all(not graph_has_mul_by(gm, 3) for gm in backend.graphs)
+
+
+def graph_has_mul_by(gm: torch.fx.GraphModule, k) -> bool:
+    return any(k in n.args for n in gm.graph.nodes if n.op == "call_function")
+
+
+def test_disable_as_a_call_inside_compiled_code():
+    def outer(x):
+        y = kiln.disable(torch.nn.functional.relu)(x.sin())
+        return y.cos()
+
+    backend = CountingBackend()
+    x = torch.randn(6)
+    torch.testing.assert_close(kiln.compile(outer, backend=backend)(x), outer(x))
+
+
+def test_training_steps_through_a_compiled_module_follow_eager():
+    torch.manual_seed(0)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"raise_on_error": True})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.05)
+    x, target = torch.randn(8, 16), torch.randn(8, 8)
+    for _ in range(3):
+        losses = []
+        for m, o in ((compiled, opt), (reference, opt_ref)):
+            o.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x), target)
+            loss.backward()
+            o.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-6)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model.norm.running_mean, reference.norm.running_mean)
+
+
+def test_wrong_input_gets_eagers_error_message():
+    compiled = kiln.compile(fn, backend="inductor")
+    x, bad = torch.randn(4, 8), torch.randn(7, 5)
+    with pytest.raises(RuntimeError) as want:
+        fn(x, bad)
+    with pytest.raises(type(want.value), match=re.escape(str(want.value))):
+        compiled(x, bad)
+
+
+# -- autocast (CPU, bfloat16) -------------------------------------------------------------
+
+
+def autocast_inside(x, w, b):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = torch.nn.functional.linear(x, w, b)
+        s = torch.softmax(z, -1)
+        with torch.autocast("cpu", enabled=False):
+            q = s.float() @ w
+        m = s @ w
+    return z, s, q, m
+
+
+def autocast_inputs(requires_grad: bool = False):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    return x, w.requires_grad_(requires_grad), b
+
+
+def assert_close_bf16(got, want):
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_autocast_region_inside_the_compiled_function(backend):
+    compiled = kiln.compile(autocast_inside, backend=backend, options={"raise_on_error": True})
+    want, got = autocast_inside(*autocast_inputs()), compiled(*autocast_inputs())
+    assert [t.dtype for t in want] == [
+        torch.bfloat16,
+        torch.bfloat16,
+        torch.float32,
+        torch.bfloat16,
+    ]
+    for g, w in zip(got, want):
+        assert_close_bf16(g, w)
+    assert kiln.stats()["breaks"] == 0
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_autocast_region_trains_like_eager():
+    compiled = kiln.compile(autocast_inside, options={"raise_on_error": True})
+    x, w, b = autocast_inputs(requires_grad=True)
+    x_ref, w_ref, b_ref = autocast_inputs(requires_grad=True)
+    sum(t.float().sum() for t in compiled(x, w, b)).backward()
+    sum(t.float().sum() for t in autocast_inside(x_ref, w_ref, b_ref)).backward()
+    assert w.grad.dtype == torch.float32
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=2e-2, atol=5e-2)
+
+
+def test_callers_autocast_applies_and_leaving_it_recompiles():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = kiln.compile(model, options={"raise_on_error": True})
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want, got = model(x), compiled(x)
+        assert_close_bf16(got, want)
+        out = compiled(x)  # autocast is guarded: without it, a float32 graph
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert kiln.stats()["recompiles"] == 1

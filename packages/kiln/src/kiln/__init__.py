@@ -12,12 +12,19 @@ from importlib.metadata import version as _version
 
 from kiln.api import compile, disable, explain, reset, stats
 from kiln.backends import list_backends
-from kiln.errors import BackendCompilerFailed, InvalidOption, KilnError, UnknownBackend
+from kiln.errors import (
+    BackendCompilerFailed,
+    GraphBreakError,
+    InvalidOption,
+    KilnError,
+    UnknownBackend,
+)
 
 __version__: str = _version("kiln")
 
 __all__ = [
     "BackendCompilerFailed",
+    "GraphBreakError",
     "InvalidOption",
     "KilnError",
     "UnknownBackend",

@@ -66,6 +66,8 @@ def compile(
         )
     if not callable(model):
         raise RuntimeError(f"kiln.compile expects a callable or an nn.Module, got {type(model)}")
+    if dynamic not in (None, True, False):
+        raise TypeError(f"kiln.compile(dynamic=...) takes None, True or False, got {dynamic!r}")
     resolved = resolve_options(mode, options)
     name, fn = backends.lookup(backend, resolved)
     if disable:

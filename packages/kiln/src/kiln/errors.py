@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import kiln_capture
 
+# fullgraph=True and the program needs a graph break (raised by the capture engine).
+GraphBreakError = kiln_capture.GraphBreakError
+
 
 class KilnError(RuntimeError):
     """Base of kiln's own errors."""
