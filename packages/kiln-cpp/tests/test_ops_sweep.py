@@ -628,6 +628,74 @@ def test_normalizations():
         assert_case(results[c.label], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_low_precision_rounding_division_is_exact(dtype):
+    """div with rounding_mode matches eager bit for bit: tensor by tensor, eager computes
+    c10's floor division with every step rounded to the low precision type (and rounds the
+    quotient before trunc); by a scalar, in float32 with the scalar's original value."""
+    a = (make((64, 65), torch.float32) * 900).to(dtype)
+    b = (make((64, 65), torch.float32, "unit") * 3).to(dtype)
+    b[0, :7] = 0
+    a[1, :5] = 0
+    cases = []
+    for mode in ("floor", "trunc"):
+        cases += [
+            Case(
+                f"{mode}/tensor",
+                lambda p, q, m=mode: aten.div.Tensor_mode(p, q, rounding_mode=m),
+                (a, b),
+            ),
+            Case(
+                f"{mode}/number",
+                lambda p, m=mode: aten.div.Tensor_mode(p, 0.3, rounding_mode=m),
+                (a,),
+            ),
+            Case(
+                f"{mode}/zerodim",
+                lambda p, q, m=mode: aten.div.Tensor_mode(
+                    p, aten.select.int(aten.select.int(q, 0, 3), 0, 2), rounding_mode=m
+                ),
+                (a, b),
+            ),
+        ]
+    results = run_batch(cases)
+    for c in cases:
+        assert_case(results[c.label], rtol=0, atol=0)
+
+
+def _stats_to_bf16(results):
+    mean, rstd = results[1], results[2]
+    return (
+        aten._to_copy.default(mean, dtype=torch.bfloat16),
+        aten._to_copy.default(rstd, dtype=torch.bfloat16),
+    )
+
+
+def test_low_precision_layer_norm_statistics():
+    """CPU eager returns bfloat16 mean/rstd for bfloat16 input (computed in float32); kiln
+    too, including when they are converted again (was a scheduler KeyError)."""
+    x = make((8, 64), torch.bfloat16)
+    w, b = make((64,), torch.bfloat16), make((64,), torch.bfloat16)
+    cases = [
+        Case(
+            "stats", lambda p, q, r: aten.native_layer_norm.default(p, [64], q, r, 1e-5), (x, w, b)
+        ),
+        Case(
+            "stats_to_copy",
+            lambda p, q, r: _stats_to_bf16(aten.native_layer_norm.default(p, [64], q, r, 1e-5)),
+            (x, w, b),
+        ),
+        Case(
+            "group_norm",
+            lambda p: aten.native_group_norm.default(p, None, None, 2, 4, 16, 2, 1e-5),
+            (make((2, 4, 16), torch.bfloat16),),
+        ),
+    ]
+    results = run_batch(cases)
+    for c in cases:
+        assert_case(results[c.label])
+
+
 def test_extern_kernels_with_fused_epilogues():
     a, b = make((16, 24), torch.float32), make((40, 24), torch.float32).t()
     x3, y3 = make((3, 16, 8), torch.float32), make((3, 8, 5), torch.float32)

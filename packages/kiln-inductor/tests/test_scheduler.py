@@ -136,3 +136,29 @@ def test_pointwise_output_written_in_place_of_a_dead_input():
     assert "inplace" in kinds
     (last,) = [s for s in groups(steps) if s.nodes[0].name == ir.nodes[-1].name]
     assert last.aliases  # the kernel is told its argument pointers may alias
+
+
+def _bf16_layer_norm_stats(x, w, b):
+    out, mean, rstd = aten.native_layer_norm.default(x, [64], w, b, 1e-5)
+    to_bf16 = torch.bfloat16
+    return (
+        out,
+        aten._to_copy.default(mean, dtype=to_bf16),
+        aten._to_copy.default(rstd, dtype=to_bf16),
+    )
+
+
+def test_reduction_read_through_a_size_one_view_stays_local():
+    """mean (8,) read as (8, 1) by a later block: the load index carries a loop variable of
+    range 1; it is the store index once simplified, so the value stays in registers, and
+    every member the kernel reads is an argument or local (was: 'kernel reads buf0, which is
+    neither an argument nor computed before it')."""
+    inputs = [torch.randn(8, 64).bfloat16(), torch.randn(64).bfloat16(), torch.randn(64).bfloat16()]
+    ir, steps = schedule(_bf16_layer_norm_stats, inputs)
+    (group,) = groups(steps)
+    for name, (_, _, _store, loads) in group.bound.items():
+        for b, e in loads:
+            if b in group.local:
+                assert e == group.bound[b][2], (name, b, e)
+    assert {"buf0", "buf1"} <= group.local
+    assert set(group.inputs).isdisjoint({n.name for n in group.nodes})

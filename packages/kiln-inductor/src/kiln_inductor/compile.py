@@ -1,7 +1,8 @@
 """compile_aten_graph and compile_fx: the pipeline, as an ordered list of named stages.
 
-    lower (graph.GraphLowering) → fuse_nodes → plan_memory → codegen kernels (backend)
-    → load kernels (backend, cached) → generate_wrapper
+    lower (graph.GraphLowering) → fuse_nodes → fuse_templates (where the backend has
+    templates) → plan_memory → codegen kernels (backend) → load kernels (backend, cached)
+    → generate_wrapper
 
 Each stage's output is written to ``$KILN_DEBUG_DIR/<graph>/<stage>`` when that is set.
 """
@@ -25,6 +26,7 @@ from .graph import GraphLowering
 from .ir.printer import print_ir
 from .scheduler.fuse import FusedGroup, fuse_nodes
 from .scheduler.memory import plan_memory
+from .scheduler.templates import TemplateGroup, fuse_templates
 from .wrapper import WrapperCodegen
 
 _graph_ids = itertools.count()
@@ -75,6 +77,8 @@ def _dump(debug: Path | None, stage: str, text: str) -> None:
 def _format_schedule(steps: list[Any]) -> str:
     lines = []
     for s in steps:
+        if isinstance(s, TemplateGroup):
+            lines.append(f"{s.name}: template {s.extern.op if s.extern else ''} with epilogue")
         if isinstance(s, FusedGroup):
             blocks = "; ".join(f"{b.kind}[{', '.join(n.name for n in b.nodes)}]" for b in s.blocks)
             lines.append(f"{s.name}: outer={list(s.outer)} {blocks} local={sorted(s.local)}")
@@ -104,10 +108,14 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     ir = lowering.run()
     _dump(debug, "ir", print_ir(ir))
     steps = fuse_nodes(ir)
-    plan = plan_memory(steps, ir)
-    _dump(debug, "sched", _format_schedule(steps))
     groups = [s for s in steps if isinstance(s, FusedGroup)]
     backend = get_backend(lowering.device.type) if groups else None
+    accepts = getattr(backend, "template_accepts", None)
+    if accepts is not None:
+        steps = fuse_templates(steps, ir, accepts)
+        groups = [s for s in steps if isinstance(s, FusedGroup)]
+    plan = plan_memory(steps, ir)
+    _dump(debug, "sched", _format_schedule(steps))
     t1 = time.perf_counter()
     sources = [backend.codegen_kernel(g, ir.buffers) for g in groups] if backend else []
     for g, src in zip(groups, sources):

@@ -150,7 +150,12 @@ def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
 
 
 def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
-    """Drop FloorDiv/ModIndex that the loop ranges prove trivial."""
+    """Drop loop variables of range 1 (always 0) and FloorDiv/ModIndex that the loop ranges
+    prove trivial."""
+    expr = sympy.sympify(expr)
+    ones = {v: sympy.Integer(0) for v, r in ranges.items() if r == 1 and v in expr.free_symbols}
+    if ones:
+        expr = expr.xreplace(ones)
 
     def visit(e: Expr) -> Expr:
         if not e.args:

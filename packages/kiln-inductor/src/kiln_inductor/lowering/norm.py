@@ -61,7 +61,16 @@ def native_layer_norm(
     mean, m2 = welford(x, dims, True)
     rstd = _rstd(m2, product(x.size[d] for d in dims), eps)
     out = _affine(x, mean, rstd, weight, bias, x.dtype)
-    return out, mean, rstd
+    return out, *_saved_stats(x, mean, rstd)
+
+
+def _saved_stats(x: TensorValue, *stats: TensorValue) -> tuple[TensorValue, ...]:
+    """The statistics a norm returns: CPU eager computes them in float32 (the output uses
+    those) but returns them in the input's dtype (bfloat16 in, bfloat16 mean/rstd out);
+    CUDA returns float32, as the meta kernels do."""
+    if x.device.type != "cpu" or x.dtype == compute_dtype(x.dtype):
+        return stats
+    return tuple(to_dtype(s, x.dtype) for s in stats)
 
 
 @register_lowering(aten._native_batch_norm_legit_no_training)
@@ -122,4 +131,4 @@ def native_group_norm(
     b = view(bias, [1, groups, c // groups, 1]) if bias is not None else None
     mean4, rstd4 = view(mean, [n, groups, 1, 1]), view(rstd, [n, groups, 1, 1])
     out = view(_affine(x4, mean4, rstd4, w, b, x.dtype), list(x.size))
-    return out, view(mean, [n, groups]), view(rstd, [n, groups])
+    return out, *_saved_stats(x, view(mean, [n, groups]), view(rstd, [n, groups]))

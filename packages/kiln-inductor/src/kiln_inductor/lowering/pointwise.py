@@ -9,6 +9,7 @@ import torch
 
 from ..ir.nodes import Pointwise, TensorValue
 from ..ir.ops import ops
+from ..ir.symbols import product
 from .registry import register_lowering
 from .values import compute_dtype, device_of, pointwise, promote, to_dtype
 
@@ -166,13 +167,41 @@ def _div(a: Any, b: Any, rounding_mode: str | None = None) -> Pointwise:
     if rounding_mode is None:
         return div(a, b)
     dtype = promote(a, b)
-    if rounding_mode == "trunc" and dtype in (torch.bfloat16, torch.float16):
-        # eager rounds the quotient to the low precision type before truncating it
-        return pointwise(
-            lambda x, y: ops.trunc(ops.to_dtype(ops.truediv(x, y), dtype)), [a, b], dtype
-        )
+    if dtype in (torch.bfloat16, torch.float16):
+        scalar = not isinstance(b, TensorValue) or product(b.size) == 1
+        if scalar:
+            # eager divides by the divisor's original value in float32 and rounds once
+            fn = ops.floordiv if rounding_mode == "floor" else ops.truncdiv
+            return pointwise(fn, [a, b], dtype)
+        if rounding_mode == "trunc":
+            # eager rounds the quotient to the low precision type before truncating it
+            return pointwise(
+                lambda x, y: ops.trunc(ops.to_dtype(ops.truediv(x, y), dtype)), [a, b], dtype
+            )
+        return pointwise(lambda x, y: _floordiv_low_precision(x, y, dtype), [a, b], dtype)
     fn = ops.floordiv if rounding_mode == "floor" else ops.truncdiv
     return pointwise(fn, [a, b], dtype)
+
+
+def _floordiv_low_precision(x: Any, y: Any, dtype: torch.dtype) -> Any:
+    """Python floor division as eager computes it for bfloat16/float16: c10's
+    div_floor_floating on the low precision type, each operation rounded to it (rounding
+    only the float32 result differs by one on many inputs)."""
+    f32 = torch.float32
+
+    def r(v: Any) -> Any:  # round to the low precision type, keep computing in float32
+        return ops.to_dtype(ops.to_dtype(v, dtype), f32)
+
+    zero, one, half = (ops.constant(c, f32) for c in (0.0, 1.0, 0.5))
+    mod = r(ops.fmod(x, y))
+    div = r(ops.truediv(r(ops.sub(x, mod)), y))
+    wrong_sign = ops.logical_and(ops.ne(mod, zero), ops.ne(ops.lt(y, zero), ops.lt(mod, zero)))
+    div = ops.where(wrong_sign, r(ops.sub(div, one)), div)
+    fl = ops.floor(div)
+    fl = ops.where(ops.gt(r(ops.sub(div, fl)), half), r(ops.add(fl, one)), fl)
+    quotient = r(ops.truediv(x, y))
+    result = ops.where(ops.ne(div, zero), fl, ops.copysign(zero, quotient))
+    return ops.where(ops.eq(y, zero), quotient, result)
 
 
 @register_lowering(aten.pow)

@@ -275,6 +275,12 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
 
 
 def _finish_group(group: FusedGroup, users: dict[str, set[str]]) -> None:
+    """Mark the members that stay in registers (``local``) and list the kernel's arguments.
+
+    A member is local when no one outside the group reads it and every reader's load of it
+    is at its store index (a backend forwards the stored value by that index): a reduction
+    to one value per outer iteration, read by later blocks of the same iteration, or a
+    pointwise value read in its own block at the index it was written."""
     members = {n.name for n in group.nodes}
     for node in group.nodes:
         readers = users.get(node.name, set())
@@ -283,16 +289,19 @@ def _finish_group(group: FusedGroup, users: dict[str, set[str]]) -> None:
         kb = group.block_of(node.name)
         block = group.blocks[kb]
         store = group.bound[node.name][2]
+        at_store = all(
+            sympy.expand(e - store) == 0
+            for r in readers
+            for b, e in group.bound[r][3]
+            if b == node.name
+        )
+        if not at_store:
+            continue
         if block.kind != "pointwise":
             if not block.inner:
                 group.local.add(node.name)
             continue
-        same_index = all(
-            group.block_of(r) == kb
-            and all(sympy.expand(e - store) == 0 for b, e in group.bound[r][3] if b == node.name)
-            for r in readers
-        )
-        if same_index:
+        if all(group.block_of(r) == kb for r in readers):
             group.local.add(node.name)
     reads: list[str] = []
     for node in group.nodes:

@@ -122,6 +122,8 @@ def _in_place(
     for cand in group.inputs:
         if cand not in owned or last_use.get(cand) != k:
             continue
+        if cand in getattr(group, "opaque_reads", ()):  # a template's matmul operand
+            continue
         other = ir.buffers[cand]
         if other.layout != buf.layout:
             continue
