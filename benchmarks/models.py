@@ -273,7 +273,7 @@ def print_table(results: list[dict]) -> str:
     head = (
         f"{'model':<22}{'task':<10}"
         + "".join(
-            f"{c + ' ok':>16}{'speedup':>9}{'compile s':>11}{'warm s':>8}{'graphs':>7}{'peak MB':>9}"
+            f"{c + ' ok':>16}{'speedup':>9}{'compile s':>11}{'warm s':>8}{'gr/brk':>7}{'peak MB':>9}"
             for c in COMPILERS
         )
         + f"{'eager ms':>10}{'eager MB':>9}"
@@ -289,22 +289,29 @@ def print_table(results: list[dict]) -> str:
             if "error" in e:
                 row += f"{'ERROR':>16}{'':>9}{'':>11}{'':>8}{'':>7}{'':>9}"
                 continue
+            # a compiler that captured no graph ran the model eagerly: not a real result
+            verdict = "yes" if e.get("correct") else "NO"
+            if e.get("graphs") == 0:
+                verdict += " (eager)"
             row += (
-                f"{('yes' if e.get('correct') else 'NO'):>16}{e.get('speedup', float('nan')):>8.2f}x"
+                f"{verdict:>16}{e.get('speedup', float('nan')):>8.2f}x"
                 f"{e.get('compile_s', float('nan')):>11.1f}{e.get('warm_compile_s', float('nan')):>8.1f}"
-                f"{e.get('graphs', -1):>7}{e.get('peak_mb', float('nan')):>9.0f}"
+                f"{str(e.get('graphs', '?')) + '/' + str(e.get('breaks', '?')):>7}"
+                f"{e.get('peak_mb', float('nan')):>9.0f}"
             )
         row += f"{r['eager']['latency_s'] * 1e3:>10.2f}{r['eager']['peak_mb']:>9.0f}"
         lines.append(row)
     lines.append("-" * len(head))
     for c in COMPILERS:
         speed = [
-            r[c]["speedup"] for r in results if c in r and r[c].get("correct") and "speedup" in r[c]
+            r[c]["speedup"]
+            for r in results
+            if c in r and r[c].get("correct") and "speedup" in r[c] and r[c].get("graphs") != 0
         ]
         correct = sum(1 for r in results if r.get(c, {}).get("correct"))
         total = sum(1 for r in results if "eager" in r)
         lines.append(
-            f"{c:<14} correct {correct}/{total}   geomean speed-up over eager {geomean(speed):.2f}x (correct models)"
+            f"{c:<14} correct {correct}/{total}   geomean speed-up over eager {geomean(speed):.2f}x (correct, compiled models)"
         )
     text = "\n".join(lines)
     print(text)
