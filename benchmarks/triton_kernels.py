@@ -35,6 +35,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 N_POINTWISE = 64 * 1024 * 1024
 ROWS, COLS = 32768, 4096
+MATMUL = (8192, 4096, 4096)  # M, K, N of the linear layer with a fused GELU
 DEVICE = "cuda"
 
 
@@ -136,6 +137,57 @@ def bench_kernel(
         })  # fmt: skip
         del out
     return rows
+
+
+def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(F.linear(x, w, b), approximate="tanh")
+
+
+def bench_matmul_epilogue(iters: int, m: int, k: int, n: int) -> list[dict]:
+    """A linear layer with its GELU: eager, torch.compile (default mode), kiln default
+    (cuBLAS + a fused bias/GELU kernel) and kiln max-autotune (a Triton matmul template
+    with bias and GELU fused into it, or cuBLAS, whichever measured faster). torch.compile's
+    max-autotune is left out: it spends minutes benchmarking templates in subprocesses."""
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    ref = linear_gelu(x, w, b)
+    rows = []
+    makers = {
+        "eager": lambda f: f,
+        "torch.compile": lambda f: torch.compile(f, dynamic=False),
+        "kiln": lambda f: torch.compile(f, backend=kiln_backend(None), dynamic=False),
+        "kiln max-autotune": lambda f: torch.compile(
+            f, backend=kiln_backend("max-autotune-no-cudagraphs"), dynamic=False
+        ),
+    }
+    for cname, make in makers.items():
+        torch._dynamo.reset()
+        compiled = make(linear_gelu)
+        t0 = time.perf_counter()
+        out = compiled(x, w, b)
+        sync()
+        compile_s = time.perf_counter() - t0
+        err = rel_error(out, ref)
+        ms = cuda_time_ms(lambda c=compiled: c(x, w, b), iters)
+        rows.append({
+            "kernel": f"linear+gelu bf16 {m}x{k}x{n}", "compiler": cname, "ms": ms,
+            "TFLOP/s": 2 * m * k * n / ms / 1e9, "rel_error": err, "correct": err <= 1e-2,
+            "compile_s": compile_s if cname != "eager" else 0.0,
+        })  # fmt: skip
+    return rows
+
+
+def print_matmul_table(rows: list[dict]) -> str:
+    lines = [
+        f"{'matmul + epilogue':<34}{'compiler':<20}{'ms':>8}{'TFLOP/s':>9}{'compile s':>11}  correct"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['kernel']:<34}{r['compiler']:<20}{r['ms']:>8.3f}{r['TFLOP/s']:>9.0f}"
+            f"{r['compile_s']:>11.1f}  {'yes' if r['correct'] else 'NO'}"
+        )
+    return "\n".join(lines)
 
 
 class Block(nn.Module):
@@ -280,9 +332,11 @@ def run(args: argparse.Namespace) -> int:
         rows += bench_kernel(f"layer_norm {tag}", layer_norm, (x, w, b), nbytes, args.iters, tol)
         del x
         torch.cuda.empty_cache()
+    mm_rows = bench_matmul_epilogue(args.iters, *MATMUL)
     if not args.skip_model:
         rows += bench_small_model()
-    table = print_table(rows, copy_gbs)
+    table = print_table(rows, copy_gbs) + "\n\n" + print_matmul_table(mm_rows)
+    rows += mm_rows
     print(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,11 +353,12 @@ def cpu_smoke(args: argparse.Namespace) -> int:
     interpreter through kiln_triton.testing.use_triton_for_cpu."""
     import os
 
-    global DEVICE, N_POINTWISE, ROWS, COLS
+    global DEVICE, N_POINTWISE, ROWS, COLS, MATMUL
     os.environ["TRITON_INTERPRET"] = "1"
     from kiln_triton.testing import use_triton_for_cpu
 
     DEVICE, N_POINTWISE, ROWS, COLS = "cpu", 4096, 16, 256
+    MATMUL = (64, 32, 48)
     args.iters, args.out = 3, args.out + "/cpu-smoke"
     with use_triton_for_cpu():
         return run(args)

@@ -172,6 +172,39 @@ def test_direct_launch_after_the_first_call_and_triton_path_for_misaligned_input
     assert outcomes[-1] is True
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_matmul_template_with_epilogue_under_max_autotune(tmp_path, monkeypatch, dtype):
+    from kiln_triton.runtime.template import CUBLAS, MatmulConfig, TemplateLauncher
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    x = torch.randn(512, 384, device=CUDA, dtype=dtype)
+    lin = nn.Linear(384, 768).to(CUDA, dtype)
+    fn = torch.fx.symbolic_trace(lambda x: (F.gelu(lin(x), approximate="tanh") * 2,))
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    choices = []
+    real = TemplateLauncher.choose
+
+    def record(self, args):
+        choices.append(real(self, args))
+        return choices[-1]
+
+    monkeypatch.setattr(TemplateLauncher, "choose", record)
+    with torch.no_grad():
+        compiled = kiln_triton.compile_fx(fn, [x], mode="max-autotune-no-cudagraphs")
+        for _ in range(2):
+            x = torch.randn(512, 384, device=CUDA, dtype=dtype)
+            torch.testing.assert_close(compiled(x), fn(x), **tol)
+    assert len(choices) == 1 and (choices[0] == CUBLAS or isinstance(choices[0], MatmulConfig))
+    assert list((tmp_path / "triton-autotune").rglob("winner.json"))
+    # each way on its own is right
+    for forced in (CUBLAS, MatmulConfig(64, 64, 32, 8, 4, 3)):
+        monkeypatch.setattr(TemplateLauncher, "choose", lambda self, args, f=forced: f)
+        with torch.no_grad():
+            compiled = kiln_triton.compile_fx(fn, [x], mode="max-autotune-no-cudagraphs")
+            torch.testing.assert_close(compiled(x), fn(x), **tol)
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 64))
 

@@ -1,18 +1,35 @@
 """TritonBackend: kiln-inductor's kernel backend protocol (DESIGN.md contract 4) for
-CUDA tensors (and, in tests, CPU tensors through Triton's interpreter)."""
+CUDA tensors (and, in tests, CPU tensors through Triton's interpreter).
+
+Beyond the protocol it offers matmul templates (``template_accepts``): under
+``mode="max-autotune"`` an ``mm``/``addmm``/``bmm`` and its pointwise consumer become one
+Triton kernel, or stay cuBLAS plus the consumer's kernel if that measures faster."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sympy
+import torch
+
 from kiln_inductor.backend import KernelSource
-from kiln_inductor.ir.nodes import Buffer
+from kiln_inductor.ir.nodes import Buffer, ExternKernel, StorageView
 from kiln_inductor.scheduler.fuse import FusedGroup
+from kiln_inductor.scheduler.templates import TemplateGroup, op_name
 
 from .codegen.kernel import generate_triton_kernel
+from .codegen.template import MatmulTemplateKernel, template_meta
 from .config import read_triton_config
-from .runtime.launcher import load_triton_kernels
+from .runtime.launcher import interpreting, load_module, load_triton_kernels, source_key
+from .runtime.template import TemplateLauncher
+
+TEMPLATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _static(view: Any) -> bool:
+    lay = view.layout
+    return all(sympy.sympify(v).is_Integer for v in (*lay.size, *lay.stride, lay.offset))
 
 
 class TritonBackend:
@@ -20,6 +37,8 @@ class TritonBackend:
 
     def codegen_kernel(self, group: FusedGroup, buffers: dict[str, Buffer]) -> KernelSource:
         cfg = read_triton_config()
+        if isinstance(group, TemplateGroup):
+            return self._codegen_template(group, buffers)
         kernel = generate_triton_kernel(group, buffers, cfg.persistent_max)
         meta = {
             "kind": kernel.kind,
@@ -34,8 +53,68 @@ class TritonBackend:
         }
         return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
 
+    def _codegen_template(self, group: TemplateGroup, buffers: dict[str, Buffer]) -> KernelSource:
+        cfg = read_triton_config()
+        kernel = MatmulTemplateKernel(group, buffers, cfg.persistent_max)
+        kernel.source = kernel.generate()
+        assert group.epilogue is not None
+        meta = {
+            **template_meta(group),
+            "itemsize": buffers[group.product].dtype.itemsize,
+            "extern": group.extern,
+            "product": group.product,
+            "epilogue": self.codegen_kernel(group.epilogue, buffers),
+        }
+        return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
+
+    def template_accepts(
+        self, extern: ExternKernel, epilogue: FusedGroup, buffers: dict[str, Buffer]
+    ) -> bool:
+        """Matmul templates are part of max-autotune, for static shapes in 16-bit or 32-bit
+        floats on the GPU (or the interpreter) with int32 indices."""
+        if not read_triton_config().max_autotune:
+            return False
+        views = [a for a in extern.args if isinstance(a, StorageView)]
+        if len(views) != len(extern.args) or not all(_static(v) for v in views):
+            return False
+        dtypes = {v.dtype for v in views}
+        device = views[0].layout.device
+        if len(dtypes) != 1 or dtypes.pop() not in TEMPLATE_DTYPES:
+            return False
+        if device.type != "cuda" and not interpreting():
+            return False
+        if op_name(extern.op) == "addmm" and len(views[0].layout.size) not in (1, 2):
+            return False
+        spans = [int(v.layout.storage_span()) for v in views]
+        return max([*spans, int(extern.outputs[0].layout.numel)]) < 2**31 - 1
+
     def load_kernels(self, sources: Sequence[KernelSource]) -> list[Callable[..., Any]]:
-        return load_triton_kernels(sources, read_triton_config())
+        cfg = read_triton_config()
+        plain = [s for s in sources if s.meta.get("kind") != "mm_template"]
+        loaded = iter(load_triton_kernels(plain, cfg))
+        out: list[Callable[..., Any]] = []
+        for src in sources:
+            if src.meta.get("kind") != "mm_template":
+                out.append(next(loaded))
+                continue
+            epi: KernelSource = src.meta["epilogue"]
+            key = source_key(src.source, cfg)
+            out.append(
+                TemplateLauncher(
+                    load_module(src.source, key).kernel,
+                    src.meta,
+                    key,
+                    src.meta["extern"],
+                    src.meta["product"],
+                    src.arg_names,
+                    epi.arg_names,
+                    load_triton_kernels([epi], cfg)[0],
+                    autotune=cfg.autotune,
+                    exhaustive=cfg.max_autotune,
+                    interpreting=interpreting(),
+                )
+            )
+        return out
 
     def call_line(self, kernel_var: str, arg_names: Sequence[str]) -> str:
         return f"{kernel_var}({', '.join(arg_names)})"

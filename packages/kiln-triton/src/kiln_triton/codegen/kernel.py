@@ -204,7 +204,6 @@ class TritonKernel:
         return HEADER + head + "\n".join(self.lines) + "\n"
 
     def prologue(self) -> None:
-        g = self.group
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         shape = "[XBLOCK]" if self.kind == "pointwise" else "[XBLOCK, 1]"
         arange = "tl.arange(0, XBLOCK)" + ("" if self.kind == "pointwise" else "[:, None]")
@@ -215,6 +214,11 @@ class TritonKernel:
         if self.kind != "pointwise":
             self.emit("rbase = tl.arange(0, RBLOCK)[None, :]")
             self.emit("xrzero = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
+        self.define_outer_vars()
+
+    def define_outer_vars(self) -> sympy.Expr:
+        """Emit the outer variables from ``xindex``; returns their flat contiguous index."""
+        g = self.group
         sizes = [_int(s, "outer loops") for s in g.outer]
         for v, n in zip(g.outer_vars, sizes):
             self.ranges[v] = sympy.Integer(n)
@@ -223,6 +227,7 @@ class TritonKernel:
         self.outer_strides = {v: st for v, n, st in zip(g.outer_vars, sizes, strides) if n != 1}
         self.xsyms.add(XINDEX)
         self.ranges[XINDEX] = sympy.Integer(max(self.xnumel, 1))
+        return sum((v * st for v, st in zip(g.outer_vars, strides)), sympy.Integer(0))
 
     def _define_vars(
         self, flat: str, syms: list[sympy.Symbol], sizes: list[int], into: set[sympy.Symbol]
