@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Everything this project measures on the GPU, in one call of the device tool (~8 min):
+#     run(command="bash benchmarks/gpu/final.sh", timeout_s=600)
+# 1. kiln-triton's GPU tests (direct launches, matmul templates, CUDA graphs, models;
+#    the op sweeps run in CI under Triton's interpreter and with QUICK=0 here),
+#    and, on the side (CPU only), kiln-capture's and kiln's suites on this Python (3.12);
+# 2. benchmarks/triton_kernels.py alone on the GPU (pointwise, softmax, layer_norm vs copy
+#    bandwidth; linear+GELU with and without the matmul template; reduce-overhead);
+# 3. benchmarks/gpu/suite.py: 10 models in bf16 and fp32 (+ GPT-2 forward+backward in
+#    fp32) through eager, torch.compile and kiln, several jobs per GPU.
+# Logs and JSON go to $OUT (the device tool's output folder) or benchmarks/results/gpu.
+# To run exactly a commit while the working tree has other edits, export it first:
+#     git archive HEAD | tar -x -C benchmarks/results/devtree   (ignored; carry it)
+# and run `cd benchmarks/results/devtree && bash benchmarks/gpu/final.sh`.
+set -uo pipefail
+OUT=${OUT:-benchmarks/results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
+unset TRITON_INTERPRET
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+python3 -m pip install -q --no-build-isolation --no-deps -e packages/kiln-capture \
+    -e packages/kiln-aot -e packages/kiln-inductor -e packages/kiln-cpp \
+    -e packages/kiln-triton -e packages/kiln 2>&1 | tail -3
+python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+
+(
+    for pkg in kiln-capture kiln; do
+        timeout ${CPU_TEST_TIMEOUT:-400} python3 -m pytest packages/$pkg/tests -q -p no:cacheprovider \
+            -m "not slow and not gpu" > "$OUT/tests_${pkg}_py312.log" 2>&1
+        echo "$pkg suite on $(python3 -V): $(tail -1 "$OUT/tests_${pkg}_py312.log")"
+    done
+) &
+SIDE=$!
+
+SELECT=()
+if [ "${QUICK:-1}" = "1" ]; then SELECT=(-k "not sweep"); fi
+KILN_TRITON_TEST_GPU=1 KILN_TRITON_AUTOTUNE=0 timeout ${TEST_TIMEOUT:-200} python3 -m pytest \
+    packages/kiln-triton/tests -m gpu ${SELECT[@]+"${SELECT[@]}"} -q -p no:warnings \
+    -p no:cacheprovider -ra 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+
+timeout ${KERNEL_TIMEOUT:-240} python3 benchmarks/triton_kernels.py --out "$OUT" \
+    > "$OUT/triton_kernels.log" 2>&1
+echo "kernel benchmark exit: $?"
+
+timeout ${SUITE_TIMEOUT:-330} python3 benchmarks/gpu/suite.py --per-gpu ${PER_GPU:-5} --runs 20 \
+    --timeout 200 --out "$OUT" \
+    --models ${MODELS:-gpt2,bert,llama,t5,hf_vit,timm_resnet50,timm_convnext_tiny,timm_vit_small_patch16_224,timm_efficientnet_b0,timm_mixer_b16_224} \
+    2>&1 | grep -v "^\[transformers" | tee "$OUT/suite.log" | grep -v "^\[[0-9]*/"
+wait $SIDE
+cat "$OUT/triton_kernels.txt" 2>/dev/null || tail -20 "$OUT/triton_kernels.log"
