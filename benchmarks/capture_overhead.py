@@ -10,6 +10,7 @@ Prints a table and writes benchmarks/results/capture_overhead.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -29,6 +30,23 @@ def ten_inputs(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
 
 def _eager_backend(gm, example_inputs):
     return gm.forward
+
+
+def one_expression_guard(entry):
+    """The entry's guards as one ``and`` expression with a Python check per tensor (how
+    kiln-capture compiled guards before hoisting reads and the native tensor check), for
+    a before/after figure measured in the same run."""
+    from kiln_capture import guards
+
+    body = " and\n        ".join(g.code for g in entry.guard_set.guards) or "True"
+    src = f"def __guard(__k_fn, {', '.join(entry.params)}):\n    return (\n        {body}\n    )\n"
+    ns = {
+        "__k_C": entry.guard_set.consts,
+        "__k_G": entry.globals,
+        "__k_tensor_check": guards.tensor_check,
+    }
+    exec(compile(src, "<one-expression guard>", "exec"), ns)
+    return ns["__guard"]
 
 
 def per_call_us(fn, args, calls: int, repeats: int = 5) -> float:
@@ -54,6 +72,8 @@ def overhead(calls: int) -> dict:
     ref = per_call_us(torch_fn, args, calls)
     entry = hook.cache_entries(ten_inputs.__code__)[0]
     guard = per_call_us(lambda *a: entry.guard(ten_inputs, *a), args, calls)
+    old = one_expression_guard(entry)
+    guard_old = per_call_us(lambda *a: old(ten_inputs, *a), args, calls)
     return {
         "eager_us": eager,
         "kiln_us": kiln,
@@ -61,6 +81,7 @@ def overhead(calls: int) -> dict:
         "kiln_overhead_us": kiln - eager,
         "torch_compile_overhead_us": ref - eager,
         "kiln_guard_us": guard,
+        "kiln_guard_one_expression_us": guard_old,
         "kiln_guard_count": len(entry.guard_set.guards),
     }
 
@@ -149,6 +170,13 @@ def capture_times() -> dict:
             t0 = time.perf_counter()
             cfn(ids)
             torch_s = time.perf_counter() - t0
+            entry = hook.cache_entries(run.__code__)[0]
+            full = (ids, *run.__defaults__)  # the frame's argument slots, as the hook passes them
+            assert entry.guard(run, *full), "the guard must pass to be timed whole"
+            guard_us = per_call_us(functools.partial(entry.guard, run), full, 200, 3)
+            old = one_expression_guard(entry)
+            assert old(run, *full)
+            guard_old_us = per_call_us(functools.partial(old, run), full, 200, 3)
             hit_kiln = per_call_us(fn, (ids,), 50, 3)
             hit_torch = per_call_us(cfn, (ids,), 50, 3)
             hit_eager = per_call_us(run, (ids,), 50, 3)
@@ -157,6 +185,9 @@ def capture_times() -> dict:
             "torch_compile_eager_capture_s": torch_s,
             "kiln_graphs": explain.graph_count,
             "kiln_breaks": explain.break_count,
+            "kiln_guard_us": guard_us,
+            "kiln_guard_one_expression_us": guard_old_us,
+            "kiln_guard_count": len(entry.guard_set.guards),
             "eager_call_us": hit_eager,
             "kiln_call_us": hit_kiln,
             "torch_compile_call_us": hit_torch,
@@ -194,16 +225,24 @@ def main() -> None:
     print(
         f"{'guard function alone':28s}{o['kiln_guard_us']:>12.1f}us{'':>22s}  ({o['kiln_guard_count']} guards)"
     )
+    print(
+        f"{'  as one expression':28s}{o['kiln_guard_one_expression_us']:>12.1f}us"
+        "  (Python tensor checks, no hoisting: the previous form)"
+    )
     if result["models"]:
-        print("\nReal models (tiny configs, random weights, inference): capture = first call")
+        print("\nReal models (tiny configs, random weights, inference): capture = first call;")
+        print("kiln guards = the root entry's guard function (guard count), one expr. = the")
+        print("same guards as one expression with Python tensor checks (the previous form)")
         print(
-            f"{'model':22s}{'kiln capture':>14s}{'torch.compile':>15s}{'graphs/breaks':>15s}{'eager call':>12s}{'kiln call':>11s}{'torch call':>12s}"
+            f"{'model':22s}{'kiln capture':>14s}{'torch.compile':>15s}{'graphs/breaks':>15s}{'eager call':>12s}{'kiln call':>11s}{'torch call':>12s}{'kiln guards':>19s}{'one expr.':>11s}"
         )
         for name, m in result["models"].items():
             print(
                 f"{name:22s}{m['kiln_capture_s']:>13.3f}s{m['torch_compile_eager_capture_s']:>14.3f}s"
                 f"{str(m['kiln_graphs']) + '/' + str(m['kiln_breaks']):>15s}{m['eager_call_us']:>10.0f}us"
                 f"{m['kiln_call_us']:>9.0f}us{m['torch_compile_call_us']:>10.0f}us"
+                f"{m['kiln_guard_us']:>8.1f}us ({m['kiln_guard_count']:>3d})"
+                f"{m['kiln_guard_one_expression_us']:>9.1f}us"
             )
     path = os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results", "capture_overhead.json"

@@ -1,12 +1,13 @@
 """Soundness: when an assumption of a trace stops holding, the next call recompiles and
 still matches eager; past the cache limit the frame runs eagerly."""
 
+import pytest
 import torch
 from helpers import CountingBackend
 from torch import nn
 
 import kiln_capture
-from kiln_capture import hook
+from kiln_capture import guards, hook
 from kiln_capture.config import config
 
 SCALE = 2.0
@@ -213,7 +214,11 @@ def test_guards_are_one_generated_function():
     assert len(entries) == 1
     src = entries[0].guard.__kiln_source__
     assert src.startswith("def __guard(__k_fn, x, y, scale):")
-    assert "scale == 3" in src and "__k_tensor_check(x" in src
+    assert "scale == 3" in src
+    if guards.TensorGuards is not None:  # one native call checks every tensor
+        assert "__k_tensors(x, y)" in src and "__k_tensor_check" not in src
+    else:
+        assert "__k_tensor_check(x" in src
     assert entries[0].guard(f, torch.randn(2), torch.randn(2), 3)
     assert not entries[0].guard(f, torch.randn(2), torch.randn(2), 4)
     assert not entries[0].guard(f, torch.randn(3), torch.randn(2), 3)
@@ -291,3 +296,61 @@ def test_default_dtype_change_recompiles():
     finally:
         torch.set_default_dtype(prev)
     assert len(b.graphs) == 2
+
+
+def _scaled(x, w):
+    return x * 2 + w
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_tensor_checks_recompile_on_any_metadata_change(native, monkeypatch):
+    if not native:
+        monkeypatch.setattr(guards, "TensorGuards", None)  # the pure-Python fallback
+    elif guards.TensorGuards is None:
+        pytest.skip("kiln_capture._tensor_guards was not built")
+    kiln_capture.reset()
+    b = CountingBackend()
+    of = kiln_capture.optimize(b)(_scaled)
+    x, w = torch.randn(4, 3), torch.nn.Parameter(torch.randn(4, 3))
+    with torch.inference_mode():
+        inference = torch.randn(4, 3)
+    variants = [
+        (x, w),  # first call
+        (x.clone(), w),  # same metadata: cache hit
+        (x.double(), w),  # dtype
+        (torch.randn(1, 3), w),  # sizes
+        (torch.randn(3, 4).t(), w),  # strides
+        (x.clone().requires_grad_(), w),  # requires_grad
+        (x, w.detach()),  # Python type (Parameter -> Tensor)
+    ]
+    expected_graphs = [1, 1, 2, 3, 4, 5, 6]
+    if native:
+        variants.append((inference, w))  # dispatch keys (inference tensors lack autograd)
+        expected_graphs.append(7)
+    for (a, c), n in zip(variants, expected_graphs):
+        out = of(a, c)
+        torch.testing.assert_close(out, _scaled(a, c))
+        assert len(b.graphs) == n, (a.dtype, a.shape, a.stride(), type(c))
+    kiln_capture.reset()
+
+
+def test_hoisted_reads_are_computed_once_in_guard_order():
+    lines = guards.hoist_reads(
+        [
+            "__k_G['m'] is __k_C[0]",
+            "type(__k_G['m'].a.b) is int",
+            "__k_G['m'].a.b == 3",
+            "not any(getattr(__k_C[1], n) for n in ('p', 'q'))",
+            "len(x) == 2",
+        ]
+    )
+    assert lines == [
+        "__r0 = __k_G['m']",
+        "if not (__r0 is __k_C[0]): return False",
+        "__r1 = __r0.a",
+        "__r2 = __r1.b",
+        "if not (type(__r2) is int): return False",
+        "if not (__r2 == 3): return False",
+        "if not (not any((getattr(__k_C[1], n) for n in ('p', 'q')))): return False",
+        "if not (len(x) == 2): return False",
+    ]

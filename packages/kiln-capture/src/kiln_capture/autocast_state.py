@@ -30,8 +30,14 @@ DEVICES = ("cpu", "cuda")
 AutocastState = tuple[tuple[str, torch.dtype], ...]
 
 
+_any_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def current() -> AutocastState:
-    """The calling thread's autocast state: ``(device, dtype)`` per enabled device."""
+    """The calling thread's autocast state: ``(device, dtype)`` per enabled device.
+    Evaluated by every guard function: the common "all off" answer takes one C call."""
+    if not _any_enabled():
+        return ()
     return tuple((d, torch.get_autocast_dtype(d)) for d in DEVICES if torch.is_autocast_enabled(d))
 
 

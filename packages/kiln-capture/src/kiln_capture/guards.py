@@ -1,18 +1,39 @@
 """Guards: every assumption a trace made, compiled into one generated function.
 
 A guard is a boolean Python expression over the frame's arguments (see sources.py).
-All guards of one cache entry are joined with ``and`` into a single generated function
+All guards of one cache entry become a single generated function
 ``__guard(__k_fn, <args>)`` so that a cache hit costs one Python call.
+
+Design note: "lean guard functions"
+-----------------------------------
+A model's guards re-read the same objects many times (``m._modules['h']._modules['0']``
+appears in every guard on layer 0), so the generated function is straight-line code:
+one ``if not (<guard>): return False`` per guard, in the order they were recorded, and
+every read chain (attribute, constant subscript, ``getattr`` with a constant name, a
+read-only call) used by more than one guard is computed once into a local just before
+the first guard that needs it (``hoist_reads``). Hoisting only moves a pure read to
+where an earlier guard would have evaluated it anyway, except inside a short-circuit
+operand; a read that raises there fails the guard (the hook treats an exception as a
+miss), so the worst case is a recompile, never a wrong hit. The per-tensor checks
+(dtype, device, sizes, strides, requires_grad, dispatch keys) run in one native call
+over all tensors of the entry (``kiln_capture._C.check_tensors``).
 """
 
 from __future__ import annotations
 
+import ast
 import types
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
 from kiln_capture.sources import Source
+
+try:
+    from kiln_capture._tensor_guards import TensorGuards
+except ImportError:  # built without libtorch: tensors are checked in Python
+    TensorGuards = None
 
 CONST_TYPES = (int, float, bool, str, bytes, type(None), complex)
 
@@ -21,6 +42,8 @@ CONST_TYPES = (int, float, bool, str, bytes, type(None), complex)
 class Guard:
     code: str  # boolean expression
     what: str  # readable description for explain() and the guards log
+    tensor: str | None = None  # the tensor's source expression, for tensor checks
+    native: bool = False  # also covered by the native tensor check (its type guard)
 
 
 @dataclass
@@ -28,6 +51,7 @@ class GuardSet:
     guards: list[Guard] = field(default_factory=list)
     consts: list[object] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
+    native: object = field(default_factory=lambda: TensorGuards() if TensorGuards else None)
 
     def const(self, value: object) -> str:
         for i, c in enumerate(self.consts):
@@ -36,10 +60,13 @@ class GuardSet:
         self.consts.append(value)
         return f"__k_C[{len(self.consts) - 1}]"
 
-    def add(self, code: str, what: str) -> None:
-        if code not in self._seen:
-            self._seen.add(code)
-            self.guards.append(Guard(code, what))
+    def add(self, code: str, what: str, tensor: str | None = None, native: bool = False) -> bool:
+        """Record a guard; False when the same check was recorded before."""
+        if code in self._seen:
+            return False
+        self._seen.add(code)
+        self.guards.append(Guard(code, what, tensor, native))
+        return True
 
     # -- kinds -------------------------------------------------------------------------
 
@@ -74,13 +101,21 @@ class GuardSet:
 
     def tensor(self, src: Source, t: torch.Tensor) -> None:
         e = src.expr()
-        self.type_is(src, t)
+        native = self.native is not None
         self.add(
+            f"type({e}) is {self.const(type(t))}",
+            f"type({e}) is {type(t).__qualname__}",
+            native=native,
+        )
+        added = self.add(
             f"__k_tensor_check({e}, {self.const(t.dtype)}, {self.const(t.device)}, "
             f"{tuple(t.shape)!r}, {tuple(t.stride())!r}, {t.requires_grad!r})",
             f"{e}: {str(t.dtype)[6:]}{list(t.shape)} stride={tuple(t.stride())} on {t.device}"
             f" requires_grad={t.requires_grad}",
+            tensor=e,
         )
+        if added and native:
+            self.native.add(t)
 
     def length(self, src: Source, n: int) -> None:
         e = src.expr()
@@ -103,12 +138,20 @@ class GuardSet:
     # -- compilation -------------------------------------------------------------------
 
     def compile(self, params: list[str], globals_dict: dict) -> types.FunctionType:
-        body = " and\n        ".join(g.code for g in self.guards) or "True"
-        src = f"def __guard(__k_fn, {', '.join(params)}):\n    return (\n        {body}\n    )\n"
+        if self.native is None:
+            conds = [g.code for g in self.guards]
+        else:  # every tensor in one native call, after the other guards passed
+            conds = [g.code for g in self.guards if g.tensor is None and not g.native]
+            tensors = [g.tensor for g in self.guards if g.tensor is not None]
+            if tensors:
+                conds.append(f"__k_tensors({', '.join(tensors)})")
+        body = "".join(f"    {line}\n" for line in hoist_reads(conds))
+        src = f"def __guard(__k_fn, {', '.join(params)}):\n{body}    return True\n"
         ns = {
             "__k_C": self.consts,
             "__k_G": globals_dict,
             "__k_tensor_check": tensor_check,
+            "__k_tensors": self.native.check if self.native is not None else None,
         }
         exec(compile(src, "<kiln guard>", "exec"), ns)
         fn = ns["__guard"]
@@ -130,6 +173,71 @@ class GuardSet:
             if not ok:
                 return g.what
         return "no single guard failed"
+
+
+def _is_read_chain(node: ast.AST) -> bool:
+    """A pure read rooted at a name: ``a.b``, ``a[<const>]``, ``getattr(a, <const>)``,
+    or a call of such a chain on such chains and constants (read-only sources)."""
+    if isinstance(node, ast.Name):
+        return True
+    if isinstance(node, ast.Attribute):
+        return _is_read_chain(node.value)
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and _is_read_chain(node.value)
+    if isinstance(node, ast.Call) and not node.keywords:
+        if isinstance(node.func, ast.Name) and node.func.id in ("type", "len", "tuple"):
+            return False  # cheap, and the result is what the guard compares
+        return _is_read_chain(node.func) and all(
+            isinstance(a, ast.Constant) or _is_read_chain(a) for a in node.args
+        )
+    return False
+
+
+_SCOPES = (ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.Lambda)
+
+
+def _chains(node: ast.AST):
+    """Read chains in ``node``, outside nested scopes (their names are not ours)."""
+    if isinstance(node, _SCOPES):
+        return
+    if not isinstance(node, ast.Name) and _is_read_chain(node):
+        yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _chains(child)
+
+
+class _Hoist(ast.NodeTransformer):
+    def __init__(self, shared: set[str], names: dict[str, str], lines: list[str]) -> None:
+        self.shared, self.names, self.lines = shared, names, lines
+
+    def visit(self, node):
+        if isinstance(node, _SCOPES):
+            return node
+        key = ast.unparse(node) if not isinstance(node, ast.Name) else None
+        node = self.generic_visit(node)
+        if key is None or key not in self.shared:
+            return node
+        name = self.names.get(key)
+        if name is None:
+            name = self.names[key] = f"__r{len(self.names)}"
+            self.lines.append(f"{name} = {ast.unparse(node)}")
+        return ast.Name(id=name, ctx=ast.Load())
+
+
+def hoist_reads(guards: list[str]) -> list[str]:
+    """Straight-line guard code with shared read chains computed once (design note above)."""
+    trees = [ast.parse(g, mode="eval").body for g in guards]
+    counts: Counter[str] = Counter()
+    for tree in trees:
+        for key in {ast.unparse(n) for n in _chains(tree)}:
+            counts[key] += 1
+    shared = {k for k, n in counts.items() if n > 1}
+    names: dict[str, str] = {}
+    lines: list[str] = []
+    for tree in trees:
+        cond = ast.unparse(_Hoist(shared, names, lines).visit(tree))
+        lines.append(f"if not ({cond}): return False")
+    return lines
 
 
 def tensor_check(t, dtype, device, shape, stride, requires_grad) -> bool:

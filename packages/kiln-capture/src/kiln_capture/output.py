@@ -106,6 +106,7 @@ class OutputGraph:
         self.input_sources: dict[fx.Node, Source] = {}
         self._wrapped: dict[int, Var] = {}
         self._keepalive: list[object] = []
+        self._frozen: set[Source] = set()
         self._placeholder_names: set[str] = set()
         self.ops = 0
 
@@ -125,7 +126,7 @@ class OutputGraph:
 
     def wrap(self, value: object, source: Source) -> Var:
         """A value read from ``source``; records the guards the trace relies on."""
-        rooted = not isinstance(source, ConstRef)
+        rooted = not isinstance(source, ConstRef) and not self._below_frozen(source)
         if isinstance(value, LITERAL_TYPES) or isinstance(
             value, torch.dtype | torch.device | torch.memory_format | torch.layout
         ):
@@ -154,8 +155,21 @@ class OutputGraph:
         self._keepalive.append(value)
         return var
 
+    def _below_frozen(self, source: Source) -> bool:
+        """Whether ``source`` reads inside an immutable object whose identity is guarded
+        (a code object): what it reads there cannot change, so it needs no guard."""
+        while source is not None and self._frozen:
+            if source in self._frozen:
+                return True
+            source = getattr(source, "base", None)
+        return False
+
     def _make(self, value: object, source: Source, rooted: bool) -> Var:
         g = self.guards
+        if isinstance(value, types.CodeType) and rooted:
+            g.id_is(source, value)
+            self._frozen.add(source)
+            return ObjectVar(value, source)
         if isinstance(value, torch.Tensor):
             return self._placeholder(value, source)
         if isinstance(value, nn.Module):

@@ -109,8 +109,9 @@ class ModuleVar(Var):
             raise Unsupported(breaks.DISABLED, f"{type(m).__name__}.forward is disabled")
         if any(getattr(_module_impl, name, None) for name in _GLOBAL_HOOKS):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "global nn.Module hooks are registered")
+        impl = tx.out.guards.const(_module_impl)
         tx.out.guards.add(
-            f"not any(getattr({tx.out.guards.const(_module_impl)}, n, None) for n in {_GLOBAL_HOOKS!r})",
+            "not (" + " or ".join(f"{impl}.{n}" for n in _GLOBAL_HOOKS) + ")",
             "no global nn.Module hooks",
         )
         if self.source is not None and not (m._forward_hooks or m._forward_pre_hooks):
