@@ -129,3 +129,11 @@ def test_many_calls_stay_consistent():
     for i in range(3):
         for _ in range(50):
             torch.testing.assert_close(of(x, i), x * i)
+
+
+def test_lambda_is_captured():
+    backend = CountingBackend()
+    f = kiln_capture.optimize(backend)(lambda x: torch.relu(x) * 2)
+    x = torch.randn(4)
+    torch.testing.assert_close(f(x), torch.relu(x) * 2)
+    assert len(backend.graphs) == 1

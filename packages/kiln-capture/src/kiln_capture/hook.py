@@ -108,7 +108,11 @@ def _callback(code: types.CodeType, func, args: tuple):
                 return e.run(func, *args)
     if key in _eager_codes:
         return RUN_DEFAULT
-    if code in EAGER_RESUME_CODES or skipped_file(code.co_filename) or code.co_name.startswith("<"):
+    if (
+        code in EAGER_RESUME_CODES
+        or skipped_file(code.co_filename)
+        or (code.co_name.startswith("<") and code.co_name != "<lambda>")  # <module>, <genexpr>
+    ):
         _skip.add(code)
         return RUN_DEFAULT
     if entries and len(entries) >= config.cache_size_limit:
