@@ -1,6 +1,7 @@
 """Graph breaks inside loops: the continuation re-enters the loop with the loop's
 iterator and live locals; a chain of continuations is bounded by loop_resume_limit."""
 
+import pytest
 import torch
 from helpers import CountingBackend, assert_same
 
@@ -59,3 +60,81 @@ def test_past_the_resume_limit_the_rest_runs_eagerly(monkeypatch):
     assert_same(out.result, layers(x, ws))
     assert [b.resumed for b in out.breaks] == [True, True, False]
     assert "runs eagerly" in out.breaks[2].detail
+
+
+class Boom(Exception):
+    pass
+
+
+@kiln_capture.disable
+def _raise_if(flag):
+    if flag:
+        raise Boom("raised by an eager step")
+    return 1
+
+
+def step_in_try(x, fail, log):
+    y = x * 2
+    try:
+        k = _raise_if(fail)  # a graph break; its exception must reach this frame's except
+        y = y + k
+    except Boom:
+        log.append("except")
+        y = y * 10
+    finally:
+        log.append("finally")
+    return y + 1
+
+
+def test_break_inside_try_resumes_and_handlers_see_the_steps_exception():
+    x = torch.randn(4)
+    for fail in (False, True):
+        kiln_capture.reset()
+        log_eager, log_captured = [], []
+        expected = step_in_try(x, fail, log_eager)
+        out = kiln_capture.explain(step_in_try)(x, fail, log_captured)
+        assert_same(out.result, expected)
+        assert log_captured == log_eager
+        assert out.break_count == 1 and out.breaks[0].resumed, out.breaks
+        assert out.graph_count == (1 if fail else 2)  # the except path runs eagerly
+
+
+def step_in_no_grad_try_finally(x, log):
+    with torch.no_grad():
+        try:
+            y = x * 2
+            _raise_if(True)
+        finally:
+            log.append(y.requires_grad)
+
+
+def test_exception_from_a_step_unwinds_with_and_finally_blocks():
+    x = torch.randn(3, requires_grad=True)
+    log = []
+    fast = kiln_capture.optimize(CountingBackend())(step_in_no_grad_try_finally)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            fast(x, log)
+        assert torch.is_grad_enabled(), "no_grad leaked out of the failing frame"
+    assert log == [False, False]
+
+
+def tensor_branch_in_try(x):
+    y = x * 2
+    try:
+        if y.sum() > 0:
+            y = y - 1
+        n = float(y.abs().sum())
+        out = y / n
+    except ZeroDivisionError:
+        out = y
+    return out
+
+
+def test_tensor_branch_inside_try():
+    x = torch.randn(5)
+    expected = tensor_branch_in_try(x)
+    out = kiln_capture.explain(tensor_branch_in_try)(x)
+    assert_same(out.result, expected)
+    assert (out.graph_count, out.break_count) == (3, 2)
+    assert all(b.resumed for b in out.breaks)

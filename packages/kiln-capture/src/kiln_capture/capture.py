@@ -215,9 +215,7 @@ def _finish_break(
 
     handlers = covering_handlers(code, ins.offset)
     exits = [v for v in stack if isinstance(v, ContextMethodVar) and v.which == "exit"]
-    if "try" in handlers:
-        return skip("the break is inside a try block")
-    if handlers and (not exits or any(_is_foreign_exit(v) for v in stack)):
+    if "with" in handlers and (not exits or any(_is_foreign_exit(v) for v in stack)):
         return skip("the break is inside a with block of a context manager kiln cannot re-enter")
     if ins.opname in _STEP_CALLS:
         if ins.opname == "CALL":
@@ -266,34 +264,55 @@ def _finish_break(
     presence_below = [not isinstance(v, NullVar) for v in stack[:base]]
 
     extra: dict = {}
-    calls = []
-    for j, (off, _, pushes_result) in enumerate(targets):
-        keep_top = ins.opname in _STEP_JUMP_OR_POP and j == 0
-        presence = presence_below + ([True] if pushes_result or keep_top else [])
-        try:
-            rcode = _resume_code(code, off, presence, params)
-        except Unsupported as e:
-            return skip(e.detail)
+
+    def continuation(j: str, off: int, presence: list[bool], reraise: bool = False) -> str:
+        """Register the continuation code at ``off``; return an expression calling it with
+        the stack values ``presence`` marks and the live locals (``{args}`` placeholder)."""
+        rcode = _resume_code(code, off, presence, params, reraise)
         _LOOP_DEPTH[rcode] = depth
-        if eager:
+        if eager or reraise:
             EAGER_RESUME_CODES.add(rcode)
-        fn_name = f"__k_resume{j}"
         if code.co_freevars:
             extra[f"__k_rc{j}"] = rcode
-            fexpr = (
+            return (
                 f"__k_FunctionType(__k_rc{j}, __k_G, {rcode.co_name!r}, None, __k_fn.__closure__)"
             )
-        else:
-            extra[fn_name] = types.FunctionType(rcode, out.globals, rcode.co_name)
-            fexpr = fn_name
-        top = ["__k_r"] if pushes_result else ([f"__k_t{len(stack) - 1}"] if keep_top else [])
-        if keeps_first_slot(code, params):
-            args = ["__k_l[0]", *below, *top, "*__k_l[1:]"]
-        else:
-            args = [*below, *top, "*__k_l"]
-        calls.append(f"{fexpr}({', '.join(args)})")
+        extra[f"__k_resume{j}"] = types.FunctionType(rcode, out.globals, rcode.co_name)
+        return f"__k_resume{j}"
 
-    step = _step_lines(ins, stack, base, root.kw_names, calls)
+    def call_with(fexpr: str, stack_args: list[str]) -> str:
+        if keeps_first_slot(code, params):
+            return f"{fexpr}({', '.join(['__k_l[0]', *stack_args, '*__k_l[1:]'])})"
+        return f"{fexpr}({', '.join([*stack_args, '*__k_l'])})"
+
+    calls = []
+    try:
+        for j, (off, _, pushes_result) in enumerate(targets):
+            keep_top = ins.opname in _STEP_JUMP_OR_POP and j == 0
+            presence = presence_below + ([True] if pushes_result or keep_top else [])
+            fexpr = continuation(str(j), off, presence)
+            top = ["__k_r"] if pushes_result else ([f"__k_t{len(stack) - 1}"] if keep_top else [])
+            calls.append(call_with(fexpr, [*below, *top]))
+        reraise = None
+        if handlers:  # the step may raise: re-raise it where the frame's handlers see it
+            victim = _reraise_victim(ins, stack, base)
+            fexpr = continuation(
+                "x",
+                _reraise_offset(root.instructions, idx),
+                [not isinstance(v, NullVar) for v in stack],
+                True,
+            )
+            args = [
+                "__k_reraise(__k_exc)" if i == victim else f"__k_t{i}"
+                for i, v in enumerate(stack)
+                if not isinstance(v, NullVar)
+            ]
+            reraise = call_with(fexpr, args)
+            extra["__k_reraise"] = Reraise
+    except Unsupported as e:
+        return skip(e.detail)
+
+    step = _step_lines(ins, stack, base, root.kw_names, calls, reraise)
     compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
     body = (
         _graph_lines(compiled, inputs)
@@ -324,7 +343,12 @@ def _is_foreign_exit(v: Var) -> bool:
     return not isinstance(v, ContextMethodVar) and name == "__exit__"
 
 
-def _step_lines(ins, stack: list[Var], base: int, kw_names: tuple, calls: list[str]) -> list[str]:
+def _step_lines(
+    ins, stack: list[Var], base: int, kw_names: tuple, calls: list[str], reraise: str | None
+) -> list[str]:
+    """The unsupported step, run eagerly, then the call of its continuation. Under
+    exception handlers the step runs in ``try``: what it raises is re-raised inside the
+    frame's own code (``reraise``), where its ``except``/``finally``/``with`` see it."""
     t = [f"__k_t{i}" if not isinstance(v, NullVar) else None for i, v in enumerate(stack)]
     if ins.opname == "CALL":
         region = t[base:]
@@ -332,25 +356,70 @@ def _step_lines(ins, stack: list[Var], base: int, kw_names: tuple, calls: list[s
         n = len(kw_names)
         pos = args[: len(args) - n]
         kws = [f"{k}={a}" for k, a in zip(kw_names, args[len(args) - n :])] if n else []
-        return [f"__k_r = {fn}({', '.join(pos + kws)})", f"return {calls[0]}"]
-    if ins.opname == "CALL_FUNCTION_EX":
+        step, tail = f"__k_r = {fn}({', '.join(pos + kws)})", [f"return {calls[0]}"]
+    elif ins.opname == "CALL_FUNCTION_EX":
         region = t[base + 1 :]
         call = f"{region[0]}(*{region[1]}" + (f", **{region[2]})" if ins.arg & 1 else ")")
-        return [f"__k_r = {call}", f"return {calls[0]}"]
-    if ins.opname == "FORMAT_VALUE":
+        step, tail = f"__k_r = {call}", [f"return {calls[0]}"]
+    elif ins.opname == "FORMAT_VALUE":
         conv = {0: "", 1: "str", 2: "repr", 3: "ascii"}[ins.arg & 3]
         spec = t[-1] if ins.arg & 4 else "''"
-        value = t[base]
-        return [f"__k_r = format({conv}({value}), {spec})", f"return {calls[0]}"]
+        step, tail = f"__k_r = format({conv}({t[base]}), {spec})", [f"return {calls[0]}"]
+    elif ins.opname == "BINARY_SUBSCR":
+        step, tail = f"__k_r = {t[-2]}[{t[-1]}]", [f"return {calls[0]}"]
+    else:
+        jump_when = _STEP_JUMPS.get(ins.opname, _STEP_JUMP_OR_POP.get(ins.opname))
+        step = f"__k_c = {'bool' if jump_when else 'not '}({t[-1]})"
+        tail = ["if __k_c:", f"    return {calls[0]}", f"return {calls[1]}"]
+    if reraise is None:
+        return [step, *tail]
+    return [
+        "try:",
+        f"    {step}",
+        "except BaseException as __k_exc:",
+        f"    return {reraise}",
+        *tail,
+    ]
+
+
+def _reraise_victim(ins, stack: list[Var], base: int) -> int:
+    """The stack slot that, replaced by a ``Reraise``, makes the step's own instruction
+    raise: the callable, the formatted value, the subscripted container, the condition."""
+    if ins.opname == "CALL":
+        return base + 1 if isinstance(stack[base], NullVar) else base
+    if ins.opname == "CALL_FUNCTION_EX":
+        return base + 1
+    if ins.opname == "FORMAT_VALUE":
+        return base
     if ins.opname == "BINARY_SUBSCR":
-        return [f"__k_r = {t[-2]}[{t[-1]}]", f"return {calls[0]}"]
-    jump_when = _STEP_JUMPS.get(ins.opname, _STEP_JUMP_OR_POP.get(ins.opname))
-    cond = t[-1] if jump_when else f"not {t[-1]}"
-    return [f"if {cond}:", f"    return {calls[0]}", f"return {calls[1]}"]
+        return len(stack) - 2
+    return len(stack) - 1
 
 
-def _resume_code(code, offset, presence, params) -> types.CodeType:
-    key = (code, offset, tuple(presence), tuple(params))
+def _reraise_offset(instructions, idx: int) -> int:
+    """Where the re-raising continuation enters: the step itself (3.11: its PRECALL,
+    which sets up the call)."""
+    ins = instructions[idx]
+    if ins.opname == "CALL" and idx > 0 and instructions[idx - 1].opname == "PRECALL":
+        return instructions[idx - 1].offset
+    return ins.offset
+
+
+class Reraise:
+    """Stands in for the step's callable/value in a re-raising continuation: any use
+    raises the exception the eager step raised."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def _raise(self, *args, **kwargs):
+        raise self.exc
+
+    __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _raise
+
+
+def _resume_code(code, offset, presence, params, reraise: bool = False) -> types.CodeType:
+    key = (code, offset, tuple(presence), tuple(params), reraise)
     rc = _RESUME_CODES.get(key)
     if rc is None:
         rc = make_resume_code(code, offset, presence, params)

@@ -280,13 +280,16 @@ def break_inside_nested_grad_blocks(x):
     return a, b, c, d, x + 1, [t.requires_grad for t in (a, b, c, d)]
 
 
-@case(graphs=0, breaks=1)
-def break_inside_try_block_runs_frame_eagerly(x):
+@case(graphs=2, breaks=1)
+def break_inside_try_block_resumes(x):
     try:
         y = x * 2
         print("inside try")
+        y = y + 1
     except ValueError:
         y = x
+    finally:
+        y = y * 3
     return y
 
 
