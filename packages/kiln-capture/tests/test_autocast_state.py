@@ -222,3 +222,23 @@ def test_with_device_keeps_one_entry_per_device():
     s = autocast_state.with_device(s, "cpu", BF16, True)
     assert s == (("cpu", BF16), ("cuda", torch.float16))
     assert autocast_state.with_device(s, "cpu", BF16, False) == (("cuda", torch.float16),)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_autocast_region_bit_exact(dtype):
+    def f(x, w, b):
+        with torch.autocast("cuda", dtype=dtype):
+            z = torch.nn.functional.linear(x, w, b)
+            s = torch.softmax(z, -1)
+            m = s @ w
+        return z, s, m, (m.float() * 2).sum(-1)
+
+    torch.manual_seed(0)
+    x, w, b = (t.cuda() for t in (torch.randn(16, 32), torch.randn(32, 32), torch.randn(32)))
+    report, backend = _run(f, x, w, b)
+    assert (report.graph_count, report.break_count) == (1, 0), report.breaks
+    vals = {n.name: n.meta.get("val") for n in backend.graphs[0].graph.nodes}
+    assert vals["linear"].dtype == dtype
+    assert not torch.is_autocast_enabled("cuda")
