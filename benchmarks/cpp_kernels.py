@@ -8,8 +8,9 @@ GPT-2 (inference), and the per-call overhead of a one-element graph. For kiln it
 the compile time per graph and the number of kernels. Then a second Python process with the
 warm cache compiles the same graphs and must build no kernel.
 
-Times are the best of N runs (the machine is shared; the best run is the least disturbed).
-Prints a table and writes benchmarks/results/cpp_kernels.json.
+Eager and kiln-cpp are timed interleaved (call one, then the other, N times), so a busy
+neighbour slows both alike; the table shows medians, the JSON also the minimum and the
+median of the per-pair ratios. Prints a table and writes benchmarks/results/cpp_kernels.json.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -71,7 +73,7 @@ def workloads(quick: bool):
     return rows
 
 
-def timeit(fn, args, reps: int) -> float:
+def timeit(fn, args, reps: int) -> dict:
     for _ in range(2):
         fn(*args)
     times = []
@@ -79,8 +81,28 @@ def timeit(fn, args, reps: int) -> float:
         t = time.perf_counter()
         fn(*args)
         times.append(time.perf_counter() - t)
-    # the best of N: on a shared machine the median measures the neighbours as much as us
-    return min(times)
+    return {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3}
+
+
+def time_pair(f, g, args, reps: int) -> tuple[dict, dict, float]:
+    """Time ``f`` and ``g`` interleaved; returns their stats and the median of f/g ratios."""
+    for _ in range(2):
+        f(*args)
+        g(*args)
+    tf, tg = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(*args)
+        tf.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        g(*args)
+        tg.append(time.perf_counter() - t)
+
+    def stats(ts):
+        return {"median_ms": statistics.median(ts) * 1e3, "min_ms": min(ts) * 1e3}
+
+    ratio = statistics.median(a / b for a, b in zip(tf, tg))
+    return stats(tf), stats(tg), ratio
 
 
 def first(out):
@@ -127,14 +149,13 @@ def main() -> None:
     if args.warm_check:
         warm_check(args.quick)
         return
-    reps = 5 if args.quick else 10
+    reps = 10 if args.quick else 30
     results = []
     rows = workloads(args.quick)
     with torch.no_grad():
         for name, fn, inputs in rows:
             row: dict = {"workload": name}
             expected = first(fn(*inputs))
-            row["eager_ms"] = timeit(fn, inputs, reps) * 1e3
             t = time.perf_counter()
             kfn, graphs = kiln_compile(fn, inputs)
             first(kfn(*inputs))
@@ -142,8 +163,10 @@ def main() -> None:
             row["kiln_graph_compile_s"] = [round(g["total_s"], 3) for g in graphs]
             row["kiln_kernels"] = sum(g["kernels"] for g in graphs)
             torch.testing.assert_close(first(kfn(*inputs)), expected, rtol=1e-4, atol=1e-4)
-            row["kiln_ms"] = timeit(kfn, inputs, reps) * 1e3
-            row["speedup_vs_eager"] = row["eager_ms"] / row["kiln_ms"]
+            eager, kiln, ratio = time_pair(fn, kfn, inputs, reps)
+            row["eager_ms"], row["kiln_ms"] = eager["median_ms"], kiln["median_ms"]
+            row["eager_min_ms"], row["kiln_min_ms"] = eager["min_ms"], kiln["min_ms"]
+            row["speedup_vs_eager"] = ratio  # median of per-pair eager/kiln ratios
             results.append(row)
             print(f"  done: {name}", file=sys.stderr)
         # torch.compile last: Inductor leaves compile workers and kernels behind that would
@@ -155,7 +178,8 @@ def main() -> None:
                 tfn = torch.compile(fn)
                 first(tfn(*inputs))
                 row["torch_compile_s"] = time.perf_counter() - t
-                row["torch_compile_ms"] = timeit(tfn, inputs, reps) * 1e3
+                tc = timeit(tfn, inputs, reps)
+                row["torch_compile_ms"], row["torch_compile_min_ms"] = tc["median_ms"], tc["min_ms"]
                 print(f"  done: torch.compile {name}", file=sys.stderr)
     # a second process with the warm cache must compile no kernel
     proc = subprocess.run(
@@ -173,6 +197,8 @@ def main() -> None:
     out = HERE / "results" / "cpp_kernels.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
+        "timing": "medians; eager and kiln interleaved; speedup = median of per-pair ratios",
+        "load_average": os.getloadavg(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
@@ -185,7 +211,7 @@ def main() -> None:
 
 
 def print_table(rows, warm) -> None:
-    head = f"{'workload':28} {'eager ms':>10} {'torch.compile ms':>17} {'kiln-cpp ms':>12} {'kiln/eager':>10} {'kernels':>8} {'kiln compile s':>15} {'torch.compile s':>16}"
+    head = f"{'workload':28} {'eager ms':>10} {'torch.compile ms':>17} {'kiln-cpp ms':>12} {'speedup':>10} {'kernels':>8} {'kiln compile s':>15} {'torch.compile s':>16}"
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -195,6 +221,7 @@ def print_table(rows, warm) -> None:
             f"{r['workload']:28} {r['eager_ms']:10.3f} {tc:>17} {r['kiln_ms']:12.3f} {r['speedup_vs_eager']:9.2f}x {r['kiln_kernels']:8d} {r['kiln_compile_s']:15.2f} {tcs:>16}"
         )
     print(f"\nwarm cache, second process: {warm}")
+    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -35,9 +35,10 @@ def assert_in_order(text: str, fragments: list[str]) -> None:
         pos = found + len(frag)
 
 
-def test_softmax_kernel_shape():
+def test_softmax_kernel_shape(monkeypatch):
     """One kernel, three loops per row: max, sum of exp (kept in a per-row scratch array),
     then the exp read back times the reciprocal of the sum (exp is computed once)."""
+    monkeypatch.setenv("KILN_CPP_STREAM_BYTES", "0")  # ordinary stores, on any cache size
     (src,) = kernel_sources(
         lambda x: (aten._softmax.default(x, -1, False),), [torch.randn(4096, 1024)]
     )
@@ -212,3 +213,28 @@ def test_kiln_log_kernels_and_debug_dir(monkeypatch, capsys, tmp_path):
     (graph_dir,) = list((tmp_path / "dbg").iterdir())
     names = {p.name for p in graph_dir.iterdir()}
     assert {"aten.py", "ir", "sched", "kernel0.cpp", "wrapper.py"} <= names
+
+
+def test_large_row_outputs_are_streamed_and_stay_right(monkeypatch):
+    """Past the stream threshold the last loop computes a row on the stack and writes it
+    with non-temporal stores; rows of 100 floats start unaligned (head and tail paths)."""
+    from kiln_inductor.testing import check_compiled
+
+    monkeypatch.setenv("KILN_CPP_STREAM_BYTES", "1")
+
+    def fn(x, w):
+        y = aten._softmax.default(x, -1, False)
+        return (y, aten.add.Tensor(aten.mul.Tensor(x, w), 1.0))
+
+    inputs = [torch.randn(37, 100), torch.randn(100)]
+    (src,) = kernel_sources(fn, inputs)
+    assert_in_order(src, ["alignas(64) float row0[100L];", "row0[q", "kiln_stream_f32(out_ptr"])
+    check_compiled(fn, inputs)
+
+
+def test_small_outputs_are_not_streamed(monkeypatch):
+    monkeypatch.delenv("KILN_CPP_STREAM_BYTES", raising=False)
+    (src,) = kernel_sources(
+        lambda x: (aten._softmax.default(x, -1, False),), [torch.randn(64, 256)]
+    )
+    assert "kiln_stream_f32(out" not in src

@@ -37,9 +37,11 @@ from kiln_inductor.ir.ops import ops_handler
 from kiln_inductor.ir.symbols import contiguous_strides, product
 from kiln_inductor.scheduler.fuse import Block, FusedGroup, loop_var_ranges
 
+from .config import read_cpp_config, stream_threshold
 from .cpp_ops import STORAGE_TYPES, CppValue, ctype, literal, print_index
 from .prelude import PRELUDE
 from .row_values import MAX_SCRATCH_BYTES, KernelOpsHandler, LoopScope, RowSharing
+from .streaming import plan_streamed_rows
 
 PARALLEL_WORK = 32768  # elements of work below which a kernel runs on one thread
 CHUNK = 256  # reduction chunk (Welford blocks and per-thread partials)
@@ -106,6 +108,7 @@ class CppKernel:
             restrict = "" if name in group.aliases else " __restrict__"
             params.append(f"{STORAGE_TYPES[dt]}*{restrict} out_ptr{k}")
         self.params = params
+        self.streamed = plan_streamed_rows(group, buffers, stream_threshold(read_cpp_config()))
         self.sharing = sharing or RowSharing()
         self.h = KernelOpsHandler(self._pointer_of, self.emit, self.sharing)
         self.h.ranges = dict(zip(group.outer_vars, group.outer))
@@ -206,6 +209,12 @@ class CppKernel:
             self._nest(
                 loops, pragmas, lambda: self.in_scope(block, lambda: self.pointwise_body(block))
             )
+            for node in block.nodes:
+                row = self.streamed.get(node.name)
+                if row is not None:
+                    ptr = self.ptrs[node.name][0]
+                    base, n = print_index(row.base), print_index(row.length)
+                    self.emit(f"kiln_stream_f32({ptr} + {base}, {row.array}, {n});")
             return
         loops = [
             f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})"
@@ -241,6 +250,8 @@ class CppKernel:
             b = self.group.blocks[block]
             n = product((*b.inner, *b.rranges))
             self.emit(f"alignas(64) {ctype(dtype)} {array}[{print_index(n)}];")
+        for row in self.streamed.values():
+            self.emit(f"alignas(64) float {row.array}[{print_index(row.length)}];")
 
     # -- pointwise ---------------------------------------------------------------------------
     def pointwise_body(self, block: Block) -> None:
@@ -252,7 +263,10 @@ class CppKernel:
     def store(self, node: ComputedBuffer, value: CppValue, store: Any) -> None:
         value = self.h.to_dtype(value, node.dtype)
         self.h.forwarded_exprs[(node.name, sympy.expand(store))] = value
-        if node.name not in self.group.local:
+        row = self.streamed.get(node.name)
+        if row is not None and self.h.scope is not None:
+            self.emit(f"{row.array}[{self.h.scope.flat}] = {value};")
+        elif node.name not in self.group.local:
             ptr, dt = self.ptrs[node.name]
             self.emit(f"{ptr}[{print_index(store)}] = {self.h.store_expr(value, dt)};")
 

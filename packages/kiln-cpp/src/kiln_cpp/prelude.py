@@ -114,5 +114,22 @@ template <typename T> static inline bool kiln_arg_better(bool is_max, T v, int64
   if (v == av) return i < ai;
   return is_max ? (v > av) : (v < av);
 }
+// a row computed in a stack buffer, written with non-temporal stores (no read for ownership,
+// no cache pollution) when a kernel writes more than the cache holds
+static inline void kiln_stream_f32(float* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX__)
+  typedef float v8 __attribute__((vector_size(32), aligned(4)));
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 31); ++i) dst[i] = src[i];
+  for (; i + 8 <= n; i += 8) __builtin_ia32_movntps256(dst + i, *reinterpret_cast<const v8*>(src + i));
+  __builtin_ia32_sfence();
+#elif defined(__SSE__)
+  typedef float v4 __attribute__((vector_size(16), aligned(4)));
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15); ++i) dst[i] = src[i];
+  for (; i + 4 <= n; i += 4) __builtin_ia32_movntps(dst + i, *reinterpret_cast<const v4*>(src + i));
+  __builtin_ia32_sfence();
+#endif
+  for (; i < n; ++i) dst[i] = src[i];
+}
 """
 )
