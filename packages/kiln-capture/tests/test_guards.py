@@ -331,6 +331,10 @@ def test_tensor_checks_recompile_on_any_metadata_change(native, monkeypatch):
         out = of(a, c)
         torch.testing.assert_close(out, _scaled(a, c))
         assert len(b.graphs) == n, (a.dtype, a.shape, a.stride(), type(c))
+    if native:
+        entry = hook.cache_entries(_scaled.__code__)[-1]  # the first entry (x, w)
+        why = entry.guard_set.first_failure(_scaled, entry.params, (inference, w), entry.globals)
+        assert why.endswith("dispatch keys differ"), why
     kiln_capture.reset()
 
 

@@ -162,16 +162,24 @@ class GuardSet:
         self, fn_obj: object, params: list[str], args: tuple, globals_dict: dict
     ) -> str:
         """Describe the first guard that fails for ``args`` (for the recompiles log)."""
+        ns = {"__k_C": self.consts, "__k_G": globals_dict, "__k_tensor_check": tensor_check}
+        ns.update(zip(params, args, strict=True))
+        ns["__k_fn"] = fn_obj
+        tensors = []
         for g in self.guards:
-            ns = {"__k_C": self.consts, "__k_G": globals_dict, "__k_tensor_check": tensor_check}
-            ns.update(zip(params, args, strict=True))
-            ns["__k_fn"] = fn_obj
             try:
                 ok = eval(g.code, ns)
+                if g.tensor is not None:
+                    tensors.append(eval(g.tensor, ns))
             except Exception:
                 ok = False
             if not ok:
                 return g.what
+        if self.native is not None and len(tensors) == len(self.native):
+            i = self.native.first_mismatch(*tensors)
+            if i >= 0:  # what Python does not see: the dispatch key set
+                what = [g.what for g in self.guards if g.tensor is not None][i]
+                return f"{what}: dispatch keys differ"
         return "no single guard failed"
 
 
