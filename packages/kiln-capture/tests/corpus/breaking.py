@@ -315,3 +315,25 @@ def break_inside_user_context_runs_frame_eagerly(x):
         y = x * 2
         print("inside a user context manager")
     return y + _CTX.entered
+
+
+class _AutocastStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(6, 6) for _ in range(2))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+                if x.float().mean() > 100:  # a tensor-dependent branch, each iteration
+                    x = x / 2
+        return x.float().softmax(-1)
+
+
+_AC_STACK = _AutocastStack()
+
+
+@case(graphs=3, breaks=3, args=lambda: (T(3, 6),))
+def break_in_loop_inside_autocast(x):
+    return _AC_STACK(x)
