@@ -23,7 +23,12 @@ def _tensor_guards():
     ext = CppExtension(
         "kiln_capture._tensor_guards",
         ["src/kiln_capture/csrc/tensor_guards.cpp"],
-        extra_compile_args=["-std=c++17", "-O2", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"],
+        extra_compile_args=[
+            "-std=c++17",
+            "-O2",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            f'-DKILN_BUILT_FOR_TORCH="{torch.__version__}"',
+        ],
     )
     ext.runtime_library_dirs = list(ext.library_dirs)
     return [ext]

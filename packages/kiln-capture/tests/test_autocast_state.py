@@ -242,3 +242,17 @@ def test_cuda_autocast_region_bit_exact(dtype):
     vals = {n.name: n.meta.get("val") for n in backend.graphs[0].graph.nodes}
     assert vals["linear"].dtype == dtype
     assert not torch.is_autocast_enabled("cuda")
+
+
+def test_autocast_object_live_across_a_break():
+    def f(x, w, b):
+        ctx = torch.autocast("cpu", dtype=BF16)
+        print("made the context")
+        with ctx as entered:
+            y = x @ w
+            print("inside")
+            z = y @ w
+        return y, z, entered is ctx
+
+    report, _ = _run(f, *_args())
+    assert report.break_count == 2 and all(b.resumed for b in report.breaks), report.breaks

@@ -31,9 +31,16 @@ import torch
 from kiln_capture.sources import Source
 
 try:
-    from kiln_capture._tensor_guards import TensorGuards
+    from kiln_capture import _tensor_guards
 except ImportError:  # built without libtorch: tensors are checked in Python
-    TensorGuards = None
+    _tensor_guards = None
+# built against another torch than the one running (its TensorImpl layout may differ):
+# checked in Python too, until kiln-capture is rebuilt
+TensorGuards = (
+    _tensor_guards.TensorGuards
+    if _tensor_guards is not None and _tensor_guards.built_for_torch == torch.__version__
+    else None
+)
 
 CONST_TYPES = (int, float, bool, str, bytes, type(None), complex)
 

@@ -208,8 +208,10 @@ class OutputGraph:
             g.type_is(source, value)
             return SourcedIteratorVar(self, value, source)
         if isinstance(value, torch.amp.autocast):
-            if rooted:
-                g.id_is(source, value)
+            if rooted:  # its settings, not its identity: continuations get fresh ones
+                g.type_is(source, value)
+                for attr in ("device", "fast_dtype", "_enabled", "_cache_enabled"):
+                    self.wrap(getattr(value, attr), AttrSource(source, attr))
             return AutocastVar(value, source)
         if (
             isinstance(value, types.MethodType)

@@ -76,6 +76,11 @@ class TensorGuards {
 
 PYBIND11_MODULE(_tensor_guards, m) {
   m.doc() = "kiln-capture's native tensor guards (one call per cache entry).";
+#ifdef KILN_BUILT_FOR_TORCH
+  m.attr("built_for_torch") = KILN_BUILT_FOR_TORCH;
+#else
+  m.attr("built_for_torch") = "";
+#endif
   py::class_<TensorGuards>(m, "TensorGuards")
       .def(py::init<>())
       .def("add", &TensorGuards::add, py::arg("example"),

@@ -153,6 +153,18 @@ class AutocastVar(ContextVar):
             f"enabled={self.enabled!r}, cache_enabled={self.cache_enabled!r})"
         )
 
+    def reconstruct(self, cg) -> str:
+        """Live across a break: the object read from its source, the real autocast the
+        generated code entered for the continuation, or (not entered) an equal new one."""
+        if self.source is not None:
+            return self.source.expr()
+        name = cg.context_name(self)
+        if name is not None:
+            return name
+        if self.node is None:
+            return self.constructor(cg)
+        return super().reconstruct(cg)
+
 
 class EnteredAutocastVar(ContextVar):
     """A real autocast entered before the frame began (by a continuation's caller); only
