@@ -28,8 +28,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def page(tmp_path):
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    # One run of the script for every test of the page: each run compiles from a cold cache.
+    tmp_path = tmp_path_factory.mktemp("report")
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     out = tmp_path / "report.html"
