@@ -5,6 +5,15 @@ trace restarts with that instruction marked as a break (restarting is simpler an
 than undoing a half-done inline); on reaching it, everything before becomes one graph,
 the step runs eagerly in generated code, and a continuation function (bytecode/resume.py)
 runs the rest of the frame, itself captured when the hook sees it.
+
+Inside a loop the continuation re-enters the loop (the loop's iterator is one of the
+stack values it takes), so its own break in the next iteration makes a continuation of
+the continuation; ``config.loop_resume_limit`` bounds that chain. Inside a ``with`` block
+of a grad mode or autocast, the generated code enters an equal real context and hands
+its ``__exit__`` on. Inside exception handlers (``try``, ``with``), the step runs under a
+Python ``try``: what it raises goes to a second continuation that enters the frame's code
+at the step itself with a ``Reraise`` in place of the callable, so the frame's own
+handlers see the exception at the right place (that path then runs eagerly).
 """
 
 from __future__ import annotations
@@ -266,8 +275,8 @@ def _finish_break(
     extra: dict = {}
 
     def continuation(j: str, off: int, presence: list[bool], reraise: bool = False) -> str:
-        """Register the continuation code at ``off``; return an expression calling it with
-        the stack values ``presence`` marks and the live locals (``{args}`` placeholder)."""
+        """Register the continuation code entering at ``off`` with the stack values
+        ``presence`` marks, then the live locals; return an expression for the function."""
         rcode = _resume_code(code, off, presence, params, reraise)
         _LOOP_DEPTH[rcode] = depth
         if eager or reraise:
