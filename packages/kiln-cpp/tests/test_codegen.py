@@ -238,3 +238,26 @@ def test_small_outputs_are_not_streamed(monkeypatch):
         lambda x: (aten._softmax.default(x, -1, False),), [torch.randn(64, 256)]
     )
     assert "kiln_stream_f32(out" not in src
+
+
+def test_batch_one_fusions_match_eager():
+    """The kernels the scheduler fuses across size-1 dimensions and after an embedding
+    gather compute what eager does."""
+    from kiln_inductor.testing import check_compiled
+
+    def ln(x, w, b):
+        out = aten.native_layer_norm.default(x, [256], w, b, 1e-5)[0]
+        return (aten.view.default(out, [256, 256]),)
+
+    def sm(s, m):
+        scores = aten.add.Tensor(aten.view.default(s, [1, 4, 64, 64]), m)
+        return (aten._softmax.default(scores, -1, False),)
+
+    def emb_ln(table, ids, w, b):
+        x = aten.embedding.default(table, ids)
+        return (aten.native_layer_norm.default(x, [64], w, b, 1e-5)[0],)
+
+    check_compiled(ln, [torch.randn(1, 256, 256), torch.randn(256), torch.randn(256)], 1e-4)
+    check_compiled(sm, [torch.randn(4, 64, 64), torch.randn(1, 1, 64, 64)], 1e-5)
+    ids = torch.randint(0, 100, (1, 32))
+    check_compiled(emb_ln, [torch.randn(100, 64), ids, torch.randn(64), torch.randn(64)], 1e-4)

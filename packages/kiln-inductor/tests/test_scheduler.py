@@ -117,7 +117,7 @@ def test_memory_plan_reuses_dead_buffers():
 
 def test_unlowered_op_falls_back_and_is_recorded():
     def f(x):
-        return (aten.exp.default(aten.cumsum.default(x, 0)),)
+        return (aten.exp.default(aten.sort.default(x, 0)[0]),)
 
     ir, steps = schedule(f, [torch.randn(8)])
     assert any(isinstance(s, ExternKernel) and s.kind == "fallback" for s in steps)
@@ -162,3 +162,56 @@ def test_reduction_read_through_a_size_one_view_stays_local():
                 assert e == group.bound[b][2], (name, b, e)
     assert {"buf0", "buf1"} <= group.local
     assert set(group.inputs).isdisjoint({n.name for n in group.nodes})
+
+
+def test_scan_is_a_kernel_of_its_own():
+    def f(x):
+        return (aten.exp.default(aten.cumsum.default(x, 1)),)
+
+    ir, steps = schedule(f, [torch.randn(6, 40)])
+    scans = [g for g in groups(steps) if g.blocks[0].kind == "scan"]
+    (scan,) = scans
+    assert len(scan.nodes) == 1 and scan.outer == (6,) and scan.blocks[0].rranges == (40,)
+    assert "cumulative sum" in print_ir(ir)
+
+
+def test_size_one_dimensions_get_no_loop_and_do_not_block_fusion():
+    """GPT-2 at batch 1: layer_norm statistics over (1, 256) and the (256, 256) output
+    they normalize, and softmax statistics over (1, 4, 256) with (4, 256, 256) scores,
+    share their outer loops once size-1 dimensions are dropped: one kernel each."""
+
+    def ln(x, w, b):
+        out = aten.native_layer_norm.default(x, [256], w, b, 1e-5)[0]
+        return (aten.view.default(out, [256, 256]),)
+
+    def sm(s, m):
+        scores = aten.add.Tensor(aten.view.default(s, [1, 4, 256, 256]), m)
+        return (aten._softmax.default(scores, -1, False),)
+
+    _, steps = schedule(ln, [torch.randn(1, 256, 256), torch.randn(256), torch.randn(256)])
+    (group,) = groups(steps)
+    assert group.outer == (256,) and [b.kind for b in group.blocks] == ["welford", "pointwise"]
+    _, steps = schedule(sm, [torch.randn(4, 256, 256), torch.randn(1, 1, 256, 256)])
+    (group,) = groups(steps)
+    assert group.outer == (4, 256)
+    for index, _, _, _ in group.bound.values():
+        assert 0 in index  # the batch dimension of size 1 is indexed by the constant 0
+
+
+def _embedding_layer_norm(table, ids, w, b):
+    x = aten.embedding.default(table, ids)
+    return (aten.native_layer_norm.default(x, [64], w, b, 1e-5)[0],)
+
+
+def test_gathered_rows_fuse_with_the_layer_norm_that_reads_them():
+    """An embedding gather (data-dependent index into the table) and the layer_norm of its
+    rows are one kernel: only a member read at a data-dependent index would block it."""
+    inputs = [
+        torch.randn(100, 64),
+        torch.randint(0, 100, (1, 32)),
+        torch.randn(64),
+        torch.randn(64),
+    ]
+    _, steps = schedule(_embedding_layer_norm, inputs)
+    (group,) = groups(steps)
+    assert [b.kind for b in group.blocks] == ["welford", "pointwise"]

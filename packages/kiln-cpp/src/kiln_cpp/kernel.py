@@ -32,7 +32,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction
+from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction, Scan
 from kiln_inductor.ir.ops import ops_handler
 from kiln_inductor.ir.symbols import contiguous_strides, product
 from kiln_inductor.scheduler.fuse import Block, FusedGroup, loop_var_ranges
@@ -220,7 +220,8 @@ class CppKernel:
             f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})"
             for v, s in zip(block.vars, block.inner)
         ]
-        self._nest(loops, [None] * len(loops), lambda: self.reduction(block, parallel))
+        work = self.scan if block.kind == "scan" else self.reduction
+        self._nest(loops, [None] * len(loops), lambda: work(block, parallel))
 
     def in_scope(self, block: Block, body: Any) -> None:
         """Emit ``body`` as the innermost loop nest of ``block`` (see row_values.LoopScope)."""
@@ -269,6 +270,31 @@ class CppKernel:
         elif node.name not in self.group.local:
             ptr, dt = self.ptrs[node.name]
             self.emit(f"{ptr}[{print_index(store)}] = {self.h.store_expr(value, dt)};")
+
+    # -- scans -------------------------------------------------------------------------------
+    def scan(self, block: Block, parallel: bool) -> None:
+        """A sequential loop along the scanned axis: accumulate, store every step."""
+        (node,) = block.nodes
+        body = node.body
+        assert isinstance(body, Scan)
+        acc = f"acc{self.h.count}"
+        self.h.count += 1
+        self.emit(
+            f"{ctype(body.dtype)} {acc} = {literal(1 if body.scan_type == 'prod' else 0, body.dtype)};"
+        )
+        op = "*" if body.scan_type == "prod" else "+"
+        index, _, store, _ = self.group.bound[node.name]
+
+        def step() -> None:
+            v = self.h.to_dtype(body.inner_fn(index), body.dtype)
+            self.emit(f"{acc} = {acc} {op} {v};")
+            self.store(node, CppValue(acc, body.dtype), store)
+
+        loops = [
+            f"for (int64_t {v} = 0; {v} < {print_index(s)}; ++{v})"
+            for v, s in zip(block.rvars, block.rranges)
+        ]
+        self._nest(loops, [None] * len(loops), step)
 
     # -- reductions --------------------------------------------------------------------------
     def reduction(self, block: Block, parallel: bool) -> None:

@@ -10,7 +10,9 @@ the backend registered for the inputs' device type for a kernel:
    ``ComputedBuffer``s, the shared outer loops (``group.outer`` with variables
    ``group.outer_vars``), the inner ``blocks`` (pointwise or reduction loop nests with their
    own variables), the loads and store index of each member already expressed in those
-   variables (``group.bound[name] = (loop vars, reduction vars, store index, loads)``),
+   variables (``group.bound[name] = (index, reduction index, store index, loads)``: the
+   index lists are the group's loop variables, or 0 for dimensions of size 1, which get no
+   loop),
    ``group.local`` (buffers that stay in registers), ``group.inputs`` and
    ``group.outputs`` (buffer names, the kernel's arguments in this order: inputs then
    outputs). ``buffers`` maps every buffer name to its ``Buffer`` (layout, dtype).

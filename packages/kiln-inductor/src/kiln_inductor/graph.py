@@ -30,6 +30,7 @@ from .ir.nodes import (
     Layout,
     Pointwise,
     Reduction,
+    Scan,
     StorageView,
     TensorValue,
     View,
@@ -176,7 +177,8 @@ class GraphLowering:
         self.add_node(buf)
         return StorageView(buf, layout)
 
-    def realize_reduction(self, red: Reduction) -> StorageView:
+    def realize_reduction(self, red: Reduction | Scan) -> StorageView:
+        """A reduction's or a scan's result as a contiguous buffer."""
         layout = Layout.contiguous(red.device, red.dtype, red.size)
         buf = ComputedBuffer(self.new_name(), layout, red, self.origin())
         self.add_node(buf)

@@ -100,7 +100,7 @@ class ConstantBuffer(Buffer):
 class ComputedBuffer(Buffer):
     """A buffer computed by a generated kernel from a pointwise or reduction body."""
 
-    body: Pointwise | Reduction | None = None
+    body: Pointwise | Reduction | Scan | None = None
     origin: str = ""  # the ATen op(s) it came from, for logs and dumps
 
     def loop_ranges(self) -> tuple[tuple[Expr, ...], tuple[Expr, ...]]:
@@ -108,6 +108,9 @@ class ComputedBuffer(Buffer):
         assert self.body is not None
         if isinstance(self.body, Reduction):
             return self.body.size, self.body.reduction_ranges
+        if isinstance(self.body, Scan):
+            size = self.body.size
+            return size[: self.body.axis] + size[self.body.axis + 1 :], (size[self.body.axis],)
         return self.body.size, ()
 
 
@@ -192,6 +195,26 @@ class Reduction:
 
     def __post_init__(self) -> None:
         assert self.reduction_type in REDUCTION_TYPES, self.reduction_type
+
+
+SCAN_TYPES = frozenset({"sum", "prod"})
+
+
+@dataclass(frozen=True, eq=False)
+class Scan:
+    """An inclusive scan along ``axis``: out[i] = combine of ``inner_fn(j)`` over every j
+    equal to i except ``j[axis] <= i[axis]`` (cumsum, cumprod). ``inner_fn`` takes the full
+    index; ``dtype`` is the accumulator's and the output's type."""
+
+    device: torch.device
+    dtype: torch.dtype
+    size: tuple[Expr, ...]
+    axis: int
+    scan_type: str
+    inner_fn: Loader
+
+    def __post_init__(self) -> None:
+        assert self.scan_type in SCAN_TYPES, self.scan_type
 
 
 @dataclass(frozen=True, eq=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Reduction, StorageView
+from .nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Reduction, Scan, StorageView
 from .ops import ops_handler
 from .symbols import index_vars
 
@@ -52,6 +52,9 @@ def print_node(node: ComputedBuffer | ExternKernel) -> str:
             rv = index_vars("r", len(body.reduction_ranges))
             result = body.inner_fn(idx, rv)
             head = f"{node.name}: {format_layout(node.layout)} = {body.reduction_type} over r in {list(body.reduction_ranges)}"
+        elif isinstance(body, Scan):
+            result = body.inner_fn(idx)
+            head = f"{node.name}: {format_layout(node.layout)} = cumulative {body.scan_type} of i{body.axis} over i in {list(body.size)}"
         else:
             result = body.inner_fn(idx)
             head = (

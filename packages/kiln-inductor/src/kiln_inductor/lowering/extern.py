@@ -62,7 +62,5 @@ register_fallback(
     aten.index_put,
     aten.sort,
     aten.topk,
-    aten.cumsum,
-    aten.cumprod,
     aten.index_add,
 )

@@ -1,7 +1,9 @@
 """What each scheduler node reads and writes, with the index of every access.
 
 Bodies are run once under a recording handler with canonical loop variables (``i*`` for
-the iteration ranges, ``r*`` for the reduction ranges).
+the iteration ranges, ``r*`` for the reduction ranges). Dimensions of size 1 get no loop
+(their index is 0): a (1, 256) layer_norm statistic and the (256, 256) output it
+normalizes then share their outer loop, and fuse.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 import sympy
 
-from ..ir.nodes import ComputedBuffer, Reduction
+from ..ir.nodes import ComputedBuffer, Reduction, Scan
 from ..ir.ops import ops_handler
 from ..ir.symbols import Expr, index_vars
 
@@ -25,6 +27,8 @@ class Access:
     loads: tuple[tuple[str, Expr], ...]
     store: Expr
     indirect: bool  # some load index depends on loaded data
+    index: tuple[Expr, ...] = ()  # the body's index in ``vars`` (0 for dimensions of size 1)
+    rindex: tuple[Expr, ...] = ()  # the body's reduction index in ``rvars``
 
 
 class _Recorder:
@@ -48,19 +52,53 @@ class _Recorder:
         return lambda *a, **k: object()
 
 
+def _loop_index(
+    prefix: str, size: tuple[Expr, ...], keep_one: bool = False
+) -> tuple[list[Expr], tuple[Expr, ...], tuple[Expr, ...]]:
+    """(index of every dimension, loop variables, loop ranges): dimensions of size 1 are the
+    constant 0, except that ``keep_one`` keeps one loop when all are of size 1 (a reduction
+    or a scan always has a loop to run its body in)."""
+    syms = index_vars(prefix, len(size))
+    if keep_one and size and all(s == 1 for s in size):
+        return list(syms[:1]) + [sympy.Integer(0)] * (len(size) - 1), tuple(syms[:1]), size[:1]
+    index: list[Expr] = [sympy.Integer(0) if s == 1 else v for v, s in zip(syms, size)]
+    ranges = tuple(s for s in size if s != 1)
+    return index, tuple(v for v, s in zip(syms, size) if s != 1), ranges
+
+
+def _scan_access(node: ComputedBuffer, body: Scan) -> Access:
+    """A scan loops over the other dimensions (outer) and along its axis (like a reduction
+    range, but it stores at every step: the store index holds the axis variable)."""
+    others = body.size[: body.axis] + body.size[body.axis + 1 :]
+    index, ivars, ranges = _loop_index("i", tuple(others))
+    rindex, rvars, rr = _loop_index("r", (body.size[body.axis],), keep_one=True)
+    full = [*index[: body.axis], *rindex, *index[body.axis :]]
+    rec = _Recorder()
+    with ops_handler(rec):
+        body.inner_fn(list(full))
+    store = sympy.expand(node.layout.index(full))
+    return Access(
+        ranges, rr, ivars, rvars, tuple(rec.loads), store, rec.indirect, tuple(full), tuple(rindex)
+    )
+
+
 def node_access(node: ComputedBuffer) -> Access:
     body = node.body
     assert body is not None
-    ivars = tuple(index_vars("i", len(body.size)))
+    if isinstance(body, Scan):
+        return _scan_access(node, body)
+    index, ivars, ranges = _loop_index("i", tuple(body.size))
     rec = _Recorder()
+    rindex: list[Expr] = []
     if isinstance(body, Reduction):
-        rvars = tuple(index_vars("r", len(body.reduction_ranges)))
+        rindex, rvars, rr = _loop_index("r", tuple(body.reduction_ranges), keep_one=True)
         with ops_handler(rec):
-            body.inner_fn(list(ivars), list(rvars))
-        rr = body.reduction_ranges
+            body.inner_fn(list(index), list(rindex))
     else:
         rvars, rr = (), ()
         with ops_handler(rec):
-            body.inner_fn(list(ivars))
-    store = sympy.expand(node.layout.index(ivars))
-    return Access(tuple(body.size), tuple(rr), ivars, rvars, tuple(rec.loads), store, rec.indirect)
+            body.inner_fn(list(index))
+    store = sympy.expand(node.layout.index(index))
+    return Access(
+        ranges, rr, ivars, rvars, tuple(rec.loads), store, rec.indirect, tuple(index), tuple(rindex)
+    )

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Reduction, StorageView
+from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Reduction, Scan, StorageView
 from ..ir.symbols import (
     Expr,
     coefficients,
@@ -41,7 +41,7 @@ MAX_GROUP_NODES = 48
 
 @dataclass
 class Block:
-    kind: str  # "pointwise" | "reduction" | "welford"
+    kind: str  # "pointwise" | "reduction" | "welford" | "scan"
     inner: tuple[Expr, ...]  # non-reduced inner ranges
     rranges: tuple[Expr, ...]
     vars: tuple[sympy.Symbol, ...]
@@ -56,7 +56,8 @@ class FusedGroup:
     outer: tuple[Expr, ...]
     outer_vars: tuple[sympy.Symbol, ...]
     blocks: list[Block]
-    # for each node: (loop vars of its ranges, reduction vars, store index, loads)
+    # for each node: (its body's index and reduction index in the group's loop variables
+    # (0 for dimensions of size 1, which get no loop), store index, loads)
     bound: dict[str, tuple[list[Expr], list[Expr], Expr, list[tuple[str, Expr]]]]
     local: set[str] = field(default_factory=set)
     inputs: list[str] = field(default_factory=list)
@@ -133,11 +134,14 @@ def plan_group(
         kind = "pointwise"
         if isinstance(node.body, Reduction):
             kind = "welford" if node.body.reduction_type.startswith("welford") else "reduction"
+        elif isinstance(node.body, Scan):
+            if len(nodes) > 1:
+                return None  # a scan is a kernel of its own
+            kind = "scan"
         inner = acc.ranges[len(outer) :]
         rr = acc.rranges
+        # a load of a member at a data-dependent index fails the affine checks below
         reads_group = [ld for ld in acc.loads if ld[0] in written]
-        if reads_group and acc.indirect:
-            return None
         last = blocks[-1] if blocks else None
         same = last is not None and last.kind == kind and last.inner == inner and last.rranges == rr
         if same and kind != "pointwise":
@@ -201,7 +205,9 @@ def plan_group(
                 if block not in blocks:
                     blocks.append(block)
                 block.nodes.append(node)
-                bound[node.name] = (vars_, list(block.rvars), store, loads)
+                index = [sympy.sympify(e).xreplace(subs) for e in acc.index]
+                rindex = [sympy.sympify(e).xreplace(subs) for e in acc.rindex]
+                bound[node.name] = (index, rindex, store, loads)
                 written[node.name] = blocks.index(block)
                 break
         if chosen is None:
