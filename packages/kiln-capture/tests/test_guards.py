@@ -358,3 +358,29 @@ def test_hoisted_reads_are_computed_once_in_guard_order():
         "if not (not any((getattr(__k_C[1], n) for n in ('p', 'q')))): return False",
         "if not (len(x) == 2): return False",
     ]
+
+
+def make_ones_like_default(x):
+    return torch.ones(3) * 2, x + 1
+
+
+@pytest.mark.parametrize("how", ["set_default_device", "device_context"])
+def test_default_device_change_recompiles(how):
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(make_ones_like_default)
+    x = torch.randn(3)
+    assert guards.default_device_name() == "cpu"
+    f(x)
+    if how == "set_default_device":
+        torch.set_default_device("meta")
+        try:
+            out = f(x)
+        finally:
+            torch.set_default_device(None)
+    else:
+        with torch.device("meta"):
+            out = f(x)
+    assert out[0].device.type == "meta"  # as eager: the factory follows the default
+    assert len(b.graphs) == 2
+    torch.testing.assert_close(f(x)[0], torch.ones(3) * 2)  # back on cpu: a cache hit
+    assert len(b.graphs) == 2

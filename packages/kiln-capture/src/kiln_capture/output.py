@@ -17,7 +17,7 @@ from torch import fx, nn
 
 from kiln_capture import autocast_state, breaks
 from kiln_capture.errors import Unsupported
-from kiln_capture.guards import GuardSet
+from kiln_capture.guards import GuardSet, default_device_name
 from kiln_capture.side_effects import SideEffects
 from kiln_capture.sources import AttrSource, ConstRef, ItemSource, Source
 from kiln_capture.variables.base import MethodCallVar, Var
@@ -370,10 +370,8 @@ class OutputGraph:
             f"{g.const(torch.get_default_dtype)}() is {g.const(torch.get_default_dtype())}",
             f"default dtype is {torch.get_default_dtype()}",
         )
-        g.add(
-            f"{g.const(torch.get_default_device)}() == {g.const(torch.get_default_device())}",
-            f"default device is {torch.get_default_device()}",
-        )
+        device = default_device_name()
+        g.add(f"{g.const(default_device_name)}() == {device!r}", f"default device is {device}")
 
     def enter_autocast(self, device: str, dtype, enabled: bool, cache_enabled: bool) -> fx.Node:
         """Record ``torch.autocast(...).__enter__()``; the node's value is the mode object
