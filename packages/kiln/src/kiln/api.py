@@ -99,6 +99,10 @@ def _compiled_module(module: torch.nn.Module, compiled_call: Callable) -> torch.
     compiled = object.__new__(sub)
     # One __dict__ for both objects: parameters, buffers, submodules and flags are shared.
     object.__setattr__(compiled, "__dict__", module.__dict__)
+    # capture's wrapper module has no hooks of its own (the original's hooks run inside
+    # the captured call): calling its forward skips one nn.Module.__call__ per call.
+    if isinstance(compiled_call, torch.nn.Module):
+        compiled_call = compiled_call.forward
     _COMPILED_STATE[compiled] = (module, compiled_call)
     return compiled
 
