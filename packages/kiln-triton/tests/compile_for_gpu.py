@@ -24,6 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from kiln_triton.config import read_triton_config  # noqa: E402
 from kiln_triton.runtime.configs import candidate_configs  # noqa: E402
 from kiln_triton.runtime.launcher import load_module, source_key  # noqa: E402
+from kiln_triton.runtime.template import matmul_configs  # noqa: E402
 
 TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64",
          "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8",
@@ -38,24 +39,32 @@ def main() -> None:
         fn = load_module(k["source"], source_key(k["source"], cfg)).kernel
         n = len(k["meta"]["arg_dtypes"])
         sig = {name: "*" + TYPES[t] for name, t in zip(fn.arg_names, k["meta"]["arg_dtypes"])}
-        sig |= {"XBLOCK": "constexpr", "RBLOCK": "constexpr"}
+        template = k["meta"]["kind"] == "mm_template"
+        blocks = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M") if template else ("XBLOCK", "RBLOCK")
+        sig |= {b: "constexpr" for b in blocks}
+        configs = (
+            matmul_configs(k["meta"], False) if template else candidate_configs(k["meta"], False)
+        )
         report: dict = {"kind": k["meta"]["kind"], "configs": []}
         try:
-            for c in candidate_configs(k["meta"], False):
+            for c in configs:
                 src = ASTSource(
                     fn,
                     sig,
-                    constexprs={"XBLOCK": c.XBLOCK, "RBLOCK": c.RBLOCK},
+                    constexprs={b: getattr(c, b) for b in blocks},
                     attrs={(i,): [["tt.divisibility", 16]] for i in range(n)},
                 )
                 ck = triton.compile(
-                    src, target=GPUTarget("cuda", arch, 32), options={"num_warps": c.num_warps}
+                    src,
+                    target=GPUTarget("cuda", arch, 32),
+                    options={"num_warps": c.num_warps, "num_stages": c.num_stages},
                 )
                 ptx = ck.asm["ptx"]
                 report["configs"].append({
                     "config": c.as_dict(),
                     "vector_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v[248]", ptx)),
                     "loads": len(re.findall(r"ld\.global", ptx)),
+                    "mma": len(re.findall(r"wgmma|mma\.sync", ptx)),
                 })  # fmt: skip
         except Exception as e:  # reported, the test fails on it
             report["error"] = f"{type(e).__name__}: {str(e)[-600:]}"

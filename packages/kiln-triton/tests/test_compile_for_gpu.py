@@ -54,11 +54,10 @@ def _representative() -> list:
     return out
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="Triton's CUDA compiler ships for Linux")
-def test_kernels_compile_for_sm90_and_vectorize(tmp_path):
-    sources = _representative()
+def _compile_for_sm90(sources, tmp_path) -> list[dict]:
     path = tmp_path / "kernels.json"
-    path.write_text(json.dumps([{"source": s.source, "meta": s.meta} for s in sources]))
+    plain = [{k: v for k, v in s.meta.items() if k not in ("extern", "epilogue")} for s in sources]
+    path.write_text(json.dumps([{"source": s.source, "meta": m} for s, m in zip(sources, plain)]))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "compile_for_gpu.py"), str(path), "90"],
@@ -67,6 +66,50 @@ def test_kernels_compile_for_sm90_and_vectorize(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(reports) == len(sources)
+    return reports
+
+
+def _template_sources(monkeypatch) -> list:
+    """Matmul templates as the GPU gets them (not the interpreter's variant)."""
+    from kiln_inductor.scheduler.templates import TemplateGroup, fuse_templates
+
+    bf = torch.bfloat16
+    x, w, b = make((256, 192), bf), make((384, 192), bf), make((384,), bf)
+    a, c = make((4, 64, 96), torch.float32), make((4, 96, 80), torch.float32)
+    graphs = [
+        (
+            lambda x, w, b: (aten.gelu.default(aten.addmm.default(b, x, aten.t.default(w))),),
+            [x, w, b],
+        ),
+        (lambda a, c: (aten.relu.default(aten.bmm.default(a, c)),), [a, c]),
+    ]
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = []
+    for fn, inputs in graphs:
+        ir = GraphLowering(aten_graph(fn, inputs), inputs).run()
+        steps = fuse_templates(fuse_nodes(ir), ir, lambda *_: True)
+        groups = [g for g in steps if isinstance(g, TemplateGroup)]
+        assert len(groups) == 1
+        out.append(TritonBackend().codegen_kernel(groups[0], ir.buffers))
+    return out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton's CUDA compiler ships for Linux")
+def test_matmul_templates_compile_for_sm90_with_tensor_core_instructions(tmp_path, monkeypatch):
+    sources = _template_sources(monkeypatch)
+    reports = _compile_for_sm90(sources, tmp_path)
+    for src, rep in zip(sources, reports):
+        assert "error" not in rep, f"{rep['error']}\n{src.source}"
+        assert rep["configs"], rep
+    # bfloat16 products use the tensor cores (wgmma/mma); the float32 one multiplies in IEEE
+    # float32 (as cuBLAS does unless TF32 is allowed), which the tensor cores cannot
+    assert all(c["mma"] > 0 for c in reports[0]["configs"]), reports[0]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton's CUDA compiler ships for Linux")
+def test_kernels_compile_for_sm90_and_vectorize(tmp_path):
+    sources = _representative()
+    reports = _compile_for_sm90(sources, tmp_path)
     for src, rep in zip(sources, reports):
         assert "error" not in rep, f"{rep['error']}\n{src.source}"
         assert rep["configs"]

@@ -61,6 +61,10 @@ class TritonBackend:
         meta = {
             **template_meta(group),
             "itemsize": buffers[group.product].dtype.itemsize,
+            "arg_dtypes": [
+                str(buffers[n].dtype).removeprefix("torch.")
+                for n in (*group.inputs, *group.outputs)
+            ],
             "extern": group.extern,
             "product": group.product,
             "epilogue": self.codegen_kernel(group.epilogue, buffers),
