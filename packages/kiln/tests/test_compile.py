@@ -80,6 +80,14 @@ def test_bare_decorator_and_decorator_with_arguments():
     assert len(backend.graphs) == 1
 
 
+def test_a_lambda_is_compiled():
+    backend = CountingBackend()
+    compiled = kiln.compile(lambda x, y: torch.relu(x @ y) * 2, backend=backend)
+    x, y = inputs()
+    torch.testing.assert_close(compiled(x, y), torch.relu(x @ y) * 2)
+    assert len(backend.graphs) == 1
+
+
 def test_disable_returns_the_model_unchanged():
     assert kiln.compile(fn, disable=True) is fn
 
