@@ -27,6 +27,7 @@ def test_demo_checks_against_eager_and_prints_the_figures(capsys):
     assert "matches eager" in out
     for label in ("compile time", "eager latency", "kiln latency", "speed-up", "kiln overhead"):
         assert re.search(rf"{label}\s+[0-9.]+", out), label
+    assert re.search(r"speed-up\s+[0-9.]+x\s+\(\s*[0-9.]+x\)", out)  # best rounds, then medians
     assert re.search(r"graphs compiled\s+1\s+\(fell back to eager: 0\)", out)
 
 
