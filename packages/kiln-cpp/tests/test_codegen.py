@@ -3,6 +3,7 @@ kernel cache across processes."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -156,21 +157,46 @@ def test_gcc_vectorizes_the_inner_loops(tmp_path):
         assert simd_loops
 
 
-def test_max_reduction_loop_is_packed(tmp_path):
-    """GCC's report can call a loop vectorized when only an epilogue is: the assembly of
-    softmax's max loop must hold a packed max (a bool NaN flag used to keep it scalar)."""
+def _assembly(src: str, tmp_path: Path) -> str:
     import shutil
 
     if shutil.which("objdump") is None:
         pytest.skip("objdump not found")
-    (src,) = kernel_sources(lambda x: (aten.amax.default(x, [-1]),), [torch.randn(512, 1024)])
     cfg = read_cpp_config()
     path = tmp_path / "k.cpp"
     path.write_text(src)
     so = tmp_path / "k.so"
-    subprocess.run([cfg.cxx, *cfg.flags.split(), str(path), "-o", str(so)], check=True)
-    asm = subprocess.run(["objdump", "-d", str(so)], capture_output=True, text=True).stdout
-    assert "maxps" in asm, asm[-3000:]
+    subprocess.run(
+        [cfg.cxx, *cfg.flags.split(), str(path), "-o", str(so), *cfg.libs.split()], check=True
+    )
+    return subprocess.run(["objdump", "-d", str(so)], capture_output=True, text=True).stdout
+
+
+def test_max_reduction_loop_is_packed(tmp_path):
+    """GCC's report can call a loop vectorized when only an epilogue is: the assembly of
+    softmax's max loop must hold a packed max (a bool NaN flag used to keep it scalar)."""
+    (src,) = kernel_sources(lambda x: (aten.amax.default(x, [-1]),), [torch.randn(512, 1024)])
+    assert "maxps" in _assembly(src, tmp_path)
+
+
+def test_masked_softmax_with_a_bool_mask_is_vectorized(tmp_path):
+    """GPT-2's attention softmax reads a bool mask: passed as uint8_t, the loops vectorize
+    (through a bool pointer GCC kept them scalar, calling libm's scalar expf)."""
+
+    def fn(x, m):
+        bias = aten.where.self(
+            m, aten.scalar_tensor.default(0.0), aten.scalar_tensor.default(-math.inf)
+        )
+        return (aten._softmax.default(aten.add.Tensor(x, bias), -1, False),)
+
+    inputs = [torch.randn(4, 64, 64), torch.ones(64, 64, dtype=torch.bool).tril()]
+    (src,) = kernel_sources(fn, inputs)
+    assert "const uint8_t* __restrict__ in_ptr1" in src
+    asm = _assembly(src, tmp_path)
+    assert "maxps" in asm and "<expf@plt>" not in asm
+    from kiln_inductor.testing import check_compiled
+
+    check_compiled(fn, inputs)
 
 
 def test_second_process_with_warm_cache_compiles_no_kernel(tmp_path):

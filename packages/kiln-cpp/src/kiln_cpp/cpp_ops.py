@@ -31,7 +31,14 @@ CTYPES = {
     torch.uint8: "uint8_t",
     torch.bool: "bool",
 }
-STORAGE_TYPES = {**CTYPES, torch.bfloat16: "uint16_t", torch.float16: "uint16_t"}
+# bool tensors are passed as uint8_t: GCC does not vectorize a loop that loads through a
+# bool pointer (GPT-2's masked softmax stayed scalar, libm expf and all); values stay bool
+STORAGE_TYPES = {
+    **CTYPES,
+    torch.bfloat16: "uint16_t",
+    torch.float16: "uint16_t",
+    torch.bool: "uint8_t",
+}
 
 
 def ctype(dtype: torch.dtype) -> str:
