@@ -15,7 +15,7 @@ eager runs as one ATen kernel per op and kiln fuses into a few generated loops. 
 256 a batch of 2 x 128 tokens is about three quarters GEMM (the LM head over the vocabulary
 alone is a third), so any compiler's gain there is small. The default, one request of 64
 tokens, is a single-request inference shape where eager's per-op costs weigh more and the
-compiler's work shows (kiln ~1.25x on one core in our runs, vs ~1.1x at 2 x 128). Longer
+compiler's work shows (on 2 quiet cores: kiln ~1.2x at 1 x 64, ~1.1x at 2 x 128). Longer
 sequences do not help: eager runs attention as one flash-attention kernel, kiln as two
 batched GEMMs around a fused softmax. Every flag changes the shape, and the printed header
 states the one used.
