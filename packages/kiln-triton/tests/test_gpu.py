@@ -159,8 +159,8 @@ def test_direct_launch_after_the_first_call_and_triton_path_for_misaligned_input
     fn = torch.fx.symbolic_trace(lambda x, y: (torch.sigmoid(x) * y + 1,))
     x, y = make((1000,), torch.float32, device=CUDA), make((1000,), torch.float32, device=CUDA)
     compiled = kiln_triton.compile_fx(fn, [x, y])
-    for _ in range(3):
-        x = make((1000,), torch.float32, device=CUDA)
+    for k in range(3):  # new values each call
+        x = make((1000,), torch.float32, device=CUDA) * (k + 1)
         torch.testing.assert_close(compiled(x, y), fn(x, y))
     assert outcomes == [True, True]  # the first call goes through Triton and builds it
     base = make((1001,), torch.float32, device=CUDA)

@@ -108,14 +108,12 @@ class TritonBackend:
                     load_module(src.source, key).kernel,
                     src.meta,
                     key,
+                    cfg,
                     src.meta["extern"],
                     src.meta["product"],
                     src.arg_names,
                     epi.arg_names,
                     load_triton_kernels([epi], cfg)[0],
-                    autotune=cfg.autotune,
-                    exhaustive=cfg.max_autotune,
-                    interpreting=interpreting(),
                 )
             )
         return out

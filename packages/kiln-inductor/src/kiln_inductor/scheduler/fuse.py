@@ -63,6 +63,9 @@ class FusedGroup:
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     aliases: set[str] = field(default_factory=set)  # arguments that may share storage
+    # inputs read at indices the members' loads do not show (a template's matmul operands):
+    # memory planning never writes an output over them
+    opaque_reads: set[str] = field(default_factory=set)
 
     def block_of(self, name: str) -> int:
         for k, b in enumerate(self.blocks):

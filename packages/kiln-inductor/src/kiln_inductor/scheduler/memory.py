@@ -122,7 +122,7 @@ def _in_place(
     for cand in group.inputs:
         if cand not in owned or last_use.get(cand) != k:
             continue
-        if cand in getattr(group, "opaque_reads", ()):  # a template's matmul operand
+        if cand in group.opaque_reads:
             continue
         other = ir.buffers[cand]
         if other.layout != buf.layout:

@@ -15,13 +15,14 @@ else and must not be a graph output.
 The template takes the epilogue's place in the schedule (its other inputs exist by then,
 and so do the matmul's, which nothing in between may overwrite: memory is planned after
 this pass and sees the template read them). The matmul's operands are read at arbitrary
-indices, so ``opaque_reads`` keeps memory planning from writing an output over them.
+indices, so they go in ``opaque_reads``, which keeps memory planning from writing an
+output over them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sympy
 
@@ -39,7 +40,6 @@ class TemplateGroup(FusedGroup):
     extern: ExternKernel | None = None  # the matmul
     product: str = ""  # its output buffer, which stays in registers
     epilogue: FusedGroup | None = None  # the consumer as fuse_nodes planned it
-    opaque_reads: set[str] = field(default_factory=set)
 
 
 def op_name(op: object) -> str:

@@ -139,4 +139,4 @@ class MatmulTemplateKernel(TritonKernel):
 
 def template_meta(group: TemplateGroup) -> dict[str, Any]:
     batch, m, n, k = matmul_shape(group)
-    return {"kind": "mm_template", "batch": batch, "M": m, "N": n, "K": k}
+    return {"kind": "mm_template", "batch": batch, "M": m, "N": n, "K": k, "xnumel": batch * m * n}

@@ -16,7 +16,7 @@ import importlib.util
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +64,14 @@ def load_module(source: str, key: str) -> Any:
 
 
 class TritonLauncher:
+    """A kernel's launches: its launch configuration chosen on the first call (one
+    candidate, or the fastest measured; winners cached on disk), then direct launches.
+    Subclasses change what a choice is (``grid``, ``candidates``, ``launcher_for``,
+    ``encode``/``decode``) and keep the rest."""
+
     def __init__(self, fn: Any, meta: dict[str, Any], key: str, cfg: TritonConfig):
         self.fn, self.meta, self.key, self.cfg = fn, meta, key, cfg
-        self.config: LaunchConfig | None = None
+        self.config: Any = None
         self._launch: Any = None
         self._kwargs: dict[str, int] = {}
         self._grid: tuple[int, ...] = ()
@@ -84,19 +89,38 @@ class TritonLauncher:
         if direct is None and self.cfg.direct_launch and not interpreting():
             self._direct = DirectLaunch.build(self.fn, kernel, args, self._kwargs, self._grid)
 
-    def select(self, config: LaunchConfig) -> None:
-        self.config = config
-        self._grid = (triton.cdiv(int(self.meta["xnumel"]), config.XBLOCK),)
-        self._launch = self.fn[self._grid]
-        self._kwargs = config.as_dict()
+    # -- what a choice is --------------------------------------------------------------------
+    def grid(self, config: Any) -> tuple[int, ...]:
+        return (triton.cdiv(int(self.meta["xnumel"]), config.XBLOCK),)
 
-    def candidates(self) -> list[LaunchConfig]:
+    def candidates(self) -> list[Any]:
         cands = candidate_configs(self.meta, self.cfg.max_autotune)
         return cands if self.cfg.autotune else cands[:1]
 
-    def choose(self, args: Sequence[Any]) -> LaunchConfig:
+    def interpreter_choice(self) -> Any:
+        return interpreter_config(self.meta)
+
+    def encode(self, config: Any) -> Any:
+        return config.as_dict()
+
+    def decode(self, saved: Any) -> Any:
+        return LaunchConfig(**saved)
+
+    def launcher_for(self, config: Any) -> Callable[..., Any]:
+        """A callable running the kernel in ``config`` on the kernel's arguments."""
+        launch, kw = self.fn[self.grid(config)], config.as_dict()
+        return lambda *args: launch(*args, **kw)
+
+    def select(self, config: Any) -> None:
+        self.config = config
+        self._grid = self.grid(config)
+        self._launch = self.fn[self._grid]
+        self._kwargs = config.as_dict()
+
+    # -- choosing ----------------------------------------------------------------------------
+    def choose(self, args: Sequence[Any]) -> Any:
         if interpreting():
-            return interpreter_config(self.meta)
+            return self.interpreter_choice()
         cands = self.candidates()
         if len(cands) == 1:
             return cands[0]
@@ -105,10 +129,10 @@ class TritonLauncher:
         cache = KernelCache("triton-autotune")
         found = cache.lookup(tkey)
         if found is not None:
-            winner = LaunchConfig(**json.loads((found / "winner.json").read_text()))
+            winner = self.decode(json.loads((found / "winner.json").read_text()))
             if winner in cands:
                 return winner
-        timings = benchmark_configs(self.fn, self.meta, cands, args)
+        timings = self.measure(cands, args)
         winner = min(cands, key=lambda c: timings[c])
         log.log(
             "kernels",
@@ -116,34 +140,27 @@ class TritonLauncher:
         )
 
         def build(tmp: Path) -> None:
-            (tmp / "winner.json").write_text(json.dumps(winner.as_dict()))
+            (tmp / "winner.json").write_text(json.dumps(self.encode(winner)))
 
         cache.get_or_build(tkey, build)
         return winner
 
+    def measure(self, candidates: Sequence[Any], args: Sequence[Any]) -> dict[Any, float]:
+        """Milliseconds per launch of each candidate, on copies of the arguments."""
+        from triton.testing import do_bench
 
-def benchmark_configs(
-    fn: Any, meta: dict[str, Any], configs: Sequence[LaunchConfig], args: Sequence[Any]
-) -> dict[LaunchConfig, float]:
-    """Milliseconds per launch of each config, on copies of the arguments."""
-    from triton.testing import do_bench
-
-    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    out: dict[LaunchConfig, float] = {}
-    for c in configs:
-        grid = (triton.cdiv(int(meta["xnumel"]), c.XBLOCK),)
-        launch = fn[grid]
-        kw = c.as_dict()
-        try:
-            launch(*copies, **kw)
-            torch.cuda.synchronize()
-            out[c] = float(
-                do_bench(lambda launch=launch, kw=kw: launch(*copies, **kw), warmup=3, rep=15)
-            )
-        except Exception as e:  # e.g. out of shared memory or registers for this config
-            log.log("kernels", f"config {c} failed: {e}")
-            out[c] = float("inf")
-    return out
+        copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        out: dict[Any, float] = {}
+        for c in candidates:
+            run = self.launcher_for(c)
+            try:
+                run(*copies)
+                torch.cuda.synchronize()
+                out[c] = float(do_bench(lambda run=run: run(*copies), warmup=3, rep=15))
+            except Exception as e:  # e.g. out of shared memory or registers for this config
+                log.log("kernels", f"config {c} failed: {e}")
+                out[c] = float("inf")
+        return out
 
 
 def load_triton_kernels(sources: Sequence[Any], cfg: TritonConfig) -> list[TritonLauncher]:

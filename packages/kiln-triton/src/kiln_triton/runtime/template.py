@@ -9,20 +9,17 @@ template with one small configuration (that is how CI tests the generated code).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 
-from kiln_inductor import log
 from kiln_inductor.ir.nodes import ExternKernel, StorageView
-from kiln_inductor.runtime.cache import KernelCache, digest
 
-from .direct import DirectLaunch
+from ..config import TritonConfig
+from .launcher import TritonLauncher
 
 
 @dataclass(frozen=True)
@@ -94,33 +91,27 @@ def _extern_args(a: Any, named: dict[str, torch.Tensor]) -> Any:
     return a
 
 
-class TemplateLauncher:
+class TemplateLauncher(TritonLauncher):
+    """A TritonLauncher whose choices are tile configurations of the template or
+    ``CUBLAS``: the ATen matmul followed by the epilogue's own kernel."""
+
     def __init__(
         self,
         fn: Any,
         meta: dict[str, Any],
         key: str,
+        cfg: TritonConfig,
         extern: ExternKernel,
         product: str,
         arg_names: Sequence[str],
         epilogue_names: Sequence[str],
         epilogue: Callable[..., None],
-        autotune: bool,
-        exhaustive: bool,
-        interpreting: bool,
     ):
-        self.fn, self.meta, self.key = fn, meta, key
+        super().__init__(fn, meta, key, cfg)
         self.extern, self.product = extern, product
         self.arg_names, self.epilogue_names = list(arg_names), list(epilogue_names)
         self.epilogue = epilogue
-        self.autotune, self.exhaustive, self.interpreting = autotune, exhaustive, interpreting
-        self.choice: MatmulConfig | str | None = None
-        self._launch: Any = None
-        self._kwargs: dict[str, int] = {}
-        self._grid: tuple[int, int] = (1, 1)
-        self._direct: DirectLaunch | None = None
 
-    # -- the two ways ------------------------------------------------------------------------
     def unfused(self, args: Sequence[Any]) -> None:
         named = dict(zip(self.arg_names, args))
         result = self.extern.op(
@@ -130,74 +121,32 @@ class TemplateLauncher:
         named[self.product] = result
         self.epilogue(*(named[n] for n in self.epilogue_names))
 
-    def grid(self, c: MatmulConfig) -> tuple[int, int]:
+    def grid(self, config: Any) -> tuple[int, ...]:
         m, n = int(self.meta["M"]), int(self.meta["N"])
-        return (triton.cdiv(m, c.BLOCK_M) * triton.cdiv(n, c.BLOCK_N), int(self.meta["batch"]))
+        blocks = triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N)
+        return (blocks, int(self.meta["batch"]))
 
-    def _select(self, choice: MatmulConfig | str) -> None:
-        self.choice = choice
-        if isinstance(choice, MatmulConfig):
-            self._grid = self.grid(choice)
-            self._launch = self.fn[self._grid]
-            self._kwargs = choice.as_dict()
+    def candidates(self) -> list[Any]:
+        configs: list[Any] = matmul_configs(self.meta, self.cfg.max_autotune)
+        return [*configs, CUBLAS] if self.cfg.autotune else configs[:1]
 
-    def __call__(self, *args: Any) -> None:
-        direct = self._direct
-        if direct is not None and direct(args):
+    def interpreter_choice(self) -> Any:
+        return MatmulConfig(16, 16, 16, 4, 1, 1)
+
+    def encode(self, config: Any) -> Any:
+        return CUBLAS if config == CUBLAS else config.as_dict()
+
+    def decode(self, saved: Any) -> Any:
+        return CUBLAS if saved == CUBLAS else MatmulConfig(**saved)
+
+    def launcher_for(self, config: Any) -> Callable[..., Any]:
+        if config == CUBLAS:
+            return lambda *args: self.unfused(args)
+        return super().launcher_for(config)
+
+    def select(self, config: Any) -> None:
+        if config != CUBLAS:
+            super().select(config)
             return
-        if self.choice is None:
-            self._select(self.choose(args))
-        if self.choice == CUBLAS:
-            self.unfused(args)
-            return
-        kernel = self._launch(*args, **self._kwargs)
-        if direct is None and not self.interpreting:
-            self._direct = DirectLaunch.build(self.fn, kernel, args, self._kwargs, self._grid)
-
-    # -- choosing ----------------------------------------------------------------------------
-    def choose(self, args: Sequence[Any]) -> MatmulConfig | str:
-        configs = matmul_configs(self.meta, self.exhaustive)
-        if self.interpreting:
-            return MatmulConfig(16, 16, 16, 4, 1, 1)
-        device = torch.cuda.get_device_name(args[0].device)
-        tkey = digest(self.key, device, str(self.exhaustive), "template")
-        cache = KernelCache("triton-autotune")
-        found = cache.lookup(tkey)
-        if found is not None:
-            saved = json.loads((found / "winner.json").read_text())
-            return CUBLAS if saved == CUBLAS else MatmulConfig(**saved)
-        if not self.autotune:
-            return configs[0]
-        timings = self.measure(configs, args)
-        winner = min(timings, key=timings.get)  # type: ignore[arg-type]
-        log.log(
-            "kernels",
-            f"matmul template {self.meta['M']}x{self.meta['N']}x{self.meta['K']}: {winner} "
-            f"({timings[winner] * 1e3:.1f} us; {CUBLAS} {timings[CUBLAS] * 1e3:.1f} us)",
-        )
-
-        def build(tmp: Path) -> None:
-            data = winner if winner == CUBLAS else winner.as_dict()  # type: ignore[union-attr]
-            (tmp / "winner.json").write_text(json.dumps(data))
-
-        cache.get_or_build(tkey, build)
-        return winner
-
-    def measure(self, configs: Sequence[MatmulConfig], args: Sequence[Any]) -> dict[Any, float]:
-        from triton.testing import do_bench
-
-        copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        out: dict[Any, float] = {}
-        for c in configs:
-            launch, kw = self.fn[self.grid(c)], c.as_dict()
-            try:
-                launch(*copies, **kw)
-                torch.cuda.synchronize()
-                out[c] = float(do_bench(lambda f=launch, kw=kw: f(*copies, **kw), warmup=5, rep=20))
-            except Exception as e:  # out of shared memory or registers for this tile
-                log.log("kernels", f"matmul config {c} failed: {e}")
-                out[c] = float("inf")
-        self.unfused(copies)
-        torch.cuda.synchronize()
-        out[CUBLAS] = float(do_bench(lambda: self.unfused(copies), warmup=5, rep=20))
-        return out
+        self.config, self._kwargs = config, {}
+        self._launch = self.launcher_for(config)  # returns None: no direct launch is built
