@@ -48,8 +48,8 @@ def host_us(fn, args, calls: int) -> float:
 
 
 def build(name: str, dtype: torch.dtype, size: str):
-    if name == "small_gpt":  # triton_kernels.py's batch-1 model (its reduce-overhead row)
-        from triton_kernels import SmallGPT
+    if name == "small_gpt":  # the batch-1 model of triton_kernels.py's reduce-overhead row
+        from kiln_triton.testing import SmallGPT
 
         torch.manual_seed(0)
         model = SmallGPT().to("cuda", dtype).eval()

@@ -9,35 +9,12 @@ import logging
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import kiln_triton
 from kiln_inductor import get_backend, register_backend, registered_backends, unregister_backend
 from kiln_triton.compile import resolve_options
 from kiln_triton.cudagraphs import CudaGraphRunner
-from kiln_triton.testing import use_triton_for_cpu
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block: matmuls go to ATen, the rest is fused."""
-
-    def __init__(self, d: int = 32, heads: int = 2):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+from kiln_triton.testing import Block, use_triton_for_cpu
 
 
 def test_modes_and_options():

@@ -14,11 +14,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from batch import Case, assert_case, make, run_batch
-from test_compile import Block
 
 import kiln_triton
 from kiln_triton.config import settings_scope
 from kiln_triton.cudagraphs import CudaGraphRunner
+from kiln_triton.testing import Block, SmallGPT
 
 pytestmark = pytest.mark.gpu
 aten = torch.ops.aten
@@ -258,24 +258,10 @@ def test_transformer_block_inference(dtype):
         torch.testing.assert_close(compiled(x), model(x), **tol)
 
 
-class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 2):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(64, d)
-        self.blocks = nn.ModuleList([Block(d, 4) for _ in range(layers)])
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln(x))
-
-
 def test_gpt2_style_forward_and_backward_match_eager():
     torch.manual_seed(0)
-    model = TinyGPT().to(CUDA)
-    ref = TinyGPT().to(CUDA)
+    model = SmallGPT(vocab=512, d=128).to(CUDA)
+    ref = SmallGPT(vocab=512, d=128).to(CUDA)
     ref.load_state_dict(model.state_dict())
     idx = torch.randint(0, 512, (4, 64), device=CUDA)
     target = torch.randint(0, 512, (4, 64), device=CUDA)
