@@ -11,8 +11,9 @@ Rows, all measured in one run on one GPU:
                (CUDA graphs), for kiln and for torch.compile
 
 Large kernels are timed with CUDA events around 10 calls issued back to back (median of
-``--iters`` such batches after warm-up, so host launch overhead overlaps the GPU's work); effective bandwidth counts each input read once and each output written
-once. The small model is timed on the host (synchronized), since per-call overhead is
+``--iters`` such batches after warm-up, so host launch overhead overlaps the GPU's work),
+the compilers taking turns in five slices so drift during the run falls on all of them;
+effective bandwidth counts each input read once and each output written once. The small model is timed on the host (synchronized), since per-call overhead is
 what CUDA graphs remove. Every compiled result is compared with eager first. The table is
 printed; JSON goes to ``--out`` (default benchmarks/results/).
 """
@@ -43,15 +44,15 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def cuda_time_ms(fn: Callable[[], Any], iters: int, reps: int = 10) -> float:
-    """Median device milliseconds per call: ``reps`` calls back to back between two CUDA
-    events, ``iters`` times. Back to back, the host prepares the next launch while the GPU
+def cuda_times_ms(fn: Callable[[], Any], iters: int, reps: int = 10) -> list[float]:
+    """Device milliseconds per call, ``iters`` samples: ``reps`` calls back to back between
+    two CUDA events each. Back to back, the host prepares the next launch while the GPU
     runs the last one, so this is the kernels' time, not the host's (unless the host is
     the slower of the two, which is then what a caller sees); host_time_us measures that."""
     for _ in range(3):
         fn()
     if DEVICE != "cuda":  # --cpu-smoke: host timing
-        return host_time_us(fn, calls=1, repeats=iters) / 1e3
+        return [host_time_us(fn, calls=1, repeats=iters) / 1e3]
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
@@ -62,7 +63,23 @@ def cuda_time_ms(fn: Callable[[], Any], iters: int, reps: int = 10) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times)
+    return times
+
+
+def cuda_time_ms(fn: Callable[[], Any], iters: int, reps: int = 10) -> float:
+    return statistics.median(cuda_times_ms(fn, iters, reps))
+
+
+def interleaved_ms(
+    fns: dict[str, Callable[[], Any]], iters: int, rounds: int = 5
+) -> dict[str, float]:
+    """Median ms per call of each function, timed in ``rounds`` alternating slices so that
+    clock and thermal drift during the run falls on every compiler alike."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name] += cuda_times_ms(fn, max(iters // rounds, 1))
+    return {name: statistics.median(t) for name, t in samples.items()}
 
 
 def host_time_us(fn: Callable[[], Any], calls: int = 200, repeats: int = 5) -> float:
@@ -119,22 +136,26 @@ def compilers(mode: str | None = None) -> dict[str, Callable[[Callable], Callabl
 def bench_kernel(
     name: str, fn: Callable, args: tuple, nbytes: int, iters: int, tol: float
 ) -> list[dict]:
-    rows = []
     ref = fn(*args)
+    compiled: dict[str, Callable] = {}
+    rows = []
     for cname, make in compilers().items():
         torch._dynamo.reset()
-        compiled = make(fn)
+        c = compiled[cname] = make(fn)
         t0 = time.perf_counter()
-        out = compiled(*args)
+        out = c(*args)
         sync()
         compile_s = time.perf_counter() - t0
         err = rel_error(out, ref)
-        ms = cuda_time_ms(lambda c=compiled: c(*args), iters)
         rows.append({
-            "kernel": name, "compiler": cname, "ms": ms, "GB/s": nbytes / ms / 1e6,
-            "rel_error": err, "correct": err <= tol, "compile_s": compile_s if cname != "eager" else 0.0,
+            "kernel": name, "compiler": cname, "rel_error": err, "correct": err <= tol,
+            "compile_s": compile_s if cname != "eager" else 0.0,
         })  # fmt: skip
         del out
+    times = interleaved_ms({n: (lambda c=c: c(*args)) for n, c in compiled.items()}, iters)
+    for row in rows:
+        row["ms"] = times[row["compiler"]]
+        row["GB/s"] = nbytes / row["ms"] / 1e6
     return rows
 
 

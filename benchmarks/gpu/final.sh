@@ -48,3 +48,5 @@ timeout ${SUITE_TIMEOUT:-330} python3 benchmarks/gpu/suite.py --per-gpu ${PER_GP
     2>&1 | grep -v "^\[transformers" | tee "$OUT/suite.log" | grep -v "^\[[0-9]*/"
 wait $SIDE
 cat "$OUT/triton_kernels.txt" 2>/dev/null || tail -20 "$OUT/triton_kernels.log"
+# the device tool brings back only a few files: pack the per-model ones into one archive
+( cd "$OUT" && ls models_* >/dev/null 2>&1 && tar czf suite_models.tgz models_* && rm -f models_* )

@@ -172,6 +172,15 @@ def test_direct_launch_after_the_first_call_and_triton_path_for_misaligned_input
     assert outcomes[-1] is True
 
 
+class _LinearGelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(384, 768)
+
+    def forward(self, x):
+        return (F.gelu(self.lin(x), approximate="tanh") * 2,)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_matmul_template_with_epilogue_under_max_autotune(tmp_path, monkeypatch, dtype):
     from kiln_triton.runtime.template import CUBLAS, MatmulConfig, TemplateLauncher
@@ -179,8 +188,7 @@ def test_matmul_template_with_epilogue_under_max_autotune(tmp_path, monkeypatch,
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
     x = torch.randn(512, 384, device=CUDA, dtype=dtype)
-    lin = nn.Linear(384, 768).to(CUDA, dtype)
-    fn = torch.fx.symbolic_trace(lambda x: (F.gelu(lin(x), approximate="tanh") * 2,))
+    fn = torch.fx.symbolic_trace(_LinearGelu().to(CUDA, dtype))
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
     choices = []
     real = TemplateLauncher.choose
