@@ -34,6 +34,8 @@ def _static(view: Any) -> bool:
 
 class TritonBackend:
     name = "triton"
+    # kiln-inductor lowers cumsum/cumprod to Scan nodes for backends that say so
+    supports_scan = True
 
     def codegen_kernel(self, group: FusedGroup, buffers: dict[str, Buffer]) -> KernelSource:
         cfg = read_triton_config()

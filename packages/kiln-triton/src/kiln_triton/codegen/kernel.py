@@ -17,6 +17,9 @@ the outer variables by ``//`` and ``%``. What sits inside the outer loops decide
   ``RBLOCK`` with ``[XBLOCK, RBLOCK]`` accumulators reduced at the end; Welford
   mean/variance takes two passes (sum, then squared deviations from the mean) so it is
   exact and cheap to combine.
+* a scan (cumsum, cumprod) is a group of its own, shaped like a reduction over its
+  scanned axis: persistent when that fits a block, looped with a carry otherwise
+  (``codegen/scan.py``).
 
 A reduction block with non-reduced inner ranges runs them as a sequential scalar loop
 inside the program. Reduction results are ``[XBLOCK, 1]`` values that later blocks of the
@@ -318,9 +321,12 @@ class TritonKernel:
 
     # -- reductions --------------------------------------------------------------------------
     def reduction(self, k: int, block: Block) -> None:
+        """A reduction or scan block (their loops over the r dimension are the same)."""
         from .reduction import ReductionCodegen
+        from .scan import ScanCodegen
 
-        ReductionCodegen(self, k, block).generate()
+        gen = ScanCodegen if block.kind == "scan" else ReductionCodegen
+        gen(self, k, block).generate()
 
 
 def generate_triton_kernel(
