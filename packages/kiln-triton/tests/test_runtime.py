@@ -134,3 +134,75 @@ def test_direct_launch_gives_up_when_the_launcher_rejects_every_shape(monkeypatc
     launch = direct.DirectLaunch.build(_FakeFn, _FakeKernel(7), (x, x), {"XBLOCK": 8}, (1,))
     assert not launch((x, x)) and launch.tails == []
     assert not launch((x, x))
+
+
+class _Pointer:
+    """A tensor stand-in that counts reads of its address."""
+
+    def __init__(self, ptr: int):
+        self.ptr, self.reads = ptr, 0
+
+    def data_ptr(self) -> int:
+        self.reads += 1
+        return self.ptr
+
+
+def test_direct_launch_checks_only_the_named_arguments(monkeypatch):
+    import torch
+
+    from kiln_triton.runtime import direct
+
+    class Driver:
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 0)
+
+    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+    monkeypatch.setattr(direct.torch, "Tensor", object)  # the stand-ins pass as tensors
+    x, out = _Pointer(1024), _Pointer(2048)
+    kernel = _FakeKernel(3)
+    launch = direct.DirectLaunch.build(_FakeFn, kernel, (x, out), {"XBLOCK": 8}, (1,), [0])
+    assert launch is not None and launch.checked == (0,)
+    reads = out.reads
+    assert launch((x, out)) and launch((x, out))
+    assert out.reads == reads  # the output is not checked on launch
+    assert not launch((_Pointer(1028), out))  # a misaligned input takes Triton's path
+    assert launch((x, _Pointer(2052)))  # the wrapper never passes this; it is not checked
+    none = direct.DirectLaunch.build(_FakeFn, kernel, (x, out), {"XBLOCK": 8}, (1,), [])
+    x.reads = 0
+    assert none((x, out)) and x.reads == 0
+    # an argument assumed aligned that is not: every argument is checked from then on
+    odd = direct.DirectLaunch.build(_FakeFn, kernel, (x, _Pointer(2052)), {"XBLOCK": 8}, (1,), [0])
+    assert odd.checked is None and not odd((x, out))
+    del torch
+
+
+def test_backend_names_the_arguments_whose_alignment_can_change():
+    import torch
+    from batch import make
+
+    from kiln_inductor.graph import GraphLowering
+    from kiln_inductor.scheduler.fuse import FusedGroup, fuse_nodes
+    from kiln_inductor.testing import aten_graph
+    from kiln_triton.backend import TritonBackend
+
+    aten = torch.ops.aten
+
+    def fn(x, w, b):
+        h = aten.relu.default(aten.mm.default(x, w))
+        s = aten.sum.dim_IntList(aten.exp.default(h), [1])
+        y = aten.add.Tensor(aten.mul.Tensor(h, aten.unsqueeze.default(s, 1)), b)
+        return (y, aten.mul.Tensor(s, 2))
+
+    inputs = [
+        make((8, 16), torch.float32),
+        make((16, 32), torch.float32),
+        make((32,), torch.float32),
+    ]
+    ir = GraphLowering(aten_graph(fn, inputs), inputs).run()
+    (group,) = [g for g in fuse_nodes(ir) if isinstance(g, FusedGroup)]
+    src = TritonBackend().codegen_kernel(group, ir.buffers)
+    kinds = [type(ir.buffers[n]).__name__ for n in src.arg_names]
+    # the mm's result (an ATen call's) and the graph input b are checked; the two outputs,
+    # which the wrapper allocates, are not
+    assert kinds == ["ExternOutput", "InputBuffer", "ComputedBuffer", "ComputedBuffer"]
+    assert src.meta["checked_args"] == [0, 1]

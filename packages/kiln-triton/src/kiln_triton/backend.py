@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from kiln_inductor.backend import KernelSource
-from kiln_inductor.ir.nodes import Buffer, ExternKernel, StorageView
+from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, ExternKernel, StorageView
 from kiln_inductor.scheduler.fuse import FusedGroup
 from kiln_inductor.scheduler.templates import TemplateGroup, op_name
 
@@ -30,6 +30,13 @@ TEMPLATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def _static(view: Any) -> bool:
     lay = view.layout
     return all(sympy.sympify(v).is_Integer for v in (*lay.size, *lay.stride, lay.offset))
+
+
+def checked_args(names: Sequence[str], buffers: dict[str, Buffer]) -> list[int]:
+    """Positions of the kernel arguments whose 16-byte alignment may change between calls
+    (runtime/direct.py): all but the buffers kernels compute, which the wrapper allocates
+    itself (fresh storage, or dead storage reused from offset 0)."""
+    return [k for k, n in enumerate(names) if not isinstance(buffers[n], ComputedBuffer)]
 
 
 class TritonBackend:
@@ -52,6 +59,7 @@ class TritonBackend:
                 str(buffers[n].dtype).removeprefix("torch.")
                 for n in (*group.inputs, *group.outputs)
             ],
+            "checked_args": checked_args([*group.inputs, *group.outputs], buffers),
         }
         return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
 

@@ -10,6 +10,13 @@ It is valid only while the call looks like the one it was built from: the same t
 16-byte alignment (Triton specializes pointers on it) and no launch hooks installed (a
 profiler's). ``__call__`` returns False when it did not launch, and the caller then takes
 Triton's normal path, which compiles another specialization where one is needed.
+
+Alignment is checked only for the arguments named by ``checked`` (positions): the
+backend knows at compile time which arguments the wrapper allocates itself (fresh
+``empty_strided`` storage, or dead storage reused from offset 0, always aligned) and which
+come from outside (graph inputs, constants, extern and fallback results, any of which may
+be a view at an odd offset). Reading ``data_ptr()`` costs about a microsecond of Python
+per tensor, so a kernel reading only intermediates is launched with no check at all.
 """
 
 from __future__ import annotations
@@ -38,22 +45,34 @@ def _hook_holder() -> tuple[Any, str, str]:
 _HOLDER, _ENTER, _EXIT = _hook_holder()
 
 
-def _hooks() -> tuple[Any, Any]:
-    return getattr(_HOLDER, _ENTER, None), getattr(_HOLDER, _EXIT, None)
-
-
 def _active(hook: Any) -> bool:
     """Triton >= 3.4 keeps a HookChain that is always there and empty unless a profiler
     added a hook; older releases kept None or a function."""
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def alignment(args: Sequence[Any]) -> tuple[bool, ...]:
-    return tuple([a.data_ptr() & 15 == 0 for a in args])
+def _hooked() -> bool:
+    """Whether a launch hook is installed now (checked on every launch: a profiler may
+    install one at any time)."""
+    return _active(getattr(_HOLDER, _ENTER, None)) or _active(getattr(_HOLDER, _EXIT, None))
+
+
+def alignment(args: Sequence[Any], checked: Sequence[int] | None = None) -> tuple[bool, ...]:
+    """16-byte alignment of ``args`` (of those at the ``checked`` positions, if given)."""
+    if checked is None:
+        return tuple([a.data_ptr() & 15 == 0 for a in args])
+    return tuple([args[i].data_ptr() & 15 == 0 for i in checked])
 
 
 class DirectLaunch:
-    def __init__(self, kernel: Any, grid: tuple[int, ...], tail: list[Any], aligned: tuple):
+    def __init__(
+        self,
+        kernel: Any,
+        grid: tuple[int, ...],
+        tail: list[Any],
+        aligned: tuple,
+        checked: tuple[int, ...] | None = None,
+    ):
         self.run = kernel.run
         self.function = kernel.function
         self.metadata = getattr(kernel, "packed_metadata", None) or kernel.metadata
@@ -61,15 +80,24 @@ class DirectLaunch:
         # Triton >= 3.3 passes every bound argument (constexprs included) to the launcher,
         # older releases only the others; the first launch finds out which this one takes.
         self.tails = [tail, []] if tail else [[]]
-        self.aligned = aligned
+        self.tail: list[Any] | None = None  # the one that worked
+        self.aligned, self.checked = aligned, checked
         # the device of the first launch: the kernel's function handle belongs to it
         self.device = driver.active.get_current_device()
         self.get_stream = driver.active.get_current_stream
 
     @classmethod
     def build(
-        cls, fn: Any, kernel: Any, args: Sequence[Any], kwargs: dict[str, Any], grid: tuple
+        cls,
+        fn: Any,
+        kernel: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        grid: tuple,
+        checked: Sequence[int] | None = None,
     ) -> DirectLaunch | None:
+        """A direct launch replaying ``kernel``'s first launch, checking the alignment of
+        the arguments at ``checked`` (all of them when None) on every call."""
         if kernel is None or not all(isinstance(a, torch.Tensor) for a in args):
             return None
         names = [p.name for p in getattr(fn, "params", [])]
@@ -77,18 +105,38 @@ class DirectLaunch:
         if not names or any(n not in kwargs for n in rest):
             return None
         try:
-            return cls(kernel, grid, [kwargs[n] for n in rest], alignment(args))
+            positions = None if checked is None else tuple(checked)
+            first = alignment(args)
+            if positions is not None and not all(
+                a for k, a in enumerate(first) if k not in positions
+            ):
+                # an argument assumed aligned is not (a wrapper that changed how it
+                # allocates): check every argument rather than trust the assumption
+                positions = None
+            tail = [kwargs[n] for n in rest]
+            return cls(kernel, grid, tail, alignment(args, positions), positions)
         except AttributeError as e:  # a Triton whose CompiledKernel looks otherwise
             log.log("kernels", f"direct launch unavailable ({e}); using Triton's launch path")
             return None
 
     def __call__(self, args: Sequence[Any]) -> bool:
         """Launch and return True, or return False: the caller must take Triton's path."""
-        enter, exit_ = _hooks()
-        if not self.tails or alignment(args) != self.aligned or _active(enter) or _active(exit_):
+        if self.checked != () and alignment(args, self.checked) != self.aligned:
             return False
-        stream = self.get_stream(self.device)
+        if _hooked():
+            return False
+        tail = self.tail
+        if tail is None:
+            return self._first(args)
         g0, g1, g2 = self.grid
+        stream = self.get_stream(self.device)
+        self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *tail)
+        return True
+
+    def _first(self, args: Sequence[Any]) -> bool:
+        """The first direct launch: find the argument shape the launcher takes."""
+        g0, g1, g2 = self.grid
+        stream = self.get_stream(self.device)
         while self.tails:
             tail = self.tails[0]
             try:
@@ -101,5 +149,6 @@ class DirectLaunch:
                     log.log("kernels", f"direct launch rejected ({e}); using Triton's launch path")
                 continue
             self.tails = [tail]
+            self.tail = tail
             return True
         return False

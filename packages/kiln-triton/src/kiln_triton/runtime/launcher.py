@@ -87,7 +87,10 @@ class TritonLauncher:
             self.select(self.choose(args))
         kernel = self._launch(*args, **self._kwargs)
         if direct is None and self.cfg.direct_launch and not interpreting():
-            self._direct = DirectLaunch.build(self.fn, kernel, args, self._kwargs, self._grid)
+            checked = self.meta.get("checked_args")  # None (unknown): check every argument
+            self._direct = DirectLaunch.build(
+                self.fn, kernel, args, self._kwargs, self._grid, checked
+            )
 
     # -- what a choice is --------------------------------------------------------------------
     def grid(self, config: Any) -> tuple[int, ...]:
