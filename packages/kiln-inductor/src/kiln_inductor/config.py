@@ -57,6 +57,13 @@ SETTINGS: dict[str, Setting] = {
     "max_inline_ops": Setting(
         "KILN_MAX_INLINE_OPS", 120, "a pointwise body past this many ops is always realized", True
     ),
+    "channels_last_devices": Setting(
+        "KILN_CHANNELS_LAST",
+        "cuda",
+        "comma-separated device types on which graphs with 2-D convolutions run them, and the "
+        "kernels between them, in channels-last layout (layout.py); empty turns it off",
+        True,
+    ),
     "fallback_unlowered": Setting(
         "KILN_FALLBACK", True, "run ATen ops without a lowering eagerly (else raise)", False
     ),
@@ -79,6 +86,7 @@ class Config:
     realize_ops_threshold: int = 12
     realize_expensive: int = 2
     max_inline_ops: int = 120
+    channels_last_devices: str = "cuda"
     fallback_unlowered: bool = True
 
     @property

@@ -9,7 +9,7 @@ realized ``StorageView``s (or constants).
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -37,13 +37,20 @@ from .ir.nodes import (
 )
 from .ir.ops import CountingHandler, ops_handler
 from .ir.symbols import coefficients, index_vars, sym
+from .layout import is_channels_last, to_channels_last
 from .lowering.context import lowering_context
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
 
 
-def fill_meta(gm: torch.fx.GraphModule) -> None:
-    """Give every node a ``meta['val']`` by running the graph on the meta device."""
-    if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
+def fill_meta(
+    gm: torch.fx.GraphModule,
+    recompute: bool = False,
+    adjust: Callable[[torch.fx.Node, Any], Any] | None = None,
+) -> None:
+    """Give every node a ``meta['val']`` by running the graph on the meta device
+    (``recompute``: every computed node's, after a pass changed the graph; ``adjust`` may
+    replace a node's result, where the real kernel's strides differ from the meta one's)."""
+    if not recompute and all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
         return
     env: dict[torch.fx.Node, Any] = {}
 
@@ -72,8 +79,13 @@ def fill_meta(gm: torch.fx.GraphModule) -> None:
             if schema is not None and any(a.name == "device" for a in schema.arguments):
                 kwargs = {**kwargs, "device": "meta"}  # factories: compute metadata only
             out = n.target(*args, **kwargs)
+            if adjust is not None:
+                out = adjust(n, out)
             env[n] = out
-            n.meta.setdefault("val", out)
+            if recompute:
+                n.meta["val"] = out
+            else:
+                n.meta.setdefault("val", out)
     # device of factory outputs: the device of the inputs
     return
 
@@ -126,6 +138,9 @@ class GraphLowering:
         self.fallback_ops: list[str] = []
         # values already computed into a buffer: later consumers read it, not recompute it
         self._realized: dict[int, tuple[Any, StorageView]] = {}
+        # layouts values are realized in when not contiguous (channels-last, layout.py)
+        self._preferred: dict[int, tuple[Any, Layout]] = {}
+        self.channels_last = False
 
     def _find_device(self) -> torch.device:
         for x in self.example_inputs:
@@ -170,6 +185,8 @@ class GraphLowering:
             strided = self.as_strided_view(value)
             if strided is not None:
                 return strided
+        if layout is None and id(value) in self._preferred:
+            layout = self._preferred[id(value)][1]
         if layout is None:
             layout = Layout.contiguous(value.device, value.dtype, value.size)
         body = Pointwise(value.device, value.dtype, tuple(value.size), value.make_loader())
@@ -238,12 +255,14 @@ class GraphLowering:
         outputs: list[ExternOutput] = []
         results: list[Any] = []
 
+        check = self.channels_last and op is torch.ops.aten.convolution.default
+
         def make(v: Any, path: tuple[int, ...]) -> Any:
             if isinstance(v, torch.Tensor):
                 layout = _layout_of(v, self.device)
                 # the wrapper hands kernels data_ptr(), which already holds the offset
                 layout = Layout(layout.device, layout.dtype, layout.size, layout.stride)
-                buf = ExternOutput(self.new_name(), layout, name, path)
+                buf = ExternOutput(self.new_name(), layout, name, path, check and v.dim() == 4)
                 outputs.append(buf)
                 return StorageView(buf, layout)
             if isinstance(v, (list, tuple)):
@@ -271,6 +290,7 @@ class GraphLowering:
     # -- the graph -------------------------------------------------------------------------
     def run(self) -> GraphIR:
         fill_meta(self.gm)
+        self.channels_last = to_channels_last(self.gm, self.device)
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         with lowering_context(self):
@@ -303,6 +323,21 @@ class GraphLowering:
             self.current_node = None
         return self.ir
 
+    def prefer_meta_layout(self, value: Any, val: Any) -> None:
+        """Realize ``value`` with eager's channels-last strides (``val``) when it must be."""
+        if isinstance(value, (tuple, list)) and isinstance(val, (tuple, list)):
+            for v, m in zip(value, val):
+                self.prefer_meta_layout(v, m)
+            return
+        if (
+            isinstance(value, TensorValue)
+            and not isinstance(value, (StorageView, View))
+            and is_channels_last(val)
+            and tuple(value.size) == tuple(sym(s) for s in val.shape)
+            and value.dtype == val.dtype
+        ):
+            self._preferred[id(value)] = (value, _dense_layout(val, self.device))
+
     def _current(self, value: Any) -> Any:
         """The value as a consumer should read it now (its buffer, once realized)."""
         if isinstance(value, TensorValue) and id(value) in self._realized:
@@ -326,6 +361,8 @@ class GraphLowering:
             out = lowering(*args, **kwargs)
         except _Unsupported as e:
             return self.fallback(n, tuple(args), dict(kwargs), str(e))
+        if self.channels_last:
+            self.prefer_meta_layout(out, n.meta.get("val"))
         return self.maybe_realize_shared(out, len(n.users))
 
     def lower_outputs(self, n: torch.fx.Node, env: dict) -> None:

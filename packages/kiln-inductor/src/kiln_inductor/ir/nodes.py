@@ -120,6 +120,9 @@ class ExternOutput(Buffer):
 
     kernel: str = ""
     path: tuple[int, ...] = ()
+    # the op may return other strides than ``layout`` (a convolution asked for channels-last
+    # whose backend returns contiguous): the wrapper checks and copies if they differ
+    check_strides: bool = False
 
 
 @dataclass(frozen=True, eq=False)
