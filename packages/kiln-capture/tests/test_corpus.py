@@ -20,6 +20,7 @@ for _mod in (
     "effects",
     "contexts",
     "patterns",
+    "withs",
 ):
     importlib.import_module(f"corpus.{_mod}")
 

@@ -60,6 +60,12 @@ EXCEPTION = _k(
     "the captured code raises an exception",
     "the frame runs eagerly so that the exception is raised as usual",
 )
+GENERIC_WITH = _k(
+    "B011",
+    "a with-block of a context manager kiln does not model holds a graph break "
+    "(or its __enter__ cannot be traced)",
+    "the manager is entered in Python; capture resumes inside its block",
+)
 
 ALL: tuple[BreakKind, ...] = (
     PRINT,
@@ -72,6 +78,7 @@ ALL: tuple[BreakKind, ...] = (
     NO_META,
     UNSUPPORTED_VALUE,
     EXCEPTION,
+    GENERIC_WITH,
 )
 
 

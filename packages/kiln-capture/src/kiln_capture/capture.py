@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from kiln_capture import breaks
 from kiln_capture import stats as counters
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_resume_code
-from kiln_capture.bytecode.rewrite import covering_handlers
+from kiln_capture.bytecode.rewrite import covering_handlers, in_exception_range
 from kiln_capture.codegen import CodeGen, build_function
 from kiln_capture.config import config
 from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
@@ -55,6 +56,8 @@ _STEP_JUMP_OR_POP = {"JUMP_IF_TRUE_OR_POP": True, "JUMP_IF_FALSE_OR_POP": False}
 
 # (code, offset, stack presence, params) -> continuation code; one code object per site
 _RESUME_CODES: dict[tuple, types.CodeType] = {}
+# continuation code -> the key it was made from (code, offset, stack presence, params)
+_RESUME_ORIGIN: dict[types.CodeType, tuple] = {}
 # continuation code -> how many loop resumes led to it (a break inside a loop resumes in a
 # continuation that re-enters the loop; its next break makes a continuation of that one)
 _LOOP_DEPTH: dict[types.CodeType, int] = {}
@@ -100,6 +103,10 @@ def compile_frame(code: types.CodeType, func, args: tuple, ctx) -> CacheEntry | 
             return SkipFrame(f"{e.kind.id}: {e.detail}")
         if kind == "return":
             return _finish_return(out, root, value, ctx)
+        moved = None if ctx.fullgraph else _enclosing_generic_with(root)
+        if moved is not None and moved[0] not in break_at:
+            break_at[moved[0]] = moved[1]  # enter that manager in Python, then resume
+            continue
         return _finish_break(out, root, value, break_at[root.instructions[value].offset], ctx)
     return SkipFrame("too many graph breaks in one frame")
 
@@ -169,13 +176,14 @@ def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEnt
     except Unsupported as e:
         return SkipFrame(f"{e.kind.id}: {e.detail}")
     compiled, gm, inputs = _compile_graph(out, cg, ctx)
-    body = _graph_lines(compiled, inputs)
+    extra: dict = {}
+    body = _graph_call(root, compiled, inputs, extra)
     if compiled is None and out.grad_enabled != out.initial_grad:
         # no graph to carry it: the frame still leaves the grad mode it set
         body.append(f"torch._C._set_grad_enabled({out.grad_enabled})")
     body += cg.preamble + [f"__k_ret = {ret_expr}"] + compute + apply
     body.append("return __k_ret")
-    return _entry(out, root, cg, compiled, gm, body, {})
+    return _entry(out, root, cg, compiled, gm, body, extra)
 
 
 def _entry(out, root, cg, compiled, gm, body, extra_ns) -> CacheEntry:
@@ -223,9 +231,12 @@ def _finish_break(
         return SkipFrame(reason, b)
 
     handlers = covering_handlers(code, ins.offset)
-    exits = [v for v in stack if isinstance(v, ContextMethodVar) and v.which == "exit"]
-    if "with" in handlers and (not exits or any(_is_foreign_exit(v) for v in stack)):
+    entered_here = {id(w[1]) for w in root.generic_withs}
+    if "with" in handlers and (
+        not any(_is_exit(v) for v in stack) or any(id(v) in entered_here for v in stack)
+    ):
         return skip("the break is inside a with block of a context manager kiln cannot re-enter")
+    pushes = [True]  # what the step leaves on the stack for its continuation
     if ins.opname in _STEP_CALLS:
         if ins.opname == "CALL":
             base = len(stack) - ins.arg - 2
@@ -237,6 +248,10 @@ def _finish_break(
             base = len(stack) - 2
         nxt = root.instructions[idx + 1].offset
         targets = [(nxt, base, True)]
+    elif ins.opname == "BEFORE_WITH":  # entered in Python: the continuation starts the block
+        base = len(stack) - 1
+        targets = [(root.instructions[idx + 1].offset, base, True)]
+        pushes = [True, True]
     elif ins.opname in _STEP_JUMPS or ins.opname in _STEP_JUMP_OR_POP:
         base = len(stack) - 1
         nxt = root.instructions[idx + 1].offset
@@ -298,9 +313,11 @@ def _finish_break(
     try:
         for j, (off, _, pushes_result) in enumerate(targets):
             keep_top = ins.opname in _STEP_JUMP_OR_POP and j == 0
-            presence = presence_below + ([True] if pushes_result or keep_top else [])
+            presence = presence_below + (pushes if pushes_result or keep_top else [])
             fexpr = continuation(str(j), off, presence)
-            top = ["__k_r"] if pushes_result else ([f"__k_t{len(stack) - 1}"] if keep_top else [])
+            top = ["__k_x", "__k_r"] if len(pushes) == 2 else ["__k_r"]
+            if not pushes_result:
+                top = [f"__k_t{len(stack) - 1}"] if keep_top else []
             calls.append(call_with(fexpr, [*below, *top]))
         reraise = None
         if handlers:  # the step may raise: re-raise it where the frame's handlers see it
@@ -318,13 +335,15 @@ def _finish_break(
             ]
             reraise = call_with(fexpr, args)
             extra["__k_reraise"] = Reraise
+        if ins.opname == "BEFORE_WITH":
+            extra["__k_enter_with"] = enter_with
     except Unsupported as e:
         return skip(e.detail)
 
     step = _step_lines(ins, stack, base, root.kw_names, calls, reraise)
     compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
     body = (
-        _graph_lines(compiled, inputs)
+        _graph_call(root, compiled, inputs, extra)
         + cg.preamble
         + temps
         + [locals_line]
@@ -343,13 +362,32 @@ def _finish_break(
     return _entry(out, root, cg, compiled, gm, body, extra)
 
 
-def _is_foreign_exit(v: Var) -> bool:
-    """An ``__exit__`` on the stack of a context manager other than a grad mode."""
+def _is_exit(v: Var) -> bool:
+    """A with-statement's ``__exit__`` on the stack: of a grad mode or autocast, or the
+    bound ``__exit__`` of any other context manager."""
+    if isinstance(v, ContextMethodVar):
+        return v.which == "exit"
     name = getattr(v, "name", None)
     fn = getattr(v, "fn", None)
     if fn is not None:
         name = getattr(getattr(fn, "fn", None), "__name__", name)
-    return not isinstance(v, ContextMethodVar) and name == "__exit__"
+    return name == "__exit__"
+
+
+def _enclosing_generic_with(root: RootFrame) -> tuple[int, Unsupported] | None:
+    """At a graph break inside the block of a with-statement the trace entered on a
+    context manager it does not model (no grad mode or autocast), the outermost such
+    statement: its offset and the reason to break there instead. Generated code cannot
+    re-enter a manager whose ``__enter__`` only ran symbolically, so the ``with`` itself
+    becomes the step: the manager is entered in Python and its block continues in a
+    continuation, which holds the real ``__exit__`` on its stack like any with-statement."""
+    on_stack = {id(v) for v in root.stack}
+    for offset, exit_fn, cls, where in root.generic_withs:
+        if id(exit_fn) in on_stack:
+            e = Unsupported(breaks.GENERIC_WITH, f"graph break inside `with <{cls.__qualname__}>:`")
+            e.where = where
+            return offset, e
+    return None
 
 
 def _step_lines(
@@ -376,6 +414,8 @@ def _step_lines(
         step, tail = f"__k_r = format({conv}({t[base]}), {spec})", [f"return {calls[0]}"]
     elif ins.opname == "BINARY_SUBSCR":
         step, tail = f"__k_r = {t[-2]}[{t[-1]}]", [f"return {calls[0]}"]
+    elif ins.opname == "BEFORE_WITH":
+        step, tail = f"__k_x, __k_r = __k_enter_with({t[-1]})", [f"return {calls[0]}"]
     else:
         jump_when = _STEP_JUMPS.get(ins.opname, _STEP_JUMP_OR_POP.get(ins.opname))
         step = f"__k_c = {'bool' if jump_when else 'not '}({t[-1]})"
@@ -425,15 +465,68 @@ class Reraise:
         raise self.exc
 
     __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _raise
+    __enter__ = __exit__ = _raise
 
 
-def _resume_code(code, offset, presence, params, reraise: bool = False) -> types.CodeType:
-    key = (code, offset, tuple(presence), tuple(params), reraise)
+def enter_with(mgr: object) -> tuple[object, object]:
+    """What BEFORE_WITH does: look ``__enter__`` and ``__exit__`` up on the type (bound
+    as descriptors), call ``__enter__``; the bound ``__exit__`` and the result."""
+    cls = type(mgr)
+    try:
+        enter = cls.__enter__
+        exit_ = cls.__exit__
+    except AttributeError:
+        raise TypeError(
+            f"'{cls.__qualname__}' object does not support the context manager protocol"
+        ) from None
+    bind = getattr(type(exit_), "__get__", None)
+    bound_exit = bind(exit_, mgr, cls) if bind is not None else exit_
+    bind = getattr(type(enter), "__get__", None)
+    bound_enter = bind(enter, mgr, cls) if bind is not None else enter
+    return bound_exit, bound_enter()
+
+
+def _resume_code(
+    code, offset, presence, params, reraise: bool = False, raise_at_entry: bool = False
+) -> types.CodeType:
+    key = (code, offset, tuple(presence), tuple(params), reraise, raise_at_entry)
     rc = _RESUME_CODES.get(key)
     if rc is None:
-        rc = make_resume_code(code, offset, presence, params)
+        rc = make_resume_code(code, offset, presence, params, raise_at_entry)
         _RESUME_CODES[key] = rc
+        _RESUME_ORIGIN[rc] = key[:4]
     return rc
+
+
+def _graph_call(root: RootFrame, compiled, inputs: list[str], extra: dict) -> list[str]:
+    """The graph call. In a continuation that starts inside an exception handler's range
+    (a with-block above all: its ``__exit__`` came in on the stack), an exception the graph
+    raises is raised again inside the frame's code at the continuation's entry, so the
+    handler runs (``__exit__`` sees the exception once) before it propagates. The
+    handler sees the locals the continuation started with."""
+    lines = _graph_lines(compiled, inputs)
+    origin = _RESUME_ORIGIN.get(root.code)
+    if not lines or origin is None or not in_exception_range(origin[0], origin[1]):
+        return lines
+    code = origin[0]
+    try:
+        rcode = _resume_code(*origin, raise_at_entry=True)
+    except Unsupported:
+        return lines
+    EAGER_RESUME_CODES.add(rcode)
+    if code.co_freevars:
+        extra["__k_rcexc"] = rcode
+        fexpr = f"__k_FunctionType(__k_rcexc, __k_G, {rcode.co_name!r}, None, __k_fn.__closure__)"
+    else:
+        extra["__k_raise_at_entry"] = types.FunctionType(rcode, root.globals, rcode.co_name)
+        fexpr = "__k_raise_at_entry"
+    args = ", ".join([*root.param_names, "__k_exc"])
+    return [
+        "try:",
+        f"    {lines[0]}",
+        "except BaseException as __k_exc:",
+        f"    return {fexpr}({args})",
+    ]
 
 
 def _record_break(ctx, brk: GraphBreak) -> None:

@@ -121,6 +121,9 @@ class Frame:
         self.ip = 0
         self.kw_names: tuple[str, ...] = ()
         self.contexts: list[ContextVar] = []
+        # (offset, exit, manager type, line) of each BEFORE_WITH on a context manager the
+        # trace does not model: a graph break inside its block moves to that instruction
+        self.generic_withs: list[tuple[int, Var, type, tuple[str, int, str]]] = []
         self.current: dis.Instruction | None = None
         self.lineno = code.co_firstlineno
 
@@ -636,6 +639,11 @@ class Frame:
             self.push(ctx.enter(self))
             return
         exit_fn = self.getattr(ctx, "__exit__")
+        try:
+            cls = ctx.python_type()
+        except Unsupported:
+            cls = object
+        self.generic_withs.append((ins.offset, exit_fn, cls, self.location()))
         entered = self.getattr(ctx, "__enter__").call(self, [], {})
         self.push(exit_fn)
         self.push(entered)

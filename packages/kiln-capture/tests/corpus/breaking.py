@@ -293,30 +293,6 @@ def break_inside_try_block_resumes(x):
     return y
 
 
-class _UserContext:
-    def __init__(self):
-        self.entered = 0
-
-    def __enter__(self):
-        self.entered += 1
-        return self
-
-    def __exit__(self, *exc):
-        self.entered -= 1
-        return False
-
-
-_CTX = _UserContext()
-
-
-@case(graphs=0, breaks=1)
-def break_inside_user_context_runs_frame_eagerly(x):
-    with _CTX:
-        y = x * 2
-        print("inside a user context manager")
-    return y + _CTX.entered
-
-
 class _AutocastStack(nn.Module):
     def __init__(self):
         super().__init__()

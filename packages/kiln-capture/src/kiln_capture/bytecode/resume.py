@@ -23,6 +23,7 @@ from kiln_capture.bytecode.rewrite import (
     cache_count,
     emit,
     encode_exception_table,
+    line_entries,
     no_location_entries,
     parse_exception_table,
 )
@@ -73,12 +74,20 @@ def keeps_first_slot(code: types.CodeType, params: list[str]) -> bool:
 
 
 def make_resume_code(
-    code: types.CodeType, offset: int, stack: list[bool], params: list[str]
+    code: types.CodeType,
+    offset: int,
+    stack: list[bool],
+    params: list[str],
+    raise_at_entry: bool = False,
 ) -> types.CodeType:
     """Code that continues ``code`` at ``offset``.
 
     ``stack`` lists the saved stack from bottom to top (False for a NULL); the new code
     takes ``__k_s<i>`` for each non-NULL entry, then ``params`` (original local names).
+    With ``raise_at_entry`` it takes one more argument, an exception, and raises it as if
+    the instruction at ``offset`` had: the handler covering ``offset`` (a with-statement's
+    ``__exit__``, an ``except``) sees it. Generated code uses it when a graph that runs
+    inside such a block raises.
     """
     if code.co_cellvars:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, "resuming a frame that owns closure cells")
@@ -86,7 +95,9 @@ def make_resume_code(
     others = [n for n in code.co_varnames if n not in params]
     # zero-argument super() reads the first local slot: keep the first parameter there
     lead = list(params[:1]) if keeps_first_slot(code, params) else []
-    varnames = lead + stack_names + [p for p in params if p not in lead] + others
+    varnames = lead + stack_names + [p for p in params if p not in lead]
+    varnames += ["__k_exc"] if raise_at_entry else []
+    varnames += others
     nlocalsplus = len(varnames) + len(code.co_freevars)
     if nlocalsplus > 255:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, "too many locals to resume")
@@ -117,6 +128,17 @@ def make_resume_code(
             k += 1
         else:
             prologue += emit("PUSH_NULL")
+    raise_entry = []
+    raise_span = (len(prologue), len(prologue))
+    if raise_at_entry:
+        covering = [e for e in parse_exception_table(code) if e[0] <= offset < e[1]]
+        if not covering:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "no handler to raise into")
+        _s, _e, target, depth, lasti = covering[-1]
+        start = len(prologue)
+        prologue += emit("LOAD_FAST", varnames.index("__k_exc")) + emit("RAISE_VARARGS", 1)
+        raise_entry = [(start, len(prologue), target, depth, lasti)]
+        raise_span = (start, len(prologue))
     # JUMP_FORWARD's argument counts code units after the jump; size depends on the arg
     for width in (2, 4, 6):
         target_units = (len(prologue) + width + offset) // 2
@@ -126,22 +148,46 @@ def make_resume_code(
             break
     prologue += jump
     shift = len(prologue)
-    table = [
+    table = [(s, e, t + shift, d, lasti) for s, e, t, d, lasti in raise_entry] + [
         (s + shift, e + shift, t + shift, d, lasti)
         for s, e, t, d, lasti in parse_exception_table(code)
     ]
     flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-    name = f"__kiln_resume_at_{offset}_{code.co_name}"
+    name = f"__kiln_{'raise' if raise_at_entry else 'resume'}_at_{offset}_{code.co_name}"
     return code.replace(
         co_code=bytes(prologue) + bytes(raw),
         co_varnames=tuple(varnames),
         co_nlocals=len(varnames),
-        co_argcount=len(stack_names) + len(params),
+        co_argcount=len(stack_names) + len(params) + int(raise_at_entry),
+        co_stacksize=code.co_stacksize + 1,
         co_posonlyargcount=0,
         co_kwonlyargcount=0,
         co_flags=flags,
         co_name=name,
         co_qualname=name,
-        co_linetable=no_location_entries(shift // 2) + code.co_linetable,
+        co_linetable=_prologue_lines(code, offset, raise_span, shift) + code.co_linetable,
         co_exceptiontable=encode_exception_table(table),
+    )
+
+
+def _prologue_lines(code: types.CodeType, offset: int, raise_span, shift: int) -> bytes:
+    """The prologue has no location, except a raise-at-entry: it gets the line of the
+    instruction at ``offset`` (tracebacks show it); the units after it move the line
+    back to ``co_firstlineno``, where the original table's deltas start."""
+    start, end = raise_span
+    if start == end:
+        return no_location_entries(shift // 2)
+    line = next(
+        (
+            i.positions.lineno
+            for i in dis.get_instructions(code)
+            if i.offset >= offset and i.positions is not None and i.positions.lineno is not None
+        ),
+        code.co_firstlineno,
+    )
+    delta = line - code.co_firstlineno
+    return (
+        no_location_entries(start // 2)
+        + line_entries((end - start) // 2, delta)
+        + line_entries((shift - end) // 2, -delta)
     )

@@ -42,6 +42,25 @@ def no_location_entries(code_units: int) -> bytes:
     return bytes(out)
 
 
+def line_entries(code_units: int, line_delta: int) -> bytes:
+    """Location-table entries giving ``code_units`` units a line ``line_delta`` away from
+    the previous entry's line (no columns). Each entry moves the line, so only the first
+    carries the delta."""
+    out = bytearray()
+    delta = line_delta
+    while code_units > 0:
+        n = min(8, code_units)
+        out.append(0x80 | (13 << 3) | (n - 1))
+        value = (-delta << 1) | 1 if delta < 0 else delta << 1
+        while value >= 64:
+            out.append(0x40 | (value & 63))
+            value >>= 6
+        out.append(value)
+        code_units -= n
+        delta = 0
+    return bytes(out)
+
+
 def parse_exception_table(code) -> list[tuple[int, int, int, int, bool]]:
     """(start, end, target, depth, lasti) in bytes, as dis reads them."""
     return [(e.start, e.end, e.target, e.depth, e.lasti) for e in dis._parse_exception_table(code)]

@@ -349,7 +349,9 @@ def _iter(tx, it) -> Var:
 
 
 def _next(tx, it, *default) -> Var:
-    v = it.next() if isinstance(it, IteratorVar) else None
+    if not isinstance(it, IteratorVar):
+        raise Unsupported(breaks.UNKNOWN_CALLABLE, f"next() of {it!r}")
+    v = it.next()
     if v is None:
         if default:
             return default[0]
