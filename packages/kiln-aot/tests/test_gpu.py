@@ -1,16 +1,20 @@
 """The Done-when models on CUDA: fakes report the CUDA device, the autograd engine runs the
 joint trace on its device thread, dropout keeps ``native_dropout`` (same mask as eager under
-the same seed), attention goes through the math backend, batch norm through cuDNN's op."""
+the same seed), attention keeps the fused kernel eager picks (flash, memory-efficient,
+cuDNN) with its backward op, batch norm goes through cuDNN's op."""
 
 import copy
 
 import pytest
 import torch
-from kiln_aot_testing import assert_close
+import torch.nn.functional as F
+from kiln_aot_testing import assert_close, grads_of
 from models import ConvBNReLU, TinyTransformer
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kiln_aot
-from kiln_aot import aot_module
+from kiln_aot import aot_function, aot_module, config
+from kiln_aot.core_ops import ATTENTION_OPS
 
 pytestmark = [
     pytest.mark.gpu,
@@ -54,12 +58,80 @@ def test_conv_bn_relu_on_cuda(compiler):
     _train_step_matches(ConvBNReLU().train(), torch.randn(4, 3, 8, 8, device="cuda"), compiler)
 
 
-def test_sdpa_on_cuda_traces_through_math(compiler):
+class _AttentionOpsSeen(TorchDispatchMode):
+    """Records the fused attention ops eager runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in ATTENTION_OPS:
+            self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _attention_case(kind, dtype):
+    q = torch.randn(2, 8, 128, 64, device="cuda", dtype=dtype)
+    kv_heads = 2 if kind == "gqa" else 8
+    k, v = (torch.randn(2, kv_heads, 128, 64, device="cuda", dtype=dtype) for _ in range(2))
+    kwargs = {
+        "causal": {"is_causal": True},
+        "additive_mask": {"attn_mask": torch.randn(2, 1, 128, 128, device="cuda", dtype=dtype)},
+        "bool_mask": {"attn_mask": torch.rand(2, 1, 128, 128, device="cuda") > 0.2},
+        "gqa": {"is_causal": True, "enable_gqa": True},
+        "head_dim_40": {},
+        "dropout": {"dropout_p": 0.2, "is_causal": True},
+    }[kind]
+    if kind == "head_dim_40":  # flash pads the head dim to a multiple of 8 itself
+        q, k, v = (t[..., :40].contiguous() for t in (q, k, v))
+    return q, k, v, kwargs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "kind", ["causal", "additive_mask", "bool_mask", "gqa", "head_dim_40", "dropout"]
+)
+def test_sdpa_on_cuda_keeps_eagers_fused_kernel(kind, dtype, compiler):
+    q, k, v, kwargs = _attention_case(kind, dtype)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    fn = aot_function(attend, compiler)
+    torch.manual_seed(5)
+    out = fn(*leaves)
+    seen = _AttentionOpsSeen()
+    torch.manual_seed(5)
+    with seen:
+        expected = attend(*ref_leaves)
+    g = torch.randn_like(out)
+    out.backward(g)
+    expected.backward(g)
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-4
+    assert_close(out, expected, rtol=tol, atol=tol)
+    for a, b in zip(grads_of(leaves), grads_of(ref_leaves)):
+        assert_close(a, b, rtol=tol, atol=tol)
+    fw, bw = compiler.graphs
+    fused_fw = [n.target for n in fw.graph.nodes if n.target in ATTENTION_OPS]
+    fused_bw = [n.target.name() for n in bw.graph.nodes if n.target in ATTENTION_OPS]
+    assert fused_fw == seen.ops  # the fused kernel eager ran (none: math, as eager)
+    assert fused_bw == [op.name() + "_backward" for op in seen.ops]
+    if seen.ops:
+        assert not any(n.target is torch.ops.aten.bmm.default for n in fw.graph.nodes)
+
+
+def test_sdpa_on_cuda_traces_through_math_when_asked(compiler):
     q = torch.randn(2, 4, 16, 32, device="cuda")
-    gm = kiln_aot.trace(
-        lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), [q]
-    )
+    with config.override(fused_attention=False):
+        gm = kiln_aot.trace(
+            lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True),
+            [q],
+        )
     kiln_aot.verify_graph(gm)
+    assert not any(n.target in ATTENTION_OPS for n in gm.graph.nodes)
     assert_close(
         gm(q)[0],
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True),

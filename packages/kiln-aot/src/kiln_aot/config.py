@@ -30,6 +30,14 @@ SETTINGS: dict[str, Setting] = {
         "(bit-identical masks with eager under the same seed); the mask is saved for backward either way",
         affects_graphs=True,
     ),
+    "fused_attention": Setting(
+        "KILN_AOT_FUSED_ATTENTION",
+        True,
+        "scaled_dot_product_attention keeps the fused kernel the dispatcher picks for the inputs "
+        "(flash, memory-efficient, cuDNN) as one extern op, its *_backward op in the backward; "
+        "off: attention is decomposed to matmuls, softmax and dropout (the math backend)",
+        affects_graphs=True,
+    ),
     "recompute_reduction_numel": Setting(
         "KILN_AOT_RECOMPUTE_REDUCTION_NUMEL",
         4096,
@@ -54,6 +62,7 @@ SETTINGS: dict[str, Setting] = {
 @dataclass(frozen=True)
 class AotConfig:
     decompose_dropout: bool = False
+    fused_attention: bool = True
     recompute_reduction_numel: int = 4096
     debug_dir: str = ""
     log: frozenset[str] = frozenset()

@@ -47,10 +47,23 @@ max_pool2d_with_indices max_pool2d_with_indices_backward avg_pool2d avg_pool2d_b
 _adaptive_avg_pool2d _adaptive_avg_pool2d_backward
 """
 
+# The fused attention kernels ``scaled_dot_product_attention`` dispatches to, and their
+# backwards: kept as extern calls while ``config.fused_attention`` is on (the tracer
+# decomposes them otherwise, where a decomposition exists).
+_ATTENTION_NAMES = """
+_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_flash_attention_for_cpu_backward
+_scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_backward
+_scaled_dot_product_efficient_attention _scaled_dot_product_efficient_attention_backward
+_scaled_dot_product_cudnn_attention _scaled_dot_product_cudnn_attention_backward
+"""
+
 # Composites kept whole: the compiler lowers them itself or calls them as extern kernels.
-_KEPT_NAMES = """
+_KEPT_NAMES = (
+    """
 native_dropout
 """
+    + _ATTENTION_NAMES
+)
 
 
 def _resolve(name: str) -> torch._ops.OpOverload:
@@ -65,6 +78,7 @@ def _resolve_all(names: str) -> frozenset[torch._ops.OpOverload]:
 
 CORE_ATEN_OPS: frozenset[torch._ops.OpOverload] = _resolve_all(_CORE_NAMES)
 KEPT_OPS: frozenset[torch._ops.OpOverload] = _resolve_all(_KEPT_NAMES)
+ATTENTION_OPS: frozenset[torch._ops.OpOverload] = _resolve_all(_ATTENTION_NAMES)
 
 # Ops a graph node may target besides core/kept OpOverloads.
 GRAPH_HELPERS = frozenset({operator.getitem})

@@ -1,16 +1,24 @@
 """Torch-level functions the tracer reroutes before they reach the dispatcher.
 
-``scaled_dot_product_attention`` picks its kernel (flash, memory-efficient, cuDNN) in C++
-before any op is dispatched; under the tracer it is sent to the math implementation, so
-attention becomes matmuls, softmax and (when ``dropout_p > 0``) dropout on every device.
+``scaled_dot_product_attention`` picks its kernel (flash, memory-efficient, cuDNN, math) in
+C++ from the inputs' metadata, which kiln's fake tensors carry with their real device: left
+alone (``config.fused_attention``, the default) it reaches the fused kernel eager would run,
+which the tracer keeps as one op (``core_ops.ATTENTION_OPS``) and autograd pairs with its
+``*_backward`` op; where no fused kernel serves the inputs, the dispatcher itself chooses the
+math implementation. With ``fused_attention`` off it is sent to the math implementation
+here, so attention becomes matmuls, softmax and (when ``dropout_p > 0``) dropout on every
+device.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from kiln_aot import config
 
 aten = torch.ops.aten
 
@@ -31,12 +39,26 @@ def sdpa_math(
     )[0]
 
 
-REDIRECTS: dict[Any, Any] = {torch.nn.functional.scaled_dot_product_attention: sdpa_math}
+# Redirected only while fused attention is off.
+MATH_ATTENTION_REDIRECTS: dict[Any, Any] = {
+    torch.nn.functional.scaled_dot_product_attention: sdpa_math
+}
 
 
 class RedirectMode(TorchFunctionMode):
+    def __init__(self, redirects: dict[Any, Any]) -> None:
+        super().__init__()
+        self.redirects = redirects
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        target = REDIRECTS.get(func)
+        target = self.redirects.get(func)
         if target is not None:
             return target(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
+
+
+def redirect_mode() -> contextlib.AbstractContextManager:
+    """The torch-function mode a trace runs under (none while attention stays fused)."""
+    if config.current().fused_attention:
+        return contextlib.nullcontext()
+    return RedirectMode(MATH_ATTENTION_REDIRECTS)

@@ -39,9 +39,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln_aot import config, core_ops, functionalize
 from kiln_aot.argmap import iter_leaves, map_args
+from kiln_aot.decompositions import attention
 from kiln_aot.errors import Unsupported
 from kiln_aot.fake import FakeTensor, fake_like, run_on_meta
-from kiln_aot.redirects import RedirectMode
+from kiln_aot.redirects import redirect_mode
 from kiln_aot.state import StorageState, TensorState, ViewStep, bind_args
 
 aten = torch.ops.aten
@@ -158,7 +159,7 @@ class Tracer:
         self.active = True
         _ACTIVE.append(self)
         try:
-            with RedirectMode(), self.mode:
+            with redirect_mode(), self.mode:
                 yield
         finally:
             _ACTIVE.pop()
@@ -216,8 +217,10 @@ class Tracer:
         node.meta["val"] = tuple(out)
         items = []
         for i, o in enumerate(out):
-            if o is None:  # e.g. convolution_backward's gradients not asked for
-                items.append(None)
+            if not isinstance(o, torch.Tensor):
+                # None: e.g. convolution_backward's gradients not asked for; ints: e.g.
+                # flash attention's max sequence lengths, known from the shapes.
+                items.append(o)
                 continue
             g = self.graph.call_function(operator.getitem, (node, i))
             g.meta["val"] = o
@@ -245,7 +248,7 @@ class Tracer:
             mask = self.emit_node(aten.ne.Scalar, (out, 0), {})
             out = self.emit_node(aten._to_copy.default, (mask,), {"dtype": out.meta["val"].dtype})
         if isinstance(out, list):
-            return tuple(None if n is None else self.wrap(n) for n in out)
+            return tuple(self.wrap(n) if isinstance(n, fx.Node) else n for n in out)
         if func in core_ops.VIEW_OPS:
             bound = bind_args(func, args, kwargs)
             return self.wrap(out, args[0], ViewStep(func, bound[1:]))
@@ -271,9 +274,9 @@ class Tracer:
             return self.dispatch(aten.clone.default, (args[0],), {})
         if func._schema.is_mutable:
             return functionalize.functionalize_call(self, func, args, kwargs)
-        if core_ops.is_allowed(func) and not (
-            func is aten.native_dropout.default and config.current().decompose_dropout
-        ):
+        if func is aten._fused_sdp_choice.default and config.current().fused_attention:
+            return attention.dispatcher_sdp_choice(*args, **kwargs)
+        if core_ops.is_allowed(func) and not _decomposed_by_config(func):
             return self.emit_call(func, args, kwargs)
         return self.decompose(func, args, kwargs)
 
@@ -303,6 +306,8 @@ class Tracer:
                 out = decomp(*args, **kwargs)
             if out is NotImplemented:
                 out = func.decompose(*args, **kwargs)
+        if out is NotImplemented and core_ops.is_allowed(func):
+            return self.emit_call(func, args, kwargs)  # a kept op no decomposition serves
         if out is NotImplemented:
             raise self.unsupported(
                 func,
@@ -341,6 +346,14 @@ class Tracer:
     def next_mutation_order(self) -> int:
         self._mutations += 1
         return self._mutations
+
+
+def _decomposed_by_config(func: Any) -> bool:
+    """Kept ops the settings ask to decompose (where a decomposition serves the call)."""
+    cfg = config.current()
+    if func is aten.native_dropout.default:
+        return cfg.decompose_dropout
+    return func in core_ops.ATTENTION_OPS and not cfg.fused_attention
 
 
 def _node_val(a: Any) -> Any:

@@ -1,10 +1,13 @@
 """Attention.
 
-``scaled_dot_product_attention`` asks ``_fused_sdp_choice`` which kernel to use; under the
-tracer the answer is always the math backend, so attention traces to matmuls, softmax and
-dropout on every device (dropout's mask is then a graph value the partitioner saves). The
-CPU flash-attention forward/backward are still decomposed for graphs that call them
-directly, recomputing the probabilities from the saved log-sum-exp."""
+``scaled_dot_product_attention`` chooses its kernel in C++ from the inputs' metadata. With
+``config.fused_attention`` on (the default) the tracer keeps the fused kernel it chooses
+(``core_ops.ATTENTION_OPS``) and a direct call of ``_fused_sdp_choice`` is answered by the
+dispatcher for tensors like the traced ones (``dispatcher_sdp_choice``). With it off the
+answer is always the math backend, so attention traces to matmuls, softmax and dropout on
+every device (dropout's mask is then a graph value the partitioner saves), and the CPU
+flash-attention forward/backward are decomposed for graphs that call them directly,
+recomputing the probabilities from the saved log-sum-exp."""
 
 from __future__ import annotations
 
@@ -22,6 +25,21 @@ def _t(x):
 
 
 _SDP_MATH = 0  # torch.nn.attention.SDPBackend.MATH
+
+
+def dispatcher_sdp_choice(q, k, v, *rest, **kwargs) -> int:
+    """``_fused_sdp_choice`` asked of the real device's kernel, with uninitialized tensors
+    of the traced ones' shape, stride, dtype and device (it reads nothing else)."""
+
+    def real(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        r = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        return r.requires_grad_(t.requires_grad)
+
+    return aten._fused_sdp_choice.default(
+        *(real(t) for t in (q, k, v, *rest)), **{n: real(t) for n, t in kwargs.items()}
+    )
 
 
 @register(aten._fused_sdp_choice.default)

@@ -3,9 +3,15 @@ ops known to run eagerly (fallbacks: random numbers, data-dependent shapes, scat
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from .registry import register_extern, register_fallback
+import torch
+import torch.fx
+
+from ..ir.nodes import Layout, StorageView, TensorValue, View
+from ..ir.symbols import sym
+from .context import current_graph, current_node
+from .registry import register_extern, register_fallback, register_lowering
 
 aten = torch.ops.aten
 
@@ -17,10 +23,67 @@ register_extern(
     aten.mv,
     aten.dot,
     aten.convolution,
-    aten._scaled_dot_product_flash_attention_for_cpu,
-    aten._scaled_dot_product_efficient_attention,
-    aten._scaled_dot_product_flash_attention,
 )
+
+# Fused attention: kiln-aot keeps the kernel scaled_dot_product_attention picks (and its
+# backward) as one op. Its outputs' strides follow its inputs' (CPU flash attention returns
+# the query's layout), so the inputs are handed over in the strides they were traced with:
+# the extern's outputs then have the strides the graph's metadata says.
+_ATTENTION_OPS = (
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_cudnn_attention_backward.default,
+)
+
+
+def _same_strides(layout: Layout, val: torch.Tensor) -> bool:
+    return all(n == 1 or st == vs for st, vs, n in zip(layout.stride, val.stride(), val.shape))
+
+
+def _in_traced_strides(value: Any, val: Any) -> Any:
+    """``value`` in memory with the strides of ``val`` (its traced metadata)."""
+    if not isinstance(value, TensorValue) or not isinstance(val, torch.Tensor):
+        return value
+    graph = current_graph()
+    have = value if isinstance(value, StorageView) else None
+    if have is None and isinstance(value, View):
+        have = graph.as_strided_view(value)
+    if have is not None and _same_strides(have.layout, val):
+        return have
+    return graph.realize(value, _dense_in_stride_order(val, value.device))
+
+
+def _dense_in_stride_order(val: torch.Tensor, device: torch.device) -> Layout:
+    """A dense layout ordering the dimensions as ``val``'s strides do (a sliced query,
+    strides (3072, 16, 192, 1), becomes (1024, 16, 64, 1)), which the kernels read alike."""
+    order = sorted(range(val.dim()), key=lambda d: (val.stride(d), -d))
+    strides = [0] * val.dim()
+    acc = 1
+    for d in order:
+        strides[d] = acc
+        acc *= max(val.shape[d], 1)
+    return Layout(device, val.dtype, tuple(sym(n) for n in val.shape), tuple(map(sym, strides)))
+
+
+def _extern_in_traced_strides(op: Any) -> Any:
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        node = current_node()
+        assert node is not None
+        vals = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        args = tuple(_in_traced_strides(a, v) for a, v in zip(args, vals[0]))
+        kwargs = {k: _in_traced_strides(a, vals[1].get(k)) for k, a in kwargs.items()}
+        return current_graph().extern_call(op, args, kwargs, "extern")
+
+    return lower
+
+
+for _op in _ATTENTION_OPS:
+    register_lowering(_op)(_extern_in_traced_strides(_op))
 
 register_fallback(
     "random numbers come from ATen's generator so that results match eager's seeding",
