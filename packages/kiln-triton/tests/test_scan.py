@@ -90,6 +90,19 @@ def test_long_scans_loop_with_a_carry():
     )
 
 
+def test_scans_across_memory_loop_over_wide_chunks():
+    # cumsum over dim 0 of a row-major matrix: a persistent program would read one strided
+    # column; chunks of XBLOCK neighbouring columns read memory in order
+    def fn(x):
+        return (aten.cumsum.default(x, 0), aten.cumsum.default(x, 1))
+
+    kernels, sources = kernels_of(fn, [make((40, 64), F32)])
+    kinds = {k.kind for k in kernels}
+    assert kinds == {"looped", "persistent"}
+    looped = sources[[k.kind for k in kernels].index("looped")]
+    in_order(looped, "for roffset in range(0, 40, RBLOCK):", "tl.load(in_ptr0 + ((64 * z0_0) + x0)")
+
+
 def test_cumsum_is_generated_not_run_eagerly():
     from kiln_inductor.testing import aten_graph
 

@@ -80,8 +80,12 @@ def block_extent(block: Block) -> int:
 def kernel_kind(group: FusedGroup, persistent_max: int) -> str:
     if all(b.kind == "pointwise" and not b.inner for b in group.blocks):
         return "pointwise"
+    from .scan import scan_across_memory
+
     extent = max(block_extent(b) for b in group.blocks)
-    return "persistent" if extent <= persistent_max else "looped"
+    if extent > persistent_max or scan_across_memory(group):
+        return "looped"
+    return "persistent"
 
 
 class TritonKernel:

@@ -8,7 +8,8 @@ the combine (0 for sum, 1 for prod), so they change no valid prefix.
 
 * persistent (the scanned extent fits one block): ``tl.cumsum``/``tl.cumprod`` over axis 1
   of the whole row, stored in the r context.
-* looped: a ``[XBLOCK, 1]`` carry (the combine of every earlier chunk) is combined into
+* looped (the extent does not fit, or the scanned axis is not the contiguous one: see
+  ``scan_across_memory``): a ``[XBLOCK, 1]`` carry (the combine of every earlier chunk) is combined into
   each chunk's scan before it is stored, then replaced by the chunk's last lane. Masked
   lanes hold the identity, so the last lane is the chunk's total even in the tail chunk;
   it is read out exactly with a one-hot ``tl.sum`` (adding zeros), so the carry equals
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln_inductor.ir.nodes import Scan
-from kiln_inductor.scheduler.fuse import Block
+from kiln_inductor.ir.symbols import coefficients
+from kiln_inductor.scheduler.fuse import Block, FusedGroup
 
 from .triton_ops import TritonValue, literal, tl_type
 
@@ -36,6 +38,23 @@ if TYPE_CHECKING:
 SCAN_FUNCTIONS = {"sum": "tl.cumsum", "prod": "tl.cumprod"}
 COMBINE = {"sum": "+", "prod": "*"}
 IDENTITY = {"sum": 0, "prod": 1}
+
+
+def scan_across_memory(group: FusedGroup) -> bool:
+    """Whether ``group`` scans along an axis that is not contiguous in its output while
+    its outer loops are (``cumsum(x, 0)``). Such a scan loops even when its extent fits a
+    block: a persistent ``[1, extent]`` tile would read one strided column per program,
+    while looped ``[XBLOCK, RBLOCK]`` chunks read XBLOCK neighbouring elements per row."""
+    if len(group.blocks) != 1 or group.blocks[0].kind != "scan":
+        return False
+    block = group.blocks[0]
+    (node,) = block.nodes
+    store = group.bound[node.name][2]
+    co = coefficients(store, [*block.rvars, *group.outer_vars])
+    if co is None or not group.outer_vars:
+        return False
+    r_stride, outer_strides = co[0][0], co[0][1:]
+    return r_stride != 1 and any(st == 1 for st in outer_strides)
 
 
 def scan_dtype(dtype: torch.dtype) -> torch.dtype:
