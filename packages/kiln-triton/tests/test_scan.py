@@ -287,9 +287,10 @@ def test_scan_kernels_compile_for_sm90(tmp_path):
     sources += _sources(lambda t: (cumsum(t, 0),), [make((1000, 64), BF16)])
     sources += _sources(lambda t: (cumprod(t, 1),), [make((8, 5000), F64)], 256)
     sources += _sources(lambda t: (cumsum(t, 1),), [make((8, 5000), BOOL)], 256)
-    sources += _sources(lambda t: (cumsum(t, 1, dtype=torch.int16),), [make((8, 300), I64)])
+    sources += _sources(lambda t: (cumsum(t, 1, dtype=torch.int16),), [make((8, 5000), I64)], 256)
+    sources += _sources(lambda t: (cumprod(t, 1),), [make((64, 1), F32)])
     scans = [s for s in sources if "tl.cum" in s.source]
-    assert len(scans) == 5
+    assert len(scans) == 6
     reports = _compile_for_sm90(scans, tmp_path)
     for src, rep in zip(scans, reports):
         assert "error" not in rep, f"{rep['error']}\n{src.source}"
