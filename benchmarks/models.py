@@ -4,6 +4,7 @@
     python benchmarks/models.py --train               # + forward/backward
     python benchmarks/models.py --device cuda --dtype bfloat16 --size large
     python benchmarks/models.py --models gpt2,bert --no-warm
+    python benchmarks/models.py --compilers kiln,kiln-math   # fused vs math attention
 
 For each model a worker subprocess (with a timeout) builds it with random weights, runs
 eager, torch.compile and kiln.compile on the same inputs, and reports per compiler:
@@ -31,7 +32,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-COMPILERS = ("torch.compile", "kiln")
+# kiln-math: kiln with attention decomposed to matmuls + softmax (KILN_AOT_FUSED_ATTENTION=0)
+KNOWN_COMPILERS = ("torch.compile", "kiln", "kiln-math")
+COMPILERS = ["torch.compile", "kiln"]  # --compilers
 
 # -- worker ------------------------------------------------------------------------------
 
@@ -172,7 +175,22 @@ def _compile(name: str, model):
         return torch.compile(model)
     import kiln
 
-    return kiln.compile(model)
+    if name == "kiln":
+        return kiln.compile(model)
+    import kiln_aot
+
+    class MathAttention(torch.nn.Module):
+        """Compiles (on its first call) and runs with kiln-aot's fused attention off."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            with kiln_aot.config.override(fused_attention=False):
+                return self.inner(*args, **kwargs)
+
+    return MathAttention(kiln.compile(model))
 
 
 def _graph_counts(name: str) -> dict:
@@ -329,12 +347,17 @@ def draw_chart(results: list[dict], path: Path) -> bool:
     rows = [r for r in results if "eager" in r]
     labels = [f"{r['model']}\n{r['task']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
-    width = 0.38
+    width = 0.76 / len(COMPILERS)
     for i, c in enumerate(COMPILERS):
         vals = [
             r.get(c, {}).get("speedup", 0.0) if r.get(c, {}).get("correct") else 0.0 for r in rows
         ]
-        ax.bar([x + (i - 0.5) * width for x in range(len(rows))], vals, width, label=c)
+        ax.bar(
+            [x + (i - (len(COMPILERS) - 1) / 2) * width for x in range(len(rows))],
+            vals,
+            width,
+            label=c,
+        )
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("speed-up over eager (0 = incorrect or failed)")
@@ -360,7 +383,16 @@ def main() -> int:
     p.add_argument("--worker", default="")
     p.add_argument("--compile-only", action="store_true")
     p.add_argument("--task", default="inference")
+    p.add_argument(
+        "--compilers",
+        default=",".join(COMPILERS),
+        help=f"comma-separated, of {', '.join(KNOWN_COMPILERS)} (kiln-math: attention decomposed)",
+    )
     a = p.parse_args()
+    COMPILERS[:] = [c for c in a.compilers.split(",") if c]
+    unknown = set(COMPILERS) - set(KNOWN_COMPILERS)
+    if unknown:
+        p.error(f"unknown compilers {sorted(unknown)}; known: {', '.join(KNOWN_COMPILERS)}")
 
     if a.worker:
         res = worker(
@@ -398,6 +430,8 @@ def main() -> int:
                 task,
                 "--runs",
                 str(a.runs),
+                "--compilers",
+                a.compilers,
             ]
             t0 = time.perf_counter()
             res = run_worker(base, env, a.timeout)
