@@ -384,3 +384,32 @@ def test_default_device_change_recompiles(how):
     assert len(b.graphs) == 2
     torch.testing.assert_close(f(x)[0], torch.ones(3) * 2)  # back on cpu: a cache hit
     assert len(b.graphs) == 2
+
+
+def test_hook_changes_recompile():
+    scale = 2.0
+    m = nn.Linear(3, 3)
+    wrapper = nn.Sequential(m)
+    b = CountingBackend()
+    om = kiln_capture.optimize(b)(wrapper)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(om(x), wrapper(x))
+    handle = m.register_forward_hook(lambda mod, inp, out: out * scale)
+    torch.testing.assert_close(om(x), wrapper(x))  # a hook added: recompiles
+    scale = 5.0
+    torch.testing.assert_close(om(x), wrapper(x))  # its closure changed: recompiles
+    handle.remove()
+    torch.testing.assert_close(om(x), wrapper(x))
+    assert len(b.graphs) == 3
+
+
+def test_backward_hook_added_later_runs():
+    m = nn.Linear(3, 3)
+    wrapper = nn.Sequential(m, nn.Tanh())
+    om = kiln_capture.optimize(CountingBackend())(wrapper)
+    x = torch.randn(2, 3, requires_grad=True)
+    om(x).sum().backward()
+    seen = []
+    m.register_full_backward_hook(lambda mod, gin, gout: seen.append(gout[0].shape))
+    om(x).sum().backward()
+    assert seen == [torch.Size([2, 3])]

@@ -138,8 +138,16 @@ class GuardSet:
     def no_hooks(self, src: Source) -> None:
         e = src.expr()
         self.add(
-            f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
-            f"{e} has no forward hooks",
+            f"not ({e}._forward_hooks or {e}._forward_pre_hooks"
+            f" or {e}._backward_hooks or {e}._backward_pre_hooks)",
+            f"{e} has no hooks",
+        )
+
+    def no_backward_hooks(self, src: Source) -> None:
+        e = src.expr()
+        self.add(
+            f"not ({e}._backward_hooks or {e}._backward_pre_hooks)",
+            f"{e} has no backward hooks",
         )
 
     # -- compilation -------------------------------------------------------------------

@@ -213,3 +213,88 @@ def module_under_no_grad(x):
     with torch.no_grad():
         y = _MLP(x)
     return y * 2
+
+
+class KwargHooked(nn.Module):
+    """Pre- and post-hooks that take keyword arguments, and a hook returning None."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.lin.register_forward_pre_hook(
+            lambda m, args, kwargs: ((args[0] * 2,), kwargs), with_kwargs=True
+        )
+        self.lin.register_forward_hook(lambda m, args, out: None)
+        self.register_forward_hook(
+            lambda m, args, kwargs, out: out * kwargs["scale"], with_kwargs=True
+        )
+
+    def forward(self, x, scale=1.0):
+        return self.lin(x).tanh()
+
+
+_KW_HOOKED = KwargHooked()
+
+
+@case(args=lambda: (T(2, 4),))
+def keyword_argument_hooks(x):
+    return _KW_HOOKED(x, scale=3.0) + 1
+
+
+class _HookLog(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.shapes = {}
+        self.lin.register_forward_hook(self._record)
+
+    def _record(self, mod, args, out):
+        self.shapes["lin"] = out.shape[-1]
+
+    def forward(self, x):
+        return self.lin(x) * self.shapes.get("lin", 0)
+
+
+_HOOK_LOG = _HookLog()
+
+
+@case(args=lambda: (T(2, 4),))
+def hook_bound_method_mutates_a_dict(x):
+    return _HOOK_LOG(x), dict(_HOOK_LOG.shapes)
+
+
+class _NoGradForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @torch.no_grad()
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+_NG_FORWARD = _NoGradForward()
+
+
+@case(args=lambda: (T(2, 4, grad=True),))
+def no_grad_decorated_forward(x):
+    y = _NG_FORWARD(x)
+    return y + x, y.requires_grad
+
+
+@torch.no_grad
+def _bare_no_grad(x):
+    return x * 2
+
+
+@torch.enable_grad()
+def _enable_grad_deco(x):
+    return x * 3
+
+
+@case(args=lambda: (T(2, 4, grad=True),))
+def grad_mode_decorators_nested(x):
+    a = _bare_no_grad(x)
+    with torch.no_grad():
+        b = _enable_grad_deco(x)
+    return a, b, a.requires_grad, b.requires_grad

@@ -10,10 +10,10 @@ from torch import nn
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
-from kiln_capture.sources import AttrSource, DictEntrySource
+from kiln_capture.sources import AttrSource, DictEntrySource, ItemSource
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar
-from kiln_capture.variables.containers import TupleVar
+from kiln_capture.variables.containers import DictVar, TupleVar
 
 _module_impl = importlib.import_module("torch.nn.modules.module")
 _GLOBAL_HOOKS = (
@@ -107,42 +107,87 @@ class ModuleVar(Var):
             return self.getattr(tx, "__call__").call(tx, args, kwargs)
         if getattr(m.forward, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{type(m).__name__}.forward is disabled")
-        if any(getattr(_module_impl, name, None) for name in _GLOBAL_HOOKS):
-            raise Unsupported(breaks.UNSUPPORTED_VALUE, "global nn.Module hooks are registered")
-        impl = tx.out.guards.const(_module_impl)
-        tx.out.guards.add(
-            "not (" + " or ".join(f"{impl}.{n}" for n in _GLOBAL_HOOKS) + ")",
-            "no global nn.Module hooks",
-        )
-        if self.source is not None and not (m._forward_hooks or m._forward_pre_hooks):
-            tx.out.guards.no_hooks(self.source)
-        if (
-            m._backward_hooks
-            or m._backward_pre_hooks
-            or getattr(m, "_forward_hooks_with_kwargs", None)
-            or getattr(m, "_forward_pre_hooks_with_kwargs", None)
-        ):
-            raise Unsupported(
-                breaks.UNSUPPORTED_VALUE,
-                f"{type(m).__name__} has backward or keyword-argument hooks",
-            )
-        if self.source is not None and (m._forward_hooks or m._forward_pre_hooks):
-            tx.out.guards.dict_keys(
-                AttrSource(self.source, "_forward_hooks"), tuple(m._forward_hooks)
-            )
-            tx.out.guards.dict_keys(
-                AttrSource(self.source, "_forward_pre_hooks"), tuple(m._forward_pre_hooks)
-            )
-        for hook in m._forward_pre_hooks.values():
-            result = tx.out.wrap_value(hook).call(tx, [self, TupleVar(args)], {})
+        pre, post = self._hooks(tx)
+        for hook, with_kwargs in pre:
+            if with_kwargs:
+                result = hook.call(tx, [self, TupleVar(args), DictVar(dict(kwargs))], {})
+                if not (result.is_const() and result.as_const() is None):
+                    if not (isinstance(result, TupleVar) and len(result.items) == 2):
+                        raise Unsupported(
+                            breaks.EXCEPTION,
+                            "forward pre-hook must return None or a tuple of (new_args, new_kwargs)",
+                        )
+                    new_args, new_kwargs = result.items
+                    args = new_args.unpack(tx)
+                    if not isinstance(new_kwargs, DictVar):
+                        raise Unsupported(breaks.UNSUPPORTED_VALUE, "pre-hook kwargs not a dict")
+                    kwargs = dict(new_kwargs.items)
+                continue
+            result = hook.call(tx, [self, TupleVar(args)], {})
             if not (result.is_const() and result.as_const() is None):
                 args = result.unpack(tx) if isinstance(result, TupleVar) else [result]
         out = self.getattr(tx, "forward").call(tx, args, kwargs)
-        for hook in m._forward_hooks.values():
-            result = tx.out.wrap_value(hook).call(tx, [self, TupleVar(args), out], {})
+        for hook, with_kwargs in post:
+            extra = [DictVar(dict(kwargs))] if with_kwargs else []
+            result = hook.call(tx, [self, TupleVar(args), *extra, out], {})
             if not (result.is_const() and result.as_const() is None):
                 out = result
         return out
+
+    def _hooks(self, tx) -> tuple[list[tuple[Var, bool]], list[tuple[Var, bool]]]:
+        """The forward pre-hooks and forward hooks ``Module.__call__`` would run (global
+        ones first), each with whether it takes kwargs. Guards: which hooks are registered
+        (keys of each table) and, through their sources, each hook's identity and closure.
+        Backward hooks need autograd wrapping of inputs and outputs: the call then breaks."""
+        m, g, impl = self.value, tx.out.guards, _module_impl
+        if (
+            m._backward_hooks
+            or m._backward_pre_hooks
+            or impl._global_backward_hooks
+            or impl._global_backward_pre_hooks
+        ):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{type(m).__name__} has backward hooks")
+        impl_ref = tx.out.const_ref(impl)
+        if not (impl._global_forward_hooks or impl._global_forward_pre_hooks):
+            g.add(
+                "not (" + " or ".join(f"{impl_ref.expr()}.{n}" for n in _GLOBAL_HOOKS) + ")",
+                "no global nn.Module hooks",
+            )
+        else:
+            for table in _GLOBAL_HOOKS:
+                g.dict_keys(AttrSource(impl_ref, table), tuple(getattr(impl, table)))
+        if self.source is not None:
+            if not (m._forward_hooks or m._forward_pre_hooks):
+                g.no_hooks(self.source)
+            else:
+                for table in ("_forward_hooks", "_forward_pre_hooks"):
+                    g.dict_keys(AttrSource(self.source, table), tuple(getattr(m, table)))
+                g.no_backward_hooks(self.source)
+
+        def wrapped(base, table: str, key: int) -> Var:
+            hook = getattr(base[0], table)[key]
+            if base[1] is None:
+                return tx.out.wrap_value(hook)
+            return tx.out.wrap(hook, ItemSource(AttrSource(base[1], table), key))
+
+        pre_kw = getattr(m, "_forward_pre_hooks_with_kwargs", {})
+        post_kw = getattr(m, "_forward_hooks_with_kwargs", {})
+        global_kw = getattr(impl, "_global_forward_hooks_with_kwargs", {})
+        glob, own = (impl, impl_ref), (m, self.source)
+        pre = [
+            (wrapped(glob, "_global_forward_pre_hooks", k), k in pre_kw)
+            for k in impl._global_forward_pre_hooks
+        ]
+        pre += [(wrapped(own, "_forward_pre_hooks", k), k in pre_kw) for k in m._forward_pre_hooks]
+        post = [
+            (wrapped(glob, "_global_forward_hooks", k), k in post_kw or k in global_kw)
+            for k in impl._global_forward_hooks
+        ]
+        post += [
+            (wrapped(own, "_forward_hooks", k), k in post_kw or k in global_kw)
+            for k in m._forward_hooks
+        ]
+        return pre, post
 
     # -- containers ---------------------------------------------------------------------
 
