@@ -8,21 +8,28 @@ times that Python path with the launcher replaced by a no-op (no GPU needed: wha
 is exactly the host work kiln adds per kernel), for a kernel of ``--args`` tensor
 arguments whose alignment is checked for all of them (what every launch did before the
 backend named the arguments to check), for one (a kernel reading one graph input), and
-for none (a kernel reading only intermediates). Prints a table; JSON goes to
-benchmarks/results/launch_overhead.json.
+for none (a kernel reading only intermediates). It also counts, over the kernels of
+kiln_triton.testing.SmallGPT's inference graph (compiled for CPU tensors through Triton's
+interpreter; nothing is run), how many arguments each call still checks. Prints tables;
+JSON goes to benchmarks/results/launch_overhead.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton: compile for CPU tensors
+
 import torch
 
+import kiln_triton
 from kiln_triton.runtime import direct
 from kiln_triton.runtime.launcher import TritonLauncher
+from kiln_triton.testing import SmallGPT, use_triton_for_cpu
 
 
 class _Driver:
@@ -72,6 +79,28 @@ def _us_per_call(fn, args: tuple, calls: int) -> float:
     return min(rounds)
 
 
+def checked_in_small_gpt() -> dict[str, int]:
+    """Kernels, kernel arguments and checked arguments of SmallGPT's forward graph."""
+    model = SmallGPT().eval()
+    idx = torch.randint(0, 1024, (1, 64))
+    metas: list = []
+    with use_triton_for_cpu() as backend, torch.no_grad():
+        codegen = backend.codegen_kernel
+
+        def record(group, buffers):  # type: ignore[no-untyped-def]
+            src = codegen(group, buffers)
+            metas.append(src)
+            return src
+
+        backend.codegen_kernel = record  # type: ignore[method-assign]
+        torch.compile(model, backend=kiln_triton.compile_fx)(idx)
+    return {
+        "kernels": len(metas),
+        "arguments": sum(len(s.arg_names) for s in metas),
+        "checked": sum(len(s.meta["checked_args"]) for s in metas),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=200_000)
@@ -94,9 +123,16 @@ def main() -> None:
     print(f"{'case':34} {'us/launch':>10} {'minus an empty call':>20}")
     for r in rows:
         print(f"{r['case']:34} {r['us_per_launch']:>10.2f} {r['minus_call']:>20.2f}")
+    gpt = checked_in_small_gpt()
+    print(
+        f"SmallGPT forward: {gpt['kernels']} kernels, {gpt['arguments']} arguments per call, "
+        f"{gpt['checked']} checked (graph inputs and ATen results; was {gpt['arguments']})"
+    )
     out = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "launch_overhead.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"calls": ns.calls, "args": n, "rows": rows}, indent=1))
+    out.write_text(
+        json.dumps({"calls": ns.calls, "args": n, "rows": rows, "small_gpt": gpt}, indent=1)
+    )
     print(f"wrote {out}")
 
 
