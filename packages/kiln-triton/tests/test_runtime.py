@@ -206,3 +206,33 @@ def test_backend_names_the_arguments_whose_alignment_can_change():
     # which the wrapper allocates, are not
     assert kinds == ["ExternOutput", "InputBuffer", "ComputedBuffer", "ComputedBuffer"]
     assert src.meta["checked_args"] == [0, 1]
+
+
+def test_direct_launch_steps_aside_while_a_launch_hook_is_installed(monkeypatch):
+    import torch
+
+    from kiln_triton.runtime import direct
+
+    class Driver:
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 0)
+
+    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+    x = torch.randn(8)
+    launch = direct.DirectLaunch.build(_FakeFn, _FakeKernel(3), (x, x), {"XBLOCK": 8}, (1,), [])
+    assert launch((x, x))
+    chain = getattr(direct._HOLDER, direct._ENTER)
+    if hasattr(chain, "add"):  # Triton >= 3.4: a HookChain a profiler adds to
+
+        def hook(*args):
+            return None
+
+        chain.add(hook)
+        try:
+            assert not launch((x, x))  # the profiler sees Triton's launch
+        finally:
+            chain.remove(hook)
+    else:
+        monkeypatch.setattr(direct._HOLDER, direct._ENTER, lambda *a: None)
+        assert not launch((x, x))
+    assert launch((x, x))

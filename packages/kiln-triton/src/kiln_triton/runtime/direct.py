@@ -45,16 +45,14 @@ def _hook_holder() -> tuple[Any, str, str]:
 _HOLDER, _ENTER, _EXIT = _hook_holder()
 
 
-def _active(hook: Any) -> bool:
-    """Triton >= 3.4 keeps a HookChain that is always there and empty unless a profiler
-    added a hook; older releases kept None or a function."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
 def _hooked() -> bool:
     """Whether a launch hook is installed now (checked on every launch: a profiler may
-    install one at any time)."""
-    return _active(getattr(_HOLDER, _ENTER, None)) or _active(getattr(_HOLDER, _EXIT, None))
+    install one at any time). Triton >= 3.4 keeps a HookChain that is always there and
+    empty unless a profiler added a hook; older releases kept None or a function."""
+    enter, exit_ = getattr(_HOLDER, _ENTER, None), getattr(_HOLDER, _EXIT, None)
+    return (enter is not None and bool(getattr(enter, "calls", True))) or (
+        exit_ is not None and bool(getattr(exit_, "calls", True))
+    )
 
 
 def alignment(args: Sequence[Any], checked: Sequence[int] | None = None) -> tuple[bool, ...]:
