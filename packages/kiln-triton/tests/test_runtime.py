@@ -187,11 +187,13 @@ def test_backend_names_the_arguments_whose_alignment_can_change():
 
     aten = torch.ops.aten
 
+    c = make((32,), torch.float32)
+
     def fn(x, w, b):
         h = aten.relu.default(aten.mm.default(x, w))
         s = aten.sum.dim_IntList(aten.exp.default(h), [1])
         y = aten.add.Tensor(aten.mul.Tensor(h, aten.unsqueeze.default(s, 1)), b)
-        return (y, aten.mul.Tensor(s, 2))
+        return (aten.mul.Tensor(y, c), aten.mul.Tensor(s, 2))
 
     inputs = [
         make((8, 16), torch.float32),
@@ -202,10 +204,13 @@ def test_backend_names_the_arguments_whose_alignment_can_change():
     (group,) = [g for g in fuse_nodes(ir) if isinstance(g, FusedGroup)]
     src = TritonBackend().codegen_kernel(group, ir.buffers)
     kinds = [type(ir.buffers[n]).__name__ for n in src.arg_names]
-    # the mm's result (an ATen call's) and the graph input b are checked; the two outputs,
-    # which the wrapper allocates, are not
-    assert kinds == ["ExternOutput", "InputBuffer", "ComputedBuffer", "ComputedBuffer"]
-    assert src.meta["checked_args"] == [0, 1]
+    # the mm's result (an ATen call's) and the graph input b are checked; the constant c
+    # and the two outputs, which the wrapper allocates, are not
+    assert sorted(kinds) == sorted(
+        ["ExternOutput", "InputBuffer", "ConstantBuffer", "ComputedBuffer", "ComputedBuffer"]
+    )
+    expect = [k for k, kind in enumerate(kinds) if kind in ("ExternOutput", "InputBuffer")]
+    assert src.meta["checked_args"] == expect and len(expect) == 2
 
 
 def test_direct_launch_steps_aside_while_a_launch_hook_is_installed(monkeypatch):

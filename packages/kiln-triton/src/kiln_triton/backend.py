@@ -14,7 +14,13 @@ import sympy
 import torch
 
 from kiln_inductor.backend import KernelSource
-from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, ExternKernel, StorageView
+from kiln_inductor.ir.nodes import (
+    Buffer,
+    ComputedBuffer,
+    ConstantBuffer,
+    ExternKernel,
+    StorageView,
+)
 from kiln_inductor.scheduler.fuse import FusedGroup
 from kiln_inductor.scheduler.templates import TemplateGroup, op_name
 
@@ -34,9 +40,11 @@ def _static(view: Any) -> bool:
 
 def checked_args(names: Sequence[str], buffers: dict[str, Buffer]) -> list[int]:
     """Positions of the kernel arguments whose 16-byte alignment may change between calls
-    (runtime/direct.py): all but the buffers kernels compute, which the wrapper allocates
-    itself (fresh storage, or dead storage reused from offset 0)."""
-    return [k for k, n in enumerate(names) if not isinstance(buffers[n], ComputedBuffer)]
+    (runtime/direct.py): graph inputs and what ATen calls return. Not the buffers kernels
+    compute, which the wrapper allocates itself (fresh storage, or dead storage reused
+    from offset 0), nor constants (the same tensor on every call)."""
+    fixed = (ComputedBuffer, ConstantBuffer)
+    return [k for k, n in enumerate(names) if not isinstance(buffers[n], fixed)]
 
 
 class TritonBackend:

@@ -12,11 +12,13 @@ profiler's). ``__call__`` returns False when it did not launch, and the caller t
 Triton's normal path, which compiles another specialization where one is needed.
 
 Alignment is checked only for the arguments named by ``checked`` (positions): the
-backend knows at compile time which arguments the wrapper allocates itself (fresh
-``empty_strided`` storage, or dead storage reused from offset 0, always aligned) and which
-come from outside (graph inputs, constants, extern and fallback results, any of which may
-be a view at an odd offset). Reading ``data_ptr()`` costs about a microsecond of Python
-per tensor, so a kernel reading only intermediates is launched with no check at all.
+backend knows at compile time which arguments cannot change alignment between calls (the
+buffers the wrapper allocates itself: fresh ``empty_strided`` storage, or dead storage
+reused from offset 0; and constants, the same tensor every call) and which come from
+outside (graph inputs, extern and fallback results, any of which may be a view at an odd
+offset). Reading ``data_ptr()`` costs up to a microsecond of Python per tensor, so a
+kernel reading only intermediates is launched with no check at all. ``build`` verifies
+the assumption once, on the first call's arguments.
 """
 
 from __future__ import annotations
