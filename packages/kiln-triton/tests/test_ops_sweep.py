@@ -10,7 +10,8 @@ The interpreter is slow, so this is a representative subset (CI budget: a few mi
     (persistent kernels) and rows that do not (looped kernels);
   - views: permute, transpose, expand, slice, select, reshape, split;
   - cat, stack, constant_pad_nd, gather, index, index_select, embedding;
-  - bfloat16 inputs computed in float32.
+  - bfloat16 inputs computed in float32;
+  - scans (cumsum, cumprod) are swept in test_scan.py.
 Left out here (they run in the GPU tests): asin/acos/atan/atan2/lgamma (libdevice only),
 float64, and the long tail of lowerings the kiln-cpp sweep covers.
 """
