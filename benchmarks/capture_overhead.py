@@ -3,8 +3,12 @@ function of 10 tensor inputs, the cost of kiln's generated guard function alone,
 capture time (first call) for real models. Both engines use a backend that runs the
 captured graph as given, so the figures measure capture machinery only.
 
-Usage: python benchmarks/capture_overhead.py [--calls N] [--no-models]
-Prints a table and writes benchmarks/results/capture_overhead.json.
+Usage: python benchmarks/capture_overhead.py [--models gpt2,bert,llama,resnet50,convnext_tiny,
+    vit_small_patch16_224 | all | none] [--quick] [--calls N] [--threads N] [--out PATH]
+Models: HF GPT-2/BERT/LLaMA (tiny configs) when transformers imports; timm resnet50,
+convnext_tiny and vit_small_patch16_224 (pretrained=False, 1x3x224x224) when timm imports.
+Each must be captured as one graph with no break and match eager (the exit status is 1
+otherwise). Runs on CPU. Prints a table and writes benchmarks/results/capture_overhead.json.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def overhead(calls: int) -> dict:
     }
 
 
-def _models():
+def _hf_models() -> dict:
     import transformers as tf
 
     def gpt2():
@@ -123,96 +127,175 @@ def _models():
         )
         return tf.LlamaModel(cfg), {"use_cache": False}
 
-    models = {"gpt2": gpt2, "bert": bert, "llama": llama}
-    try:
-        import timm
-
-        for name in ("resnet18", "mobilenetv3_small_100", "vit_tiny_patch16_224"):
-            models[name] = lambda name=name: (timm.create_model(name, pretrained=False), None)
-    except ImportError:
-        pass
-    return models
+    return {"gpt2": gpt2, "bert": bert, "llama": llama}
 
 
-def capture_times() -> dict:
-    try:
-        models = _models()
-    except ImportError:
-        return {}
-    out = {}
-    for name, make in models.items():
-        torch.manual_seed(0)
-        model, kwargs = make()
-        model.eval()
-        if kwargs is None:  # an image model
-            ids = torch.randn(1, 3, 224, 224)
+# timm models at their real sizes (pretrained=False: random weights, nothing downloaded)
+TIMM_MODELS = ("resnet50", "convnext_tiny", "vit_small_patch16_224")
+HF_MODELS = ("gpt2", "bert", "llama")
 
-            def run(ids, model=model):
-                return model(ids)
+
+def _timm_model(name: str):
+    import timm
+
+    return timm.create_model(name, pretrained=False), None
+
+
+def available_models(requested: list[str]) -> tuple[dict, dict]:
+    """(name -> constructor, name -> why skipped) for the requested names."""
+    makers, skipped = {}, {}
+    for name in requested:
+        bare = name.removeprefix("timm_")
+        if bare in HF_MODELS:
+            try:
+                makers[bare] = _hf_models()[bare]
+            except ImportError as e:
+                skipped[bare] = f"transformers not importable ({e})"
+        elif bare in TIMM_MODELS:
+            try:
+                import timm  # noqa: F401
+            except ImportError as e:
+                skipped[bare] = f"timm not importable ({e})"
+                continue
+            makers[bare] = functools.partial(_timm_model, bare)
         else:
-            ids = torch.randint(0, 128, (2, 12))
-
-            def run(ids, model=model, kwargs=kwargs):
-                return model(input_ids=ids, **kwargs)
-
-        with torch.no_grad():
-            run(ids)  # warm caches of transformers itself
-            kiln_capture.reset()
-            explain = kiln_capture.explain(run)(ids)
-            kiln_capture.reset()
-            fn = kiln_capture.optimize(_eager_backend)(run)
-            t0 = time.perf_counter()
-            fn(ids)
-            kiln_s = time.perf_counter() - t0
-            torch._dynamo.reset()
-            cfn = torch.compile(run, backend="eager")
-            t0 = time.perf_counter()
-            cfn(ids)
-            torch_s = time.perf_counter() - t0
-            entry = hook.cache_entries(run.__code__)[0]
-            full = (ids, *run.__defaults__)  # the frame's argument slots, as the hook passes them
-            assert entry.guard(run, *full), "the guard must pass to be timed whole"
-            guard_us = per_call_us(functools.partial(entry.guard, run), full, 200, 3)
-            old = one_expression_guard(entry)
-            assert old(run, *full)
-            guard_old_us = per_call_us(functools.partial(old, run), full, 200, 3)
-            hit_kiln = per_call_us(fn, (ids,), 50, 3)
-            hit_torch = per_call_us(cfn, (ids,), 50, 3)
-            hit_eager = per_call_us(run, (ids,), 50, 3)
-        out[name] = {
-            "kiln_capture_s": kiln_s,
-            "torch_compile_eager_capture_s": torch_s,
-            "kiln_graphs": explain.graph_count,
-            "kiln_breaks": explain.break_count,
-            "kiln_guard_us": guard_us,
-            "kiln_guard_one_expression_us": guard_old_us,
-            "kiln_guard_count": len(entry.guard_set.guards),
-            "eager_call_us": hit_eager,
-            "kiln_call_us": hit_kiln,
-            "torch_compile_call_us": hit_torch,
-        }
-    return out
+            raise SystemExit(f"unknown model {name!r}: choose from {HF_MODELS + TIMM_MODELS}")
+    return makers, skipped
 
 
-def main() -> None:
+def _first_tensor(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    return next(v for v in (out.values() if isinstance(out, dict) else out) if torch.is_tensor(v))
+
+
+def measure_model(name: str, make, quick: bool) -> dict:
+    torch.manual_seed(0)
+    model, kwargs = make()
+    model.eval()
+    if kwargs is None:  # an image model
+        ids = torch.randn(1, 3, 224, 224)
+
+        def run(ids, model=model):
+            return model(ids)
+    else:
+        ids = torch.randint(0, 128, (2, 12))
+
+        def run(ids, model=model, kwargs=kwargs):
+            return model(input_ids=ids, **kwargs)
+
+    guard_calls, call_calls, repeats = (20, 2, 1) if quick else (200, 50, 3)
+    if kwargs is None and not quick:
+        call_calls = 10  # an image model's call takes tens of milliseconds on CPU
+    with torch.no_grad():
+        expected = _first_tensor(run(ids))  # also warms the libraries' own caches
+        kiln_capture.reset()
+        explain = kiln_capture.explain(run)(ids)
+        max_diff = (_first_tensor(explain.result) - expected).abs().max().item()
+        kiln_capture.reset()
+        fn = kiln_capture.optimize(_eager_backend)(run)
+        t0 = time.perf_counter()
+        fn(ids)
+        kiln_s = time.perf_counter() - t0
+        torch._dynamo.reset()
+        cfn = torch.compile(run, backend="eager")
+        t0 = time.perf_counter()
+        cfn(ids)
+        torch_s = time.perf_counter() - t0
+        entry = hook.cache_entries(run.__code__)[0]
+        full = (ids, *run.__defaults__)  # the frame's argument slots, as the hook passes them
+        assert entry.guard(run, *full), "the guard must pass to be timed whole"
+        guard_us = per_call_us(functools.partial(entry.guard, run), full, guard_calls, repeats)
+        old = one_expression_guard(entry)
+        assert old(run, *full)
+        guard_old_us = per_call_us(functools.partial(old, run), full, guard_calls, repeats)
+        hit_kiln = per_call_us(fn, (ids,), call_calls, repeats)
+        hit_torch = per_call_us(cfn, (ids,), call_calls, repeats)
+        hit_eager = per_call_us(run, (ids,), call_calls, repeats)
+    return {
+        "kiln_capture_s": kiln_s,
+        "torch_compile_eager_capture_s": torch_s,
+        "kiln_graphs": explain.graph_count,
+        "kiln_breaks": explain.break_count,
+        "kiln_break_reasons": [str(b).splitlines()[0] for b in explain.breaks],
+        "max_abs_diff_vs_eager": max_diff,
+        "kiln_guard_us": guard_us,
+        "kiln_guard_one_expression_us": guard_old_us,
+        "kiln_guard_count": len(entry.guard_set.guards),
+        "eager_call_us": hit_eager,
+        "kiln_call_us": hit_kiln,
+        "torch_compile_call_us": hit_torch,
+    }
+
+
+def print_models(models: dict, skipped: dict) -> None:
+    if skipped:
+        for name, why in skipped.items():
+            print(f"\n{name}: skipped, {why}")
+    if not models:
+        return
+    print("\nReal models (random weights, inference): capture = first call; output = max |kiln -")
+    print("eager| of the first output tensor; kiln guards = the root entry's guard function")
+    print("(guard count), one expr. = the same guards as one expression with Python tensor")
+    print("checks (the previous form)")
+    print(
+        f"{'model':24s}{'kiln capture':>14s}{'torch.compile':>15s}{'graphs/breaks':>15s}"
+        f"{'output':>10s}{'eager call':>12s}{'kiln call':>11s}{'torch call':>12s}"
+        f"{'kiln guards':>19s}{'one expr.':>11s}"
+    )
+    for name, m in models.items():
+        print(
+            f"{name:24s}{m['kiln_capture_s']:>13.3f}s{m['torch_compile_eager_capture_s']:>14.3f}s"
+            f"{str(m['kiln_graphs']) + '/' + str(m['kiln_breaks']):>15s}"
+            f"{m['max_abs_diff_vs_eager']:>10.1e}{m['eager_call_us']:>10.0f}us"
+            f"{m['kiln_call_us']:>9.0f}us{m['torch_compile_call_us']:>10.0f}us"
+            f"{m['kiln_guard_us']:>8.1f}us ({m['kiln_guard_count']:>3d})"
+            f"{m['kiln_guard_one_expression_us']:>9.1f}us"
+        )
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--no-models", action="store_true")
+    p.add_argument("--calls", type=int, default=None, help="calls per timing sample (10 inputs)")
+    p.add_argument(
+        "--models",
+        default="all",
+        help=f"comma-separated from {','.join(HF_MODELS + TIMM_MODELS)} (timm_ prefix "
+        "accepted), 'all' (those whose package imports) or 'none'",
+    )
+    p.add_argument("--no-models", action="store_true", help="same as --models none")
+    p.add_argument("--quick", action="store_true", help="few timing calls: a smoke run")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: least noise)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    calls = a.calls or (200 if a.quick else 2000)
+    if a.no_models or a.models == "none":
+        requested: list[str] = []
+    elif a.models == "all":
+        requested = list(HF_MODELS + TIMM_MODELS)
+    else:
+        requested = [m.strip() for m in a.models.split(",") if m.strip()]
+    makers, skipped = available_models(requested)
     result = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "threads": a.threads,
-        "overhead_10_inputs": overhead(a.calls),
-        "models": {} if a.no_models else capture_times(),
+        "quick": a.quick,
+        "overhead_10_inputs": overhead(calls),
+        "models": {},
+        "skipped_models": skipped,
     }
+    for name, make in makers.items():
+        print(f"measuring {name} ...", flush=True)
+        result["models"][name] = measure_model(name, make, a.quick)
     o = result["overhead_10_inputs"]
-    print(f"Python {result['python']}, torch {result['torch']}")
+    print(f"\nPython {result['python']}, torch {result['torch']}")
     print(
         "\nPer-call time, 10 tensor inputs (8 floats each), cache hit, best of 5 x",
-        a.calls,
+        calls,
         "calls",
     )
     print(f"{'':28s}{'kiln-capture':>14s}{'torch.compile(eager)':>22s}")
@@ -228,28 +311,25 @@ def main() -> None:
         f"{'  as one expression':28s}{o['kiln_guard_one_expression_us']:>12.1f}us"
         "  (Python tensor checks, no hoisting: the previous form)"
     )
-    if result["models"]:
-        print("\nReal models (tiny configs, random weights, inference): capture = first call;")
-        print("kiln guards = the root entry's guard function (guard count), one expr. = the")
-        print("same guards as one expression with Python tensor checks (the previous form)")
-        print(
-            f"{'model':22s}{'kiln capture':>14s}{'torch.compile':>15s}{'graphs/breaks':>15s}{'eager call':>12s}{'kiln call':>11s}{'torch call':>12s}{'kiln guards':>19s}{'one expr.':>11s}"
-        )
-        for name, m in result["models"].items():
-            print(
-                f"{name:22s}{m['kiln_capture_s']:>13.3f}s{m['torch_compile_eager_capture_s']:>14.3f}s"
-                f"{str(m['kiln_graphs']) + '/' + str(m['kiln_breaks']):>15s}{m['eager_call_us']:>10.0f}us"
-                f"{m['kiln_call_us']:>9.0f}us{m['torch_compile_call_us']:>10.0f}us"
-                f"{m['kiln_guard_us']:>8.1f}us ({m['kiln_guard_count']:>3d})"
-                f"{m['kiln_guard_one_expression_us']:>9.1f}us"
-            )
-    path = os.path.join(
+    print_models(result["models"], skipped)
+    path = a.out or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results", "capture_overhead.json"
     )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\nwrote {path}")
+    failed = {
+        n: m
+        for n, m in result["models"].items()
+        if (m["kiln_graphs"], m["kiln_breaks"]) != (1, 0) or not m["max_abs_diff_vs_eager"] < 1e-3
+    }
+    for n, m in failed.items():
+        print(
+            f"FAIL {n}: {m['kiln_graphs']} graphs, {m['kiln_breaks']} breaks "
+            f"{m['kiln_break_reasons']}, max diff {m['max_abs_diff_vs_eager']:.2e}"
+        )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
