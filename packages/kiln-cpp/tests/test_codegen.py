@@ -287,3 +287,40 @@ def test_batch_one_fusions_match_eager():
     check_compiled(sm, [torch.randn(4, 64, 64), torch.randn(1, 1, 64, 64)], 1e-5)
     ids = torch.randint(0, 100, (1, 32))
     check_compiled(emb_ln, [torch.randn(100, 64), ids, torch.randn(64), torch.randn(64)], 1e-4)
+
+
+def test_large_rows_prefetch_the_next_row_and_stay_right():
+    """A row-wise kernel over a large input prefetches the next outer iteration's row (one
+    prefetch per cache line, guarded on the last row); weights read every row are not
+    prefetched. Rows with -inf and NaN still give eager's softmax."""
+    from kiln_inductor.testing import check_compiled
+
+    def sm(x):
+        return (aten._softmax.default(x, -1, False),)
+
+    def ln(x, w, b):
+        return (aten.native_layer_norm.default(x, [1024], w, b, 1e-5)[0],)
+
+    x = torch.randn(256, 1024)
+    (src,) = kernel_sources(sm, [x])
+    assert_in_order(
+        src,
+        [
+            "for (int64_t x0 = 0; x0 < 256L",
+            "if (x0 + 1 < 256L) for (int64_t pf = 0; pf < 1024L; pf += 16) "
+            "__builtin_prefetch(in_ptr0 + (((1024L * x0) + 1024L)) + pf);",
+            "reduction(max:acc0)",
+        ],
+    )
+    assert src.count("__builtin_prefetch(") == 1  # three loops read the row: one prefetch
+    ln_inputs = [x, torch.randn(1024), torch.randn(1024)]
+    (src,) = kernel_sources(ln, ln_inputs)
+    assert src.count("__builtin_prefetch(in_ptr0") == 1
+    assert "__builtin_prefetch(in_ptr1" not in src and "__builtin_prefetch(in_ptr2" not in src
+    x[3] = float("-inf")
+    x[5, :512] = float("-inf")
+    x[7, 100] = float("nan")
+    check_compiled(sm, [x], 1e-5)
+    check_compiled(ln, ln_inputs, 1e-4)
+    (small,) = kernel_sources(sm, [torch.randn(64, 1024)])  # 256 KiB: stays in L2
+    assert "__builtin_prefetch" not in small

@@ -39,6 +39,7 @@ from kiln_inductor.scheduler.fuse import Block, FusedGroup, loop_var_ranges
 
 from .config import read_cpp_config, stream_threshold
 from .cpp_ops import STORAGE_TYPES, CppValue, ctype, literal, print_index
+from .prefetch import plan_row_prefetch
 from .prelude import PRELUDE
 from .row_values import MAX_SCRATCH_BYTES, KernelOpsHandler, LoopScope, RowSharing
 from .streaming import plan_streamed_rows
@@ -181,6 +182,7 @@ class CppKernel:
 
         def body() -> None:
             self.scratch_declarations()
+            self.prefetch_next_rows()
             for b in g.blocks:
                 self.block(b, parallel=False)
 
@@ -253,6 +255,19 @@ class CppKernel:
             self.emit(f"alignas(64) {ctype(dtype)} {array}[{print_index(n)}];")
         for row in self.streamed.values():
             self.emit(f"alignas(64) float {row.array}[{print_index(row.length)}];")
+
+    def prefetch_next_rows(self) -> None:
+        """Prefetch the rows the next outer iteration reads (see prefetch.py)."""
+        g = self.group
+        last, extent = g.outer_vars[-1], g.outer[-1]
+        for row in plan_row_prefetch(g, self.buffers):
+            ptr = self.ptrs[row.buffer][0]
+            base, n = print_index(row.next_base), print_index(row.length)
+            self.emit(
+                f"if ({last} + 1 < {print_index(extent)}) "
+                f"for (int64_t pf = 0; pf < {n}; pf += {row.step}) "
+                f"__builtin_prefetch({ptr} + ({base}) + pf);"
+            )
 
     # -- pointwise ---------------------------------------------------------------------------
     def pointwise_body(self, block: Block) -> None:
