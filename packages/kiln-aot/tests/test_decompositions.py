@@ -97,6 +97,16 @@ CASES = {
         lambda x, y: (torch.cat([x, y], 1), torch.stack([x, y]), F.pad(x, (1, 2))),
         lambda: [r(3, 4), r(3, 4)],
     ),
+    "flip": (lambda x: torch.flip(x, (0, 2)) * 2, lambda: [r(3, 4, 5)]),
+    "cumsum": (lambda x, w: torch.cumsum(x * w, 1), lambda: [r(5, 30), r(5, 30)]),
+    "adaptive_avg_pool2d_channels_last": (
+        lambda x: F.adaptive_avg_pool2d(x * 2, 1),
+        lambda: [r(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)],
+    ),
+    "adaptive_avg_pool2d_none": (
+        lambda x: F.adaptive_avg_pool2d(x, (2, None)),
+        lambda: [r(2, 3, 5, 6)],
+    ),
     "sdpa": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         lambda: [r(2, 2, 5, 8), r(2, 2, 5, 8), r(2, 2, 5, 8)],

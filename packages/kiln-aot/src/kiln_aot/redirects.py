@@ -8,11 +8,14 @@ which the tracer keeps as one op (``core_ops.ATTENTION_OPS``) and autograd pairs
 math implementation. With ``fused_attention`` off it is sent to the math implementation
 here, so attention becomes matmuls, softmax and (when ``dropout_p > 0``) dropout on every
 device.
+
+``adaptive_avg_pool2d`` to 1x1 is a mean in C++, restrided in place (``as_strided_``,
+which a functional graph cannot hold) for a channels-last input; it is sent to the pooling
+op ``_adaptive_avg_pool2d`` itself, which keeps the input's memory format.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -39,6 +42,14 @@ def sdpa_math(
     )[0]
 
 
+def adaptive_avg_pool2d(input, output_size):
+    size = [output_size] * 2 if isinstance(output_size, int) else list(output_size)
+    size = [input.shape[i - 2] if n is None else n for i, n in enumerate(size)]
+    return aten._adaptive_avg_pool2d.default(input, size)
+
+
+REDIRECTS: dict[Any, Any] = {torch.nn.functional.adaptive_avg_pool2d: adaptive_avg_pool2d}
+
 # Redirected only while fused attention is off.
 MATH_ATTENTION_REDIRECTS: dict[Any, Any] = {
     torch.nn.functional.scaled_dot_product_attention: sdpa_math
@@ -57,8 +68,8 @@ class RedirectMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def redirect_mode() -> contextlib.AbstractContextManager:
-    """The torch-function mode a trace runs under (none while attention stays fused)."""
+def redirect_mode() -> RedirectMode:
+    """The torch-function mode a trace runs under."""
     if config.current().fused_attention:
-        return contextlib.nullcontext()
-    return RedirectMode(MATH_ATTENTION_REDIRECTS)
+        return RedirectMode(REDIRECTS)
+    return RedirectMode({**REDIRECTS, **MATH_ATTENTION_REDIRECTS})

@@ -61,6 +61,17 @@ def split_with_sizes(x, split_sizes, dim=0):
     return out
 
 
+@register(aten.flip.default, torch.ops.prims.rev.default)
+def flip(x, dims):
+    """Reversal along ``dims`` as ``index_select`` with a descending ``arange`` (the
+    backward of ``cumsum`` flips its gradient)."""
+    for d in _dims(x.dim(), dims):
+        n = x.shape[d]
+        index = aten.arange.start_step(n - 1, -1, -1, dtype=torch.int64, device=x.device)
+        x = aten.index_select.default(x, d, index)
+    return x
+
+
 @register(aten.unbind.int)
 def unbind(x, dim=0):
     dim = dim % x.dim()
