@@ -3,7 +3,8 @@
 #     run(command="bash benchmarks/gpu/final.sh", timeout_s=600)
 # 1. kiln-triton's GPU tests (direct launches, matmul templates, CUDA graphs, models;
 #    the op sweeps run in CI under Triton's interpreter and with QUICK=0 here),
-#    and, on the side (CPU only), kiln-capture's and kiln's suites on this Python (3.12);
+#    and, on the side (CPU only), kiln-capture's and kiln's suites on this Python (3.12)
+#    and benchmarks/capture_overhead.py over the HF and timm models;
 # 2. benchmarks/triton_kernels.py alone on the GPU (pointwise, softmax, layer_norm vs copy
 #    bandwidth; linear+GELU with and without the matmul template; reduce-overhead);
 # 3. benchmarks/gpu/suite.py: 10 models in bf16 and fp32 (+ GPT-2 forward+backward in
@@ -29,6 +30,10 @@ python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__ver
             -m "not slow and not gpu" > "$OUT/tests_${pkg}_py312.log" 2>&1
         echo "$pkg suite on $(python3 -V): $(tail -1 "$OUT/tests_${pkg}_py312.log")"
     done
+    # capture of HF and timm models (timm is installed here, not on the CPU machine)
+    timeout ${CAPTURE_TIMEOUT:-200} python3 benchmarks/capture_overhead.py --models all \
+        --out "$OUT/capture_overhead.json" > "$OUT/capture_overhead.log" 2>&1
+    echo "capture benchmark exit: $? (table in capture_overhead.log)"
 ) &
 SIDE=$!
 
@@ -48,5 +53,6 @@ timeout ${SUITE_TIMEOUT:-330} python3 benchmarks/gpu/suite.py --per-gpu ${PER_GP
     2>&1 | grep -v "^\[transformers" | tee "$OUT/suite.log" | grep -v "^\[[0-9]*/"
 wait $SIDE
 cat "$OUT/triton_kernels.txt" 2>/dev/null || tail -20 "$OUT/triton_kernels.log"
+grep -v "^\[" "$OUT/capture_overhead.log" | tail -14
 # the device tool brings back only a few files: pack the per-model ones into one archive
 ( cd "$OUT" && ls models_* >/dev/null 2>&1 && tar czf suite_models.tgz models_* && rm -f models_* )

@@ -198,7 +198,8 @@ def test_matmul_template_with_epilogue_under_max_autotune(tmp_path, monkeypatch,
         return choices[-1]
 
     monkeypatch.setattr(TemplateLauncher, "choose", record)
-    with torch.no_grad():
+    # the measured choice, even where the run turns autotuning off (final.sh does)
+    with torch.no_grad(), settings_scope(autotune=True):
         compiled = kiln_triton.compile_fx(fn, [x], mode="max-autotune-no-cudagraphs")
         for _ in range(2):
             x = torch.randn(512, 384, device=CUDA, dtype=dtype)
