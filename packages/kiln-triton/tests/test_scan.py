@@ -249,10 +249,6 @@ def test_position_ids_from_attention_mask_match_eager():
         torch.testing.assert_close(compiled(ids, mask2), model(ids, mask2))
 
 
-@pytest.mark.xfail(
-    raises=Exception,
-    reason="kiln-aot: cumsum's backward traces to prims.rev, which has no decomposition",
-)
 def test_cumsum_training_step_matches_eager():
     torch.manual_seed(0)
     w = torch.randn(5, 30, requires_grad=True)
