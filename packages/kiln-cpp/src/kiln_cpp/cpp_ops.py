@@ -339,6 +339,8 @@ class CppOpsHandler:
         if ctype(a.dtype) == "float":
             if name in ("floor", "ceil", "trunc", "round"):
                 return self._value(f"kiln::{fname}({a})", a.dtype)
+            if name == "exp":
+                return self._value(f"kiln_expf({a})", a.dtype)  # inlined: see the prelude
             return self._value(f"{fname}f({a})", a.dtype)
         if name in ("floor", "ceil", "trunc", "round", "lgamma"):
             return self._value(f"kiln::{fname}({a})", a.dtype)

@@ -36,7 +36,9 @@ from .prelude import SIMD_MATH_BINARY, SIMD_MATH_DOUBLE, SIMD_MATH_FLOAT
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _CALL = re.compile(r"^([A-Za-z_]\w*)\(")
-EXPENSIVE_CALLS = frozenset(SIMD_MATH_FLOAT + SIMD_MATH_DOUBLE + list(SIMD_MATH_BINARY))
+EXPENSIVE_CALLS = frozenset(
+    SIMD_MATH_FLOAT + SIMD_MATH_DOUBLE + list(SIMD_MATH_BINARY) + ["kiln_expf"]
+)
 MAX_SCRATCH_BYTES = 128 * 1024  # per scratch array, on each thread's stack
 
 
