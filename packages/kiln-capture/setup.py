@@ -3,7 +3,8 @@
 Metadata lives in pyproject.toml; this file only declares the extensions, because
 setuptools has no declarative form for C++ extensions:
 
-- ``kiln_capture._C`` (pybind11, no libtorch): the PEP 523 frame hook;
+- ``kiln_capture._C`` (pybind11, no libtorch): the PEP 523 frame hook and the native
+  attribute guards (``check_attrs``);
 - ``kiln_capture._tensor_guards`` (pybind11 + libtorch, optional): all tensor guards of a
   cache entry in one call. Built only when torch is importable at build time (install
   with ``--no-build-isolation``); without it guards check tensors in Python.
@@ -38,7 +39,7 @@ setup(
     ext_modules=[
         Pybind11Extension(
             "kiln_capture._C",
-            ["src/kiln_capture/csrc/module.cpp"],
+            ["src/kiln_capture/csrc/module.cpp", "src/kiln_capture/csrc/attr_guards.cpp"],
             cxx_std=17,
         ),
         *_tensor_guards(),

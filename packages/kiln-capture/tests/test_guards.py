@@ -413,3 +413,65 @@ def test_backward_hook_added_later_runs():
     m.register_full_backward_hook(lambda mod, gin, gout: seen.append(gout[0].shape))
     om(x).sum().backward()
     assert seen == [torch.Size([2, 3])]
+
+
+def test_native_attribute_check_compares_as_strictly_as_python():
+    check = guards.CHECK_ATTRS
+    if check is None:
+        pytest.skip("kiln_capture._C built without check_attrs")
+
+    class Obj:
+        @property
+        def computed(self):
+            return self.base * 2
+
+    o = Obj()
+    o.base, o.stride, o.hooks, o.kind = 3, (1, 2), {}, "zeros"
+    names = ("base", "stride", "hooks", "kind", "computed")
+    ok = (3, (1, 2), None, "zeros", 6)
+    assert check(o, names, b"eefee", ok)
+    for i, bad in [(0, 3.0), (0, True), (1, (1, 2.0)), (1, (True, 2)), (1, (1, 2, 3)), (4, 7)]:
+        values = list(ok)
+        values[i] = bad
+        assert not check(o, names, b"eefee", tuple(values)), (i, bad)
+        assert not guards.same_literal(getattr(o, names[i]), bad)
+    o.hooks[1] = print
+    assert not check(o, names, b"eefee", ok)
+    assert check(o, ("kind", "stride"), b"ti", (str, o.stride))
+    assert not check(o, ("missing",), b"e", (None,))  # a failed read is a miss
+
+
+class Strided(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, stride=(1, 1), padding=1)
+        self.norm = nn.BatchNorm2d(3).eval()
+
+    def forward(self, x):
+        return self.norm(self.conv(x)).relu()
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["stride", "padding_mode", "eps", "momentum_none", "hook", "training"],
+)
+def test_module_attribute_changes_seen_by_native_guards_recompile(change):
+    m = Strided().eval()
+    b = CountingBackend()
+    om = kiln_capture.optimize(b)(m)
+    x = torch.randn(1, 2, 8, 8)
+    torch.testing.assert_close(om(x), m(x))
+    if change == "stride":
+        m.conv.stride = (2, 2)
+    elif change == "padding_mode":
+        m.conv.padding_mode = "reflect"
+    elif change == "eps":
+        m.norm.eps = 0.5
+    elif change == "momentum_none":
+        m.norm.momentum = None
+    elif change == "hook":
+        m.norm.register_forward_pre_hook(lambda mod, args: (args[0] * 3,))
+    else:
+        m.norm.train()
+    torch.testing.assert_close(om(x), m(x))
+    assert len(b.graphs) == 2

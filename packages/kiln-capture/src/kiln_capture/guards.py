@@ -16,7 +16,22 @@ where an earlier guard would have evaluated it anyway, except inside a short-cir
 operand; a read that raises there fails the guard (the hook treats an exception as a
 miss), so the worst case is a recompile, never a wrong hit. The per-tensor checks
 (dtype, device, sizes, strides, requires_grad, dispatch keys) run in one native call
-over all tensors of the entry (``kiln_capture._C.check_tensors``).
+over all tensors of the entry (``kiln_capture._tensor_guards``).
+
+Design note: "native attribute guards"
+--------------------------------------
+Most guards of a model read one attribute of a module or config and compare it with
+what capture saw: a literal (``eps``, ``stride``, ``training``), a type, an identity, an
+empty hook table. A ResNet-50 has ~2,500 of them; as Python lines they cost ~1 ms a
+call. Each such guard also records (attribute, mode, value); ``compile`` gathers them by
+the object they read and emits one ``check_attrs(obj, names, modes, values)`` call per
+object (``csrc/attr_guards.cpp``) where the first of them stood. The native check reads
+each attribute with ``PyObject_GetAttr``, as the Python expression does, and compares
+as strictly: literals by type and value (tuples element by element, so ``1``, ``1.0``
+and ``True`` differ), types and identities by identity. A guard moved earlier reads an
+object that an earlier guard already read, so the design note above still holds. The
+Python expression of each guard stays for ``first_failure`` and for builds without
+``check_attrs``.
 """
 
 from __future__ import annotations
@@ -28,7 +43,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kiln_capture.sources import Source
+from kiln_capture import _C
+from kiln_capture.sources import AttrSource, Source
+
+CHECK_ATTRS = getattr(_C, "check_attrs", None)  # None: a build from before it existed
 
 try:
     from kiln_capture import _tensor_guards
@@ -51,6 +69,8 @@ class Guard:
     what: str  # readable description for explain() and the guards log
     tensor: str | None = None  # the tensor's source expression, for tensor checks
     native: bool = False  # also covered by the native tensor check (its type guard)
+    # attribute checks of one object: (object expression, ((name, mode, value), ...))
+    attrs: tuple[str, tuple[tuple[str, str, object], ...]] | None = None
 
 
 @dataclass
@@ -67,20 +87,35 @@ class GuardSet:
         self.consts.append(value)
         return f"__k_C[{len(self.consts) - 1}]"
 
-    def add(self, code: str, what: str, tensor: str | None = None, native: bool = False) -> bool:
+    def add(
+        self,
+        code: str,
+        what: str,
+        tensor: str | None = None,
+        native: bool = False,
+        attrs: tuple | None = None,
+    ) -> bool:
         """Record a guard; False when the same check was recorded before."""
         if code in self._seen:
             return False
         self._seen.add(code)
-        self.guards.append(Guard(code, what, tensor, native))
+        self.guards.append(Guard(code, what, tensor, native, attrs))
         return True
+
+    def _attr(self, src: Source, mode: str, value: object) -> tuple | None:
+        """The native form of a check on ``src`` when it reads an attribute."""
+        if not isinstance(src, AttrSource):
+            return None
+        return (src.base.expr(), ((src.name, mode, value),))
 
     # -- kinds -------------------------------------------------------------------------
 
     def type_is(self, src: Source, value: object) -> None:
         e = src.expr()
         self.add(
-            f"type({e}) is {self.const(type(value))}", f"type({e}) is {type(value).__qualname__}"
+            f"type({e}) is {self.const(type(value))}",
+            f"type({e}) is {type(value).__qualname__}",
+            attrs=self._attr(src, "t", type(value)),
         )
 
     def id_is(self, src: Source, value: object) -> None:
@@ -88,12 +123,34 @@ class GuardSet:
         self.add(
             f"{e} is {self.const(value)}",
             f"{e} is the object seen at capture ({type(value).__name__})",
+            attrs=self._attr(src, "i", value),
         )
+
+    def literal(self, src: Source, value: tuple) -> bool:
+        """A flat tuple of literals read as an attribute, as one check (type and value of
+        the tuple and of each element); False when ``src`` is not an attribute."""
+        if not isinstance(src, AttrSource) or CHECK_ATTRS is None:
+            return False
+        e = src.expr()
+        self.add(
+            f"__k_same_literal({e}, {self.const(value)})",
+            f"{e} == {value!r}",
+            attrs=self._attr(src, "e", value),
+        )
+        return True
 
     def const_eq(self, src: Source, value: object) -> None:
         e = src.expr()
         if value is None or isinstance(value, bool):
-            self.add(f"{e} is {value!r}", f"{e} is {value!r}")
+            self.add(f"{e} is {value!r}", f"{e} is {value!r}", attrs=self._attr(src, "e", value))
+            return
+        if isinstance(src, AttrSource) and not (isinstance(value, float) and value != value):
+            t = self.const(type(value))
+            if type(value) in CONST_TYPES and value not in (float("inf"), float("-inf")):
+                code = f"type({e}) is {t} and {e} == {value!r}"
+            else:
+                code = f"type({e}) is {t} and {e} == {self.const(value)}"
+            self.add(code, f"{e} == {value!r}", attrs=self._attr(src, "e", value))
             return
         self.type_is(src, value)
         if isinstance(value, float) and value != value:
@@ -137,26 +194,29 @@ class GuardSet:
 
     def no_hooks(self, src: Source) -> None:
         e = src.expr()
+        tables = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
         self.add(
-            f"not ({e}._forward_hooks or {e}._forward_pre_hooks"
-            f" or {e}._backward_hooks or {e}._backward_pre_hooks)",
+            f"not ({' or '.join(f'{e}.{t}' for t in tables)})",
             f"{e} has no hooks",
+            attrs=(e, tuple((t, "f", None) for t in tables)),
         )
 
     def no_backward_hooks(self, src: Source) -> None:
         e = src.expr()
+        tables = ("_backward_hooks", "_backward_pre_hooks")
         self.add(
-            f"not ({e}._backward_hooks or {e}._backward_pre_hooks)",
+            f"not ({' or '.join(f'{e}.{t}' for t in tables)})",
             f"{e} has no backward hooks",
+            attrs=(e, tuple((t, "f", None) for t in tables)),
         )
 
     # -- compilation -------------------------------------------------------------------
 
     def compile(self, params: list[str], globals_dict: dict) -> types.FunctionType:
         if self.native is None:
-            conds = [g.code for g in self.guards]
+            conds = self._conditions(self.guards)
         else:  # every tensor in one native call, after the other guards passed
-            conds = [g.code for g in self.guards if g.tensor is None and not g.native]
+            conds = self._conditions([g for g in self.guards if g.tensor is None and not g.native])
             tensors = [g.tensor for g in self.guards if g.tensor is not None]
             if tensors:
                 conds.append(f"__k_tensors({', '.join(tensors)})")
@@ -167,17 +227,47 @@ class GuardSet:
             "__k_G": globals_dict,
             "__k_tensor_check": tensor_check,
             "__k_tensors": self.native.check if self.native is not None else None,
+            "__k_attrs": CHECK_ATTRS,
+            "__k_same_literal": same_literal,
         }
         exec(compile(src, "<kiln guard>", "exec"), ns)
         fn = ns["__guard"]
         fn.__kiln_source__ = src
         return fn
 
+    def _conditions(self, guards: list[Guard]) -> list[str]:
+        """Guard expressions in order, with the attribute checks of each object gathered
+        into one native call where the first of them stood (design note above)."""
+        if CHECK_ATTRS is None:
+            return [g.code for g in guards]
+        conds: list[str | None] = []
+        groups: dict[str, tuple[int, list]] = {}
+        for g in guards:
+            if g.attrs is None:
+                conds.append(g.code)
+                continue
+            base, entries = g.attrs
+            if base not in groups:
+                groups[base] = (len(conds), [])
+                conds.append(None)
+            groups[base][1].extend(entries)
+        for base, (i, entries) in groups.items():
+            names = self.const(tuple(n for n, _, _ in entries))
+            modes = self.const("".join(m for _, m, _ in entries).encode())
+            values = self.const(tuple(v for _, _, v in entries))
+            conds[i] = f"__k_attrs({base}, {names}, {modes}, {values})"
+        return [c for c in conds if c is not None]
+
     def first_failure(
         self, fn_obj: object, params: list[str], args: tuple, globals_dict: dict
     ) -> str:
         """Describe the first guard that fails for ``args`` (for the recompiles log)."""
-        ns = {"__k_C": self.consts, "__k_G": globals_dict, "__k_tensor_check": tensor_check}
+        ns = {
+            "__k_C": self.consts,
+            "__k_G": globals_dict,
+            "__k_tensor_check": tensor_check,
+            "__k_same_literal": same_literal,
+        }
         ns.update(zip(params, args, strict=True))
         ns["__k_fn"] = fn_obj
         tensors = []
@@ -286,3 +376,15 @@ def tensor_check(t, dtype, device, shape, stride, requires_grad) -> bool:
         and t.stride() == stride
         and t.requires_grad is requires_grad
     )
+
+
+def same_literal(value: object, expected: object) -> bool:
+    """What ``check_attrs`` mode 'e' computes: identical, or the same type and equal,
+    tuples element by element."""
+    if value is expected:
+        return True
+    if type(value) is not type(expected):
+        return False
+    if type(expected) is tuple:
+        return len(value) == len(expected) and all(map(same_literal, value, expected))
+    return value == expected

@@ -81,6 +81,9 @@ def is_torch_callable(value: object) -> bool:
     return False
 
 
+_FLAT_LITERALS = frozenset({int, float, bool, str, type(None)})
+
+
 class OutputGraph:
     def __init__(self, globals_dict: dict) -> None:
         self.graph = fx.Graph()
@@ -181,6 +184,13 @@ class OutputGraph:
             and type(value) in (tuple, list)
             or (isinstance(value, tuple) and hasattr(type(value), "_fields"))
         ):
+            if (
+                rooted
+                and type(value) is tuple
+                and all(type(v) in _FLAT_LITERALS for v in value)
+                and g.literal(source, value)
+            ):  # an attribute like a conv's stride: one check of the whole tuple
+                return TupleVar([ConstVar(v) for v in value], source)
             if rooted:
                 g.type_is(source, value)
                 g.length(source, len(value))

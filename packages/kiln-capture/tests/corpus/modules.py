@@ -298,3 +298,11 @@ def grad_mode_decorators_nested(x):
     with torch.no_grad():
         b = _enable_grad_deco(x)
     return a, b, a.requires_grad, b.requires_grad
+
+
+_REFLECT_CONV = nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect")
+
+
+@case(args=lambda: (T(1, 2, 6, 6),))
+def reflect_padded_conv(x):  # its forward calls _pair(0): itertools.repeat with a count
+    return _REFLECT_CONV(x).relu()

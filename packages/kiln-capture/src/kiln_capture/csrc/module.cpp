@@ -159,7 +159,10 @@ py::tuple built_for_python() {
 
 }  // namespace
 
+int kiln_add_attr_guards(PyObject* module);  // attr_guards.cpp
+
 PYBIND11_MODULE(_C, m) {
+  if (kiln_add_attr_guards(m.ptr()) < 0) throw py::error_already_set();
   m.doc() = "Native part of kiln-capture: the PEP 523 frame evaluation hook.";
   m.def("built_for_python", &built_for_python,
         "The (major, minor) CPython version this extension was compiled for.");

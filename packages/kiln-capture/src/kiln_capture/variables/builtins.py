@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import itertools
 import math
 import operator
 
@@ -437,7 +438,15 @@ def _object_setattr(tx, obj, name, value) -> Var:
     return ConstVar(None)
 
 
+def _repeat(tx, value, times=None) -> Var:
+    """``itertools.repeat(x, n)`` with a known count (``torch.nn.modules.utils._pair``)."""
+    if times is None or not times.is_const():
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "itertools.repeat without a known count")
+    return IteratorVar([value] * max(int(times.as_const()), 0))
+
+
 _HANDLERS = {
+    itertools.repeat: _repeat,
     len: _len,
     isinstance: _isinstance,
     issubclass: _issubclass,

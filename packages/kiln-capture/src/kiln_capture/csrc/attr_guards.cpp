@@ -1,0 +1,80 @@
+// Attribute guards of one object in one call (see guards.py, "native attribute guards").
+//
+// check_attrs(obj, names, modes, expected) reads each attribute with PyObject_GetAttr
+// (exactly what the Python guard ``obj.name`` does: descriptors, instance dict, class,
+// __getattr__) and compares it with the value recorded at capture, by mode:
+//   'e'  same literal: identical, or same type and equal (tuples element by element,
+//        each element's type too, so 1, 1.0 and True stay distinct)
+//   'f'  falsy (an empty hook dict)
+//   't'  its type is expected[i]
+//   'i'  identical to expected[i]
+// An attribute that cannot be read fails the check (as a raising Python guard does).
+#include <Python.h>
+
+namespace {
+
+int same_literal(PyObject* v, PyObject* e) {
+  if (v == e) return 1;
+  if (Py_TYPE(v) != Py_TYPE(e)) return 0;
+  if (PyTuple_CheckExact(e)) {
+    Py_ssize_t n = PyTuple_GET_SIZE(e);
+    if (PyTuple_GET_SIZE(v) != n) return 0;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      int r = same_literal(PyTuple_GET_ITEM(v, i), PyTuple_GET_ITEM(e, i));
+      if (r != 1) return r;
+    }
+    return 1;
+  }
+  return PyObject_RichCompareBool(v, e, Py_EQ);
+}
+
+PyObject* check_attrs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyTuple_CheckExact(args[1]) || !PyBytes_CheckExact(args[2]) ||
+      !PyTuple_CheckExact(args[3])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "check_attrs(obj, names: tuple, modes: bytes, expected: tuple)");
+    return nullptr;
+  }
+  PyObject* obj = args[0];
+  PyObject* names = args[1];
+  const char* modes = PyBytes_AS_STRING(args[2]);
+  PyObject* expected = args[3];
+  Py_ssize_t n = PyTuple_GET_SIZE(names);
+  if (PyBytes_GET_SIZE(args[2]) != n || PyTuple_GET_SIZE(expected) != n) {
+    PyErr_SetString(PyExc_ValueError, "check_attrs: names, modes and expected differ in length");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* v = PyObject_GetAttr(obj, PyTuple_GET_ITEM(names, i));
+    if (v == nullptr) {
+      PyErr_Clear();
+      Py_RETURN_FALSE;
+    }
+    PyObject* e = PyTuple_GET_ITEM(expected, i);
+    int ok;
+    switch (modes[i]) {
+      case 'e': ok = same_literal(v, e); break;
+      case 'f': ok = PyObject_IsTrue(v); ok = ok < 0 ? -1 : !ok; break;
+      case 't': ok = reinterpret_cast<PyObject*>(Py_TYPE(v)) == e; break;
+      case 'i': ok = v == e; break;
+      default: ok = -1; PyErr_SetString(PyExc_ValueError, "check_attrs: unknown mode");
+    }
+    Py_DECREF(v);
+    if (ok < 0) {
+      PyErr_Clear();
+      Py_RETURN_FALSE;
+    }
+    if (!ok) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+PyMethodDef methods[] = {
+    {"check_attrs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check_attrs)),
+     METH_FASTCALL,
+     "check_attrs(obj, names, modes, expected) -> bool: attribute guards of one object."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+int kiln_add_attr_guards(PyObject* module) { return PyModule_AddFunctions(module, methods); }
