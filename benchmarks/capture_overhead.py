@@ -47,6 +47,7 @@ def one_expression_guard(entry):
         "__k_C": entry.guard_set.consts,
         "__k_G": entry.globals,
         "__k_tensor_check": guards.tensor_check,
+        "__k_same_literal": getattr(guards, "same_literal", None),
     }
     exec(compile(src, "<one-expression guard>", "exec"), ns)
     return ns["__guard"]
