@@ -1,6 +1,6 @@
 """Host time of one kernel launch through kiln-triton's direct launch path, on the CPU.
 
-    python packages/kiln-triton/benchmarks/launch_overhead.py [--calls 200000]
+    python benchmarks/triton_launch_overhead.py [--calls 200000]
 
 A direct launch (runtime/direct.py) checks the 16-byte alignment of some arguments, checks
 for launch hooks, reads the current stream and calls the kernel's compiled launcher. This
@@ -11,7 +11,7 @@ backend named the arguments to check), for one (a kernel reading one graph input
 for none (a kernel reading only intermediates). It also counts, over the kernels of
 kiln_triton.testing.SmallGPT's inference graph (compiled for CPU tensors through Triton's
 interpreter; nothing is run), how many arguments each call still checks. Prints tables;
-JSON goes to benchmarks/results/launch_overhead.json.
+JSON goes to benchmarks/results/triton_launch_overhead.json.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def main() -> None:
         f"SmallGPT forward: {gpt['kernels']} kernels, {gpt['arguments']} arguments per call, "
         f"{gpt['checked']} checked (graph inputs and ATen results; was {gpt['arguments']})"
     )
-    out = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "launch_overhead.json"
+    out = Path(__file__).resolve().parent / "results" / "triton_launch_overhead.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps({"calls": ns.calls, "args": n, "rows": rows, "small_gpt": gpt}, indent=1)
