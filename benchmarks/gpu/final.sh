@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything this project measures on the GPU, in one call of the device tool (~8 min):
 #     run(command="bash benchmarks/gpu/final.sh", timeout_s=600)
-# 1. kiln-triton's GPU tests (direct launches, matmul templates, CUDA graphs, models;
+# 1. kiln-triton's and kiln-aot's GPU tests (direct launches, matmul templates, CUDA graphs, scans,
+#    fused attention, models;
 #    the op sweeps run in CI under Triton's interpreter and with QUICK=0 here),
 #    and, on the side (CPU only), kiln-capture's and kiln's suites on this Python (3.12)
 #    and benchmarks/capture_overhead.py over the HF and timm models;
@@ -42,6 +43,10 @@ if [ "${QUICK:-1}" = "1" ]; then SELECT=(-k "not sweep"); fi
 KILN_TRITON_TEST_GPU=1 KILN_TRITON_AUTOTUNE=0 timeout ${TEST_TIMEOUT:-200} python3 -m pytest \
     packages/kiln-triton/tests -m gpu ${SELECT[@]+"${SELECT[@]}"} -q -p no:warnings \
     -p no:cacheprovider -ra 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+# kiln-aot's CUDA tests (fused attention, dropout, cuDNN batch norm) in their own run: both
+# packages have a test_gpu.py
+timeout ${TEST_TIMEOUT:-200} python3 -m pytest packages/kiln-aot/tests -m gpu -q -p no:warnings \
+    -p no:cacheprovider -ra 2>&1 | tee "$OUT/gpu_tests_aot.log" | tail -3
 
 timeout ${KERNEL_TIMEOUT:-240} python3 benchmarks/triton_kernels.py --out "$OUT" \
     > "$OUT/triton_kernels.log" 2>&1
