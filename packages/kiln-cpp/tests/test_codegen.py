@@ -37,8 +37,9 @@ def assert_in_order(text: str, fragments: list[str]) -> None:
 
 
 def test_softmax_kernel_shape(monkeypatch):
-    """One kernel, three loops per row: max, sum of exp (kept in a per-row scratch array),
-    then the exp read back times the reciprocal of the sum (exp is computed once)."""
+    """One kernel, three loops per row: max, sum of exp (kept in a per-row scratch array,
+    summed in partial sums), then the exp read back times the reciprocal of the sum (exp is
+    computed once)."""
     monkeypatch.setenv("KILN_CPP_STREAM_BYTES", "0")  # ordinary stores, on any cache size
     (src,) = kernel_sources(
         lambda x: (aten._softmax.default(x, -1, False),), [torch.randn(4096, 1024)]
@@ -54,9 +55,13 @@ def test_softmax_kernel_shape(monkeypatch):
             "int acc0_nan = 0;",
             "#pragma omp simd reduction(max:acc0) reduction(|:acc0_nan)",
             "kiln::max<float>",
-            "#pragma omp simd reduction(+:",
-            "expf(",
+            "_p[32] = {};",  # the sum of exp in 32 partial sums
+            "c_q0_0 += 32",
+            "#pragma omp simd",
+            "kiln_expf(",
             "scr0[q0_0] = ",
+            "_p[q0_0 - c_q0_0] = ",
+            "#pragma omp simd reduction(+:",
             "#pragma omp simd",
             "= scr0[q0_0];",
             "(1.0f / acc",
@@ -324,3 +329,27 @@ def test_large_rows_prefetch_the_next_row_and_stay_right():
     check_compiled(ln, ln_inputs, 1e-4)
     (small,) = kernel_sources(sm, [torch.randn(64, 1024)])  # 256 KiB: stays in L2
     assert "__builtin_prefetch" not in small
+
+
+def test_row_sums_use_partial_sums_and_stay_right():
+    """Sums along a row of a multiple of 32 (>= 64) go to 32 partial sums (independent
+    vector adds), others keep one accumulator; float64 too; results match eager, inf/NaN
+    included."""
+    from kiln_inductor.testing import check_compiled
+
+    def fn(x):
+        s = aten.sum.dim_IntList(x, [-1])
+        return (s, aten.mul.Tensor(x, aten.unsqueeze.default(s, -1)))
+
+    (src,) = kernel_sources(fn, [torch.randn(16, 96)])
+    assert_in_order(src, ["float acc0_p[32] = {};", "c_q", "+= 32", "#pragma omp simd"])
+    (src,) = kernel_sources(fn, [torch.randn(16, 48)])
+    assert "_p[32]" not in src
+    (src,) = kernel_sources(fn, [torch.randn(16, 64, dtype=torch.float64)])
+    assert "double acc0_p[32] = {};" in src
+    x = torch.randn(16, 96)
+    x[2, 5] = float("inf")
+    x[3, 7] = float("nan")
+    x[4, 1], x[4, 90] = float("inf"), float("-inf")
+    check_compiled(fn, [x], 1e-5)
+    check_compiled(fn, [torch.randn(16, 64, dtype=torch.float64)], 1e-12)
