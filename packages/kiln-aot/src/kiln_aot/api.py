@@ -37,18 +37,14 @@ Compiler = Callable[[fx.GraphModule, list], Callable]
 
 
 def _signature(flat: Sequence[Any], need_grad: bool, extra: Any) -> tuple:
+    """The plan cache's key. Runs on every call, over every input (a model's parameters
+    too): ``torch.Size`` and the stride tuple are hashed as they come (no copies)."""
     parts: list[Any] = [need_grad, extra]
+    tensor = torch.Tensor
     for a in flat:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, tensor):
             parts.append(
-                (
-                    tuple(a.shape),
-                    tuple(a.stride()),
-                    a.storage_offset(),
-                    a.dtype,
-                    a.device,
-                    a.requires_grad,
-                )
+                (a.shape, a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad)
             )
         else:
             try:
