@@ -1,6 +1,6 @@
 """kiln-cpp vs eager vs torch.compile (Inductor's CPU backend), side by side.
 
-    python benchmarks/cpp_kernels.py [--quick] [--no-torch-compile]
+    python benchmarks/cpp_kernels.py [--quick] [--no-torch-compile] [--threads N]
 
 Rows: an 8-op pointwise chain over 16M float32 (goal: >= 3x eager), softmax and layer_norm
 over (4096, 1024) (goal: faster than eager), a ResNet-style conv net, an MLP-Mixer and
@@ -9,8 +9,10 @@ the compile time per graph and the number of kernels. Then a second Python proce
 warm cache compiles the same graphs and must build no kernel.
 
 Eager and kiln-cpp are timed interleaved (call one, then the other, N times), so a busy
-neighbour slows both alike; the table shows medians, the JSON also the minimum and the
-median of the per-pair ratios. Prints a table and writes benchmarks/results/cpp_kernels.json.
+neighbour slows both alike; fast rows get more pairs (about 2 s of timing each, 0.5 s with
+--quick); the table shows medians, the JSON also the minimum and the median of the per-pair
+ratios. ``--threads N`` sets torch's (and so kiln's: one libgomp) OpenMP thread count.
+Prints a table and writes benchmarks/results/cpp_kernels.json (cpp_kernels_t<N>.json).
 """
 
 from __future__ import annotations
@@ -84,11 +86,18 @@ def timeit(fn, args, reps: int) -> dict:
     return {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3}
 
 
-def time_pair(f, g, args, reps: int) -> tuple[dict, dict, float]:
-    """Time ``f`` and ``g`` interleaved; returns their stats and the median of f/g ratios."""
+def time_pair(f, g, args, reps: int, budget_s: float) -> tuple[dict, dict, float]:
+    """Time ``f`` and ``g`` interleaved; returns their stats and the median of f/g ratios.
+    Fast workloads get more pairs (up to ``budget_s`` of timing, at most 10x ``reps``): on a
+    shared machine the median of many pairs is what stays put."""
     for _ in range(2):
         f(*args)
         g(*args)
+    t = time.perf_counter()
+    f(*args)
+    g(*args)
+    pair_s = time.perf_counter() - t
+    reps = max(reps, min(10 * reps, int(budget_s / max(pair_s, 1e-9))))
     tf, tg = [], []
     for _ in range(reps):
         t = time.perf_counter()
@@ -102,7 +111,7 @@ def time_pair(f, g, args, reps: int) -> tuple[dict, dict, float]:
         return {"median_ms": statistics.median(ts) * 1e3, "min_ms": min(ts) * 1e3}
 
     ratio = statistics.median(a / b for a, b in zip(tf, tg))
-    return stats(tf), stats(tg), ratio
+    return stats(tf) | {"pairs": reps}, stats(tg), ratio
 
 
 def first(out):
@@ -144,8 +153,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: torch's)")
     ap.add_argument("--warm-check", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.warm_check:
         warm_check(args.quick)
         return
@@ -163,10 +175,11 @@ def main() -> None:
             row["kiln_graph_compile_s"] = [round(g["total_s"], 3) for g in graphs]
             row["kiln_kernels"] = sum(g["kernels"] for g in graphs)
             torch.testing.assert_close(first(kfn(*inputs)), expected, rtol=1e-4, atol=1e-4)
-            eager, kiln, ratio = time_pair(fn, kfn, inputs, reps)
+            eager, kiln, ratio = time_pair(fn, kfn, inputs, reps, 0.5 if args.quick else 2.0)
             row["eager_ms"], row["kiln_ms"] = eager["median_ms"], kiln["median_ms"]
             row["eager_min_ms"], row["kiln_min_ms"] = eager["min_ms"], kiln["min_ms"]
             row["speedup_vs_eager"] = ratio  # median of per-pair eager/kiln ratios
+            row["pairs_timed"] = eager["pairs"]
             results.append(row)
             print(f"  done: {name}", file=sys.stderr)
         # torch.compile last: Inductor leaves compile workers and kernels behind that would
@@ -194,7 +207,7 @@ def main() -> None:
         else {"error": proc.stderr[-2000:]}
     )
     print_table(results, warm)
-    out = HERE / "results" / "cpp_kernels.json"
+    out = HERE / "results" / f"cpp_kernels{f'_t{args.threads}' if args.threads else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "timing": "medians; eager and kiln interleaved; speedup = median of per-pair ratios",
