@@ -440,6 +440,24 @@ def test_native_attribute_check_compares_as_strictly_as_python():
     assert check(o, ("kind", "stride"), b"ti", (str, o.stride))
     assert not check(o, ("missing",), b"e", (None,))  # a failed read is a miss
 
+    class Fallback:  # attributes found by __getattr__ after the generic lookup misses
+        def __getattr__(self, name):
+            if name == "virtual":
+                return 5
+            raise AttributeError(name)
+
+    class Custom:  # a __getattribute__ of its own is always called
+        def __getattribute__(self, name):
+            return 7
+
+    f, c = Fallback(), Custom()
+    f.real = 1
+    assert check(f, ("real", "virtual"), b"ee", (1, 5))
+    assert not check(f, ("virtual",), b"e", (6,)) and not check(f, ("nope",), b"e", (None,))
+    assert check(c, ("anything",), b"e", (7,))
+    lin = nn.Linear(2, 2)
+    assert check(lin, ("weight", "in_features"), b"ie", (lin.weight, 2))  # via Module.__getattr__
+
 
 class Strided(nn.Module):
     def __init__(self):

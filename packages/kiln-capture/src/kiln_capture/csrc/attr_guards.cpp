@@ -1,8 +1,7 @@
 // Attribute guards of one object in one call (see guards.py, "native attribute guards").
 //
-// check_attrs(obj, names, modes, expected) reads each attribute with PyObject_GetAttr
-// (exactly what the Python guard ``obj.name`` does: descriptors, instance dict, class,
-// __getattr__) and compares it with the value recorded at capture, by mode:
+// check_attrs(obj, names, modes, expected) reads each attribute as the Python guard
+// ``obj.name`` does (descriptors, instance dict, class, then __getattr__) and compares it with the value recorded at capture, by mode:
 //   'e'  same literal: identical, or same type and equal (tuples element by element,
 //        each element's type too, so 1, 1.0 and True stay distinct)
 //   'f'  falsy (an empty hook dict)
@@ -28,6 +27,29 @@ int same_literal(PyObject* v, PyObject* e) {
   return PyObject_RichCompareBool(v, e, Py_EQ);
 }
 
+PyObject* getattribute_name = nullptr;  // interned "__getattribute__"
+
+// Whether reading obj's attributes may skip the type's __getattr__ hook on a hit: its
+// __getattribute__ is object's, so the hook itself would run the generic lookup first
+// (CPython's slot_tp_getattr_hook); a miss still goes through PyObject_GetAttr.
+bool generic_first(PyObject* obj) {
+  PyTypeObject* tp = Py_TYPE(obj);
+  if (tp->tp_getattro == PyObject_GenericGetAttr) return true;
+  PyObject* ga = _PyType_Lookup(tp, getattribute_name);
+  return ga != nullptr && Py_IS_TYPE(ga, &PyWrapperDescr_Type) &&
+         reinterpret_cast<PyWrapperDescrObject*>(ga)->d_wrapped ==
+             reinterpret_cast<void*>(PyObject_GenericGetAttr);
+}
+
+PyObject* read_attr(PyObject* obj, PyObject* name, bool generic) {
+  if (generic) {
+    PyObject* v = PyObject_GenericGetAttr(obj, name);
+    if (v != nullptr || !PyErr_ExceptionMatches(PyExc_AttributeError)) return v;
+    PyErr_Clear();
+  }
+  return PyObject_GetAttr(obj, name);
+}
+
 PyObject* check_attrs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4 || !PyTuple_CheckExact(args[1]) || !PyBytes_CheckExact(args[2]) ||
       !PyTuple_CheckExact(args[3])) {
@@ -40,12 +62,13 @@ PyObject* check_attrs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const char* modes = PyBytes_AS_STRING(args[2]);
   PyObject* expected = args[3];
   Py_ssize_t n = PyTuple_GET_SIZE(names);
+  bool generic = generic_first(obj);
   if (PyBytes_GET_SIZE(args[2]) != n || PyTuple_GET_SIZE(expected) != n) {
     PyErr_SetString(PyExc_ValueError, "check_attrs: names, modes and expected differ in length");
     return nullptr;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* v = PyObject_GetAttr(obj, PyTuple_GET_ITEM(names, i));
+    PyObject* v = read_attr(obj, PyTuple_GET_ITEM(names, i), generic);
     if (v == nullptr) {
       PyErr_Clear();
       Py_RETURN_FALSE;
@@ -77,4 +100,8 @@ PyMethodDef methods[] = {
 
 }  // namespace
 
-int kiln_add_attr_guards(PyObject* module) { return PyModule_AddFunctions(module, methods); }
+int kiln_add_attr_guards(PyObject* module) {
+  getattribute_name = PyUnicode_InternFromString("__getattribute__");
+  if (getattribute_name == nullptr) return -1;
+  return PyModule_AddFunctions(module, methods);
+}
