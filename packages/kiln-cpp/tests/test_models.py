@@ -3,6 +3,8 @@ a ResNet-style conv net, an MLP-Mixer, GPT-2 and LLaMA (transformers, random wei
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from models import MLPMixer, ResNet, gpt2, llama, logits_fn
@@ -38,10 +40,15 @@ def test_mlp_mixer():
     _check(MLPMixer().eval(), [torch.randn(2, 3, 32, 32)])
 
 
-def test_gpt2():
+def test_gpt2(monkeypatch, tmp_path):
+    """Also: storage reused for buffers only kernels read is the reused tensor itself (no
+    as_strided view per call), and the results stay right."""
     pytest.importorskip("transformers")
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
     torch.manual_seed(0)
     _check(logits_fn(gpt2()), [torch.randint(0, 512, (2, 24))])
+    wrappers = "\n".join(p.read_text() for p in tmp_path.glob("graph*/wrapper.py"))
+    assert re.search(r"^ +buf\d+ = buf\d+; del buf\d+$", wrappers, re.M), wrappers
 
 
 @pytest.mark.slow

@@ -31,6 +31,12 @@ class WrapperCodegen:
         self.ir, self.steps, self.plan, self.backend = ir, steps, plan, backend
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided}
         self.lines: list[str] = []
+        # buffers something other than a generated kernel sees (extern and fallback ops, the
+        # caller): these need tensors of their own size and strides
+        self.seen_as_tensors = {o.buffer.name for o in ir.outputs if isinstance(o, StorageView)}
+        for step in steps:
+            if isinstance(step, ExternKernel):
+                self.seen_as_tensors.update(step.input_buffers())
 
     def _global(self, prefix: str, value: Any) -> str:
         for k, v in self.globals.items():
@@ -50,6 +56,11 @@ class WrapperCodegen:
 
     def _alloc(self, name: str, reuse: str | None, kind: str) -> str:
         lay: Layout = self.ir.buffers[name].layout
+        if reuse is not None and name not in self.seen_as_tensors:
+            # only kernels read it, by their own indexing from its first element: the reused
+            # tensor itself will do (an as_strided view costs microseconds per call)
+            line = f"{name} = {reuse}"
+            return line + (f"; del {reuse}" if kind == "pool" else "  # in place")
         if reuse is not None:
             line = f"{name} = {reuse}.as_strided({_tuple(lay.size)}, {_tuple(lay.stride)}, 0)"
             return line + (f"; del {reuse}" if kind == "pool" else "  # in place")

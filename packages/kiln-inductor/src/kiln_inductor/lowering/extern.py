@@ -23,6 +23,7 @@ register_extern(
     aten.mv,
     aten.dot,
     aten.convolution,
+    aten.embedding_dense_backward,  # kept whole by kiln-aot: eager's sorted, parallel kernel
 )
 
 # Fused attention: kiln-aot keeps the kernel scaled_dot_product_attention picks (and its
