@@ -232,20 +232,8 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return aten.view.default(rows, [*indices.shape, weight.shape[1]])
 
 
-@register(aten.embedding_dense_backward.default)
-def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
-    if scale_grad_by_freq:
-        return NotImplemented
-    dim = grad.shape[-1]
-    flat_idx = aten.view.default(indices, [-1])
-    flat_grad = aten.view.default(grad, [-1, dim])
-    if padding_idx >= 0:
-        pad = aten.unsqueeze.default(aten.eq.Scalar(flat_idx, padding_idx), 1)
-        flat_grad = aten.where.self(
-            pad, aten.scalar_tensor.default(0, dtype=grad.dtype, device=grad.device), flat_grad
-        )
-    zeros = aten.full.default([num_weights, dim], 0, dtype=grad.dtype, device=grad.device)
-    return aten.index_put.default(zeros, [flat_idx], flat_grad, True)
+# embedding_dense_backward is kept whole (core_ops.KEPT_OPS): eager's kernel sorts the
+# indices and sums rows in parallel, where zeros + index_put(accumulate) clones the table.
 
 
 @register(aten.threshold_backward.default)
