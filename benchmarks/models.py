@@ -231,6 +231,7 @@ def worker(
         entry: dict = {}
         candidate = copy.deepcopy(model)
         try:
+            before = _graph_counts(cname)  # counters are per process: count this compiler's
             compiled = _compile(cname, candidate)
             t0 = time.perf_counter()
             got_out, got_grads = runner.step(compiled, args)
@@ -240,7 +241,7 @@ def worker(
             ok_grad, err_grad = _close(got_grads, want_grads, dtype)
             entry["correct"] = ok_out and ok_grad
             entry["max_rel_err"] = max(err_out, err_grad)
-            entry.update(_graph_counts(cname))
+            entry.update({k: v - before[k] for k, v in _graph_counts(cname).items()})
             compiled_models[cname] = compiled
         except Exception as e:  # a failing compiler is a result, not a crash of the suite
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
