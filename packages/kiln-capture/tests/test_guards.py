@@ -416,9 +416,12 @@ def test_backward_hook_added_later_runs():
 
 
 def test_native_attribute_check_compares_as_strictly_as_python():
-    check = guards.CHECK_ATTRS
-    if check is None:
+    native = guards.CHECK_ATTRS
+    if native is None:
         pytest.skip("kiln_capture._C built without check_attrs")
+
+    def check(obj, names, modes, values):
+        return native(obj, names, b"a" * len(names), modes, values)
 
     class Obj:
         @property
@@ -457,6 +460,16 @@ def test_native_attribute_check_compares_as_strictly_as_python():
     assert check(c, ("anything",), b"e", (7,))
     lin = nn.Linear(2, 2)
     assert check(lin, ("weight", "in_features"), b"ie", (lin.weight, 2))  # via Module.__getattr__
+    # items and closure cells
+    table, k = {"a": (1, 2), 3: None}, 4
+
+    def closure():
+        return k
+
+    assert native(table, ("a", 3), b"kk", b"ee", ((1, 2), None))
+    assert not native(table, ("b",), b"k", b"e", (None,))  # KeyError: a miss
+    assert native(closure, (0,), b"c", b"e", (4,)) and not native(closure, (0,), b"c", b"e", (5,))
+    assert not native(closure, (1,), b"c", b"e", (4,)) and not native(len, (0,), b"c", b"e", (4,))
 
 
 class Strided(nn.Module):

@@ -20,15 +20,17 @@ over all tensors of the entry (``kiln_capture._tensor_guards``).
 
 Design note: "native attribute guards"
 --------------------------------------
-Most guards of a model read one attribute of a module or config and compare it with
-what capture saw: a literal (``eps``, ``stride``, ``training``), a type, an identity, an
+Most guards of a model read one attribute of a module or config (or an item of a
+module's globals, or a closure cell of a decorated function) and compare it with what
+capture saw: a literal (``eps``, ``stride``, ``training``), a type, an identity, an
 empty hook table. A ResNet-50 has ~2,500 of them; as Python lines they cost ~1 ms a
-call. Each such guard also records (attribute, mode, value); ``compile`` gathers them by
-the object they read and emits one ``check_attrs(obj, names, modes, values)`` call per
-object (``csrc/attr_guards.cpp``) where the first of them stood. The native check reads
-each attribute with ``PyObject_GetAttr``, as the Python expression does, and compares
-as strictly: literals by type and value (tuples element by element, so ``1``, ``1.0``
-and ``True`` differ), types and identities by identity. A guard moved earlier reads an
+call. Each such guard also records (read, key, mode, value); ``compile`` gathers them by
+the object they read and emits one ``check_attrs(obj, keys, reads, modes, values)`` call
+per object (``csrc/attr_guards.cpp``) where the first of them stood. The native check
+reads each value as the Python expression does (an attribute through the generic lookup,
+then ``__getattr__``; an item with ``obj[key]``; a closure cell) and compares as
+strictly: literals by type and value (tuples element by element, so ``1``, ``1.0`` and
+``True`` differ), types and identities by identity. A guard moved earlier reads an
 object that an earlier guard already read, so the design note above still holds. The
 Python expression of each guard stays for ``first_failure`` and for builds without
 ``check_attrs``.
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln_capture import _C
-from kiln_capture.sources import AttrSource, Source
+from kiln_capture.sources import AttrSource, ClosureSource, ItemSource, Source
 
 CHECK_ATTRS = getattr(_C, "check_attrs", None)  # None: a build from before it existed
 
@@ -69,8 +71,9 @@ class Guard:
     what: str  # readable description for explain() and the guards log
     tensor: str | None = None  # the tensor's source expression, for tensor checks
     native: bool = False  # also covered by the native tensor check (its type guard)
-    # attribute checks of one object: (object expression, ((name, mode, value), ...))
-    attrs: tuple[str, tuple[tuple[str, str, object], ...]] | None = None
+    # checks of values read from one object: (its expression, ((read, key, mode, value), ...))
+    # read: 'a' attribute, 'k' item, 'c' closure cell (see csrc/attr_guards.cpp)
+    attrs: tuple[str, tuple[tuple[str, object, str, object], ...]] | None = None
 
 
 @dataclass
@@ -103,10 +106,16 @@ class GuardSet:
         return True
 
     def _attr(self, src: Source, mode: str, value: object) -> tuple | None:
-        """The native form of a check on ``src`` when it reads an attribute."""
-        if not isinstance(src, AttrSource):
-            return None
-        return (src.base.expr(), ((src.name, mode, value),))
+        """The native form of a check on ``src`` when it reads an attribute, a constant
+        item or a closure cell of another object."""
+        if isinstance(src, AttrSource):
+            return (src.base.expr(), (("a", src.name, mode, value),))
+        if isinstance(src, ItemSource) and type(src.key) in (str, int):
+            return (src.base.expr(), (("k", src.key, mode, value),))
+        if isinstance(src, ClosureSource):
+            fn = src.fn.expr() if src.fn is not None else "__k_fn"
+            return (fn, (("c", src.index, mode, value),))
+        return None
 
     # -- kinds -------------------------------------------------------------------------
 
@@ -129,7 +138,7 @@ class GuardSet:
     def literal(self, src: Source, value: tuple) -> bool:
         """A flat tuple of literals read as an attribute, as one check (type and value of
         the tuple and of each element); False when ``src`` is not an attribute."""
-        if not isinstance(src, AttrSource) or CHECK_ATTRS is None:
+        if self._attr(src, "e", value) is None or CHECK_ATTRS is None:
             return False
         e = src.expr()
         self.add(
@@ -144,7 +153,7 @@ class GuardSet:
         if value is None or isinstance(value, bool):
             self.add(f"{e} is {value!r}", f"{e} is {value!r}", attrs=self._attr(src, "e", value))
             return
-        if isinstance(src, AttrSource) and not (isinstance(value, float) and value != value):
+        if self._attr(src, "e", value) and not (isinstance(value, float) and value != value):
             t = self.const(type(value))
             if type(value) in CONST_TYPES and value not in (float("inf"), float("-inf")):
                 code = f"type({e}) is {t} and {e} == {value!r}"
@@ -198,7 +207,7 @@ class GuardSet:
         self.add(
             f"not ({' or '.join(f'{e}.{t}' for t in tables)})",
             f"{e} has no hooks",
-            attrs=(e, tuple((t, "f", None) for t in tables)),
+            attrs=(e, tuple(("a", t, "f", None) for t in tables)),
         )
 
     def no_backward_hooks(self, src: Source) -> None:
@@ -207,7 +216,7 @@ class GuardSet:
         self.add(
             f"not ({' or '.join(f'{e}.{t}' for t in tables)})",
             f"{e} has no backward hooks",
-            attrs=(e, tuple((t, "f", None) for t in tables)),
+            attrs=(e, tuple(("a", t, "f", None) for t in tables)),
         )
 
     # -- compilation -------------------------------------------------------------------
@@ -252,10 +261,11 @@ class GuardSet:
                 conds.append(None)
             groups[base][1].extend(entries)
         for base, (i, entries) in groups.items():
-            names = self.const(tuple(n for n, _, _ in entries))
-            modes = self.const("".join(m for _, m, _ in entries).encode())
-            values = self.const(tuple(v for _, _, v in entries))
-            conds[i] = f"__k_attrs({base}, {names}, {modes}, {values})"
+            keys = self.const(tuple(k for _, k, _, _ in entries))
+            reads = self.const("".join(r for r, _, _, _ in entries).encode())
+            modes = self.const("".join(m for _, _, m, _ in entries).encode())
+            values = self.const(tuple(v for _, _, _, v in entries))
+            conds[i] = f"__k_attrs({base}, {keys}, {reads}, {modes}, {values})"
         return [c for c in conds if c is not None]
 
     def first_failure(

@@ -1,13 +1,16 @@
 // Attribute guards of one object in one call (see guards.py, "native attribute guards").
 //
-// check_attrs(obj, names, modes, expected) reads each attribute as the Python guard
-// ``obj.name`` does (descriptors, instance dict, class, then __getattr__) and compares it with the value recorded at capture, by mode:
+// check_attrs(obj, keys, reads, modes, expected) reads each value as the Python guard
+// does, by read kind: 'a' the attribute ``obj.<key>`` (descriptors, instance dict, class,
+// then __getattr__), 'k' the item ``obj[<key>]``, 'c' the closure cell
+// ``obj.__closure__[<key>].cell_contents``; and compares it with the value recorded at
+// capture, by mode:
 //   'e'  same literal: identical, or same type and equal (tuples element by element,
 //        each element's type too, so 1, 1.0 and True stay distinct)
 //   'f'  falsy (an empty hook dict)
 //   't'  its type is expected[i]
 //   'i'  identical to expected[i]
-// An attribute that cannot be read fails the check (as a raising Python guard does).
+// A value that cannot be read fails the check (as a raising Python guard does).
 #include <Python.h>
 
 namespace {
@@ -50,26 +53,48 @@ PyObject* read_attr(PyObject* obj, PyObject* name, bool generic) {
   return PyObject_GetAttr(obj, name);
 }
 
+PyObject* read_cell(PyObject* fn, PyObject* index) {
+  PyObject* closure = PyFunction_Check(fn) ? PyFunction_GetClosure(fn) : nullptr;
+  if (closure == nullptr || !PyTuple_Check(closure)) return nullptr;
+  Py_ssize_t i = PyLong_AsSsize_t(index);
+  if (i < 0 || i >= PyTuple_GET_SIZE(closure)) return nullptr;
+  PyObject* cell = PyTuple_GET_ITEM(closure, i);
+  PyObject* v = PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+  Py_XINCREF(v);
+  return v;  // nullptr: no closure or an empty cell, where Python raises
+}
+
+PyObject* read(PyObject* obj, char kind, PyObject* key, bool generic) {
+  switch (kind) {
+    case 'a': return read_attr(obj, key, generic);
+    case 'k': return PyObject_GetItem(obj, key);
+    case 'c': return read_cell(obj, key);
+    default: return nullptr;
+  }
+}
+
 PyObject* check_attrs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyTuple_CheckExact(args[1]) || !PyBytes_CheckExact(args[2]) ||
-      !PyTuple_CheckExact(args[3])) {
+  if (nargs != 5 || !PyTuple_CheckExact(args[1]) || !PyBytes_CheckExact(args[2]) ||
+      !PyBytes_CheckExact(args[3]) || !PyTuple_CheckExact(args[4])) {
     PyErr_SetString(PyExc_TypeError,
-                    "check_attrs(obj, names: tuple, modes: bytes, expected: tuple)");
+                    "check_attrs(obj, keys: tuple, reads: bytes, modes: bytes, expected: tuple)");
     return nullptr;
   }
   PyObject* obj = args[0];
-  PyObject* names = args[1];
-  const char* modes = PyBytes_AS_STRING(args[2]);
-  PyObject* expected = args[3];
-  Py_ssize_t n = PyTuple_GET_SIZE(names);
-  bool generic = generic_first(obj);
-  if (PyBytes_GET_SIZE(args[2]) != n || PyTuple_GET_SIZE(expected) != n) {
-    PyErr_SetString(PyExc_ValueError, "check_attrs: names, modes and expected differ in length");
+  PyObject* keys = args[1];
+  const char* reads = PyBytes_AS_STRING(args[2]);
+  const char* modes = PyBytes_AS_STRING(args[3]);
+  PyObject* expected = args[4];
+  Py_ssize_t n = PyTuple_GET_SIZE(keys);
+  if (PyBytes_GET_SIZE(args[2]) != n || PyBytes_GET_SIZE(args[3]) != n ||
+      PyTuple_GET_SIZE(expected) != n) {
+    PyErr_SetString(PyExc_ValueError, "check_attrs: arguments differ in length");
     return nullptr;
   }
+  bool generic = generic_first(obj);
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* v = read_attr(obj, PyTuple_GET_ITEM(names, i), generic);
-    if (v == nullptr) {
+    PyObject* v = read(obj, reads[i], PyTuple_GET_ITEM(keys, i), generic);
+    if (v == nullptr) {  // a read that raises (or cannot be made) fails the check
       PyErr_Clear();
       Py_RETURN_FALSE;
     }
@@ -95,7 +120,7 @@ PyObject* check_attrs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef methods[] = {
     {"check_attrs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check_attrs)),
      METH_FASTCALL,
-     "check_attrs(obj, names, modes, expected) -> bool: attribute guards of one object."},
+     "check_attrs(obj, keys, reads, modes, expected) -> bool: the guards reading one object."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
