@@ -93,6 +93,11 @@ class TrainingPlan:
     grad_inputs: tuple[int, ...]
     num_inputs: int
 
+    def __post_init__(self) -> None:
+        # forward outputs without a tangent (fixed per plan; read on every call)
+        diff = set(self.differentiable)
+        self.nondifferentiable = tuple(i for i in range(self.num_fwd_outputs) if i not in diff)
+
     def __call__(self, flat_args: Sequence[Any]) -> Any:
         outs = CompiledFunction.apply(self, *flat_args)
         return finish(self.info, flat_args, outs[: self.num_user], outs[self.num_user :])
@@ -125,9 +130,8 @@ class CompiledFunction(torch.autograd.Function):
             saved = tuple(s.clone() if id(s) in written else s for s in saved)
         ctx.plan = plan
         ctx.save_for_backward(*saved)
-        diff = set(plan.differentiable)
         nondiff = [
-            o for i, o in enumerate(fw_outs) if i not in diff and isinstance(o, torch.Tensor)
+            fw_outs[i] for i in plan.nondifferentiable if isinstance(fw_outs[i], torch.Tensor)
         ]
         if nondiff:
             ctx.mark_non_differentiable(*nondiff)
