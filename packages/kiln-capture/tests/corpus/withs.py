@@ -244,3 +244,17 @@ _LOGGED = _LoggedBlock()
 def user_with_in_module_forward(x):
     log = []
     return _LOGGED(x, log) * 2, log
+
+
+@case(graphs=2, breaks=4)  # per iteration run: the with, the eager call
+def break_and_continue_inside_user_with(x):
+    log = []
+    for i in range(4):
+        with Recorder(log, i):
+            x = eager_note(log, i) or x * 2
+            if i == 1:
+                break
+            if i == 0:
+                continue
+            x = x + 1
+    return x, log
