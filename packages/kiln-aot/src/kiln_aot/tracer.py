@@ -17,8 +17,11 @@ autograd engine). In order:
 5. other ops run their decomposition with the mode re-entered, so the ops it calls come
    back through 1-5.
 
-Before any of this, ``kiln_aot.redirects`` reroutes a few torch-level functions (attention)
-whose C++ implementation would pick a device-specific kernel.
+Before any of this, ``kiln_aot.redirects`` reroutes a few torch-level functions whose C++
+implementation does what a functional graph cannot hold (``adaptive_avg_pool2d``'s in-place
+restride), and attention when ``config.fused_attention`` is off. With it on (the default),
+``scaled_dot_product_attention`` picks its fused kernel from the fakes' metadata and real
+device, and step 4 keeps it (``core_ops.ATTENTION_OPS``).
 
 Nothing is computed: node values are meta tensors wrapped as ``FakeTensor``s that report
 the real device.
