@@ -506,3 +506,20 @@ def test_module_attribute_changes_seen_by_native_guards_recompile(change):
         m.norm.train()
     torch.testing.assert_close(om(x), m(x))
     assert len(b.graphs) == 2
+
+
+def _mode_and_flag(t):
+    return t * 2, t.is_inference(), torch.is_inference_mode_enabled()
+
+
+def test_inference_flag_and_mode_are_guarded():
+    b = CountingBackend()
+    f = kiln_capture.optimize(b)(_mode_and_flag)
+    with torch.inference_mode():
+        inf = torch.randn(3)
+    normal = torch.randn(3)
+    for t in (normal, inf, normal):
+        assert f(t)[1:] == _mode_and_flag(t)[1:]
+    with torch.inference_mode():
+        assert f(normal)[1:] == _mode_and_flag(normal)[1:] == (False, True)
+    assert len(b.graphs) == 3

@@ -258,3 +258,13 @@ def break_and_continue_inside_user_with(x):
                 continue
             x = x + 1
     return x, log
+
+
+@case(graphs=3, breaks=4, args=lambda: (T(3, 3), T(3, 3, grad=True)))
+def inference_mode_with_break(x, w):  # the mode is entered in Python; inputs keep their flag
+    y = x @ w
+    with torch.inference_mode():
+        z = y * 2
+        print("inside inference_mode")
+        z = z + w
+    return z, z.is_inference(), y.requires_grad, torch.is_inference_mode_enabled()

@@ -331,6 +331,11 @@ class TorchFnVar(Var):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:
             return ConstVar(tx.out.grad_enabled)
+        if fn is torch.is_inference_mode_enabled:  # the real mode, which the trace keeps
+            value = fn()
+            f = tx.out.guards.const(fn)
+            tx.out.guards.add(f"{f}() is {value}", f"inference mode is {'on' if value else 'off'}")
+            return ConstVar(value)
         if fn is torch._C._set_grad_enabled and len(args) == 1 and args[0].is_const():
             tx.out.set_grad(bool(args[0].as_const()))
             return ConstVar(None)

@@ -198,6 +198,18 @@ class TensorMethodVar(Var):
             return tx.out.wrap_value(value)
         if name == "get_device":
             return ConstVar(t.device.index if t.device.type != "cpu" else -1)
+        if name == "is_inference":  # not in the metadata: the input's own flag, guarded
+            if t.node.op != "placeholder" or t.source is None:
+                raise Unsupported(
+                    breaks.TENSOR_TO_PYTHON,
+                    "Tensor.is_inference() of a computed tensor (it depends on the mode "
+                    "the graph runs in)",
+                )
+            example = tx.out.example_inputs[list(tx.out.input_sources).index(t.node)]
+            value = example.is_inference()
+            e = t.source.expr()
+            tx.out.guards.add(f"{e}.is_inference() is {value}", f"{e}.is_inference() is {value}")
+            return ConstVar(value)
         if name == "__getitem__":
             return t.getitem(tx, args[0])
         if name == "__setitem__":
