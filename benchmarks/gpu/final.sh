@@ -47,12 +47,17 @@ KILN_TRITON_TEST_GPU=1 KILN_TRITON_AUTOTUNE=0 timeout ${TEST_TIMEOUT:-200} pytho
 # packages have a test_gpu.py
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest packages/kiln-aot/tests -m gpu -q -p no:warnings \
     -p no:cacheprovider -ra 2>&1 | tee "$OUT/gpu_tests_aot.log" | tail -3
+timeout ${TEST_TIMEOUT:-200} python3 -m pytest packages/kiln/tests -m gpu -q -p no:warnings \
+    -p no:cacheprovider -ra 2>&1 | tee "$OUT/gpu_tests_kiln.log" | tail -3
 
 timeout ${KERNEL_TIMEOUT:-240} python3 benchmarks/triton_kernels.py --out "$OUT" \
     > "$OUT/triton_kernels.log" 2>&1
 echo "kernel benchmark exit: $?"
 
-timeout ${SUITE_TIMEOUT:-330} python3 benchmarks/gpu/suite.py --per-gpu ${PER_GPU:-5} --runs 20 \
+# the suite gets what is left of TOTAL_BUDGET seconds (the device call's limit, less a margin)
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-$(( ${TOTAL_BUDGET:-580} - SECONDS - 25 ))}
+echo "model suite: ${SUITE_TIMEOUT} s"
+timeout ${SUITE_TIMEOUT} python3 benchmarks/gpu/suite.py --per-gpu ${PER_GPU:-5} --runs 20 \
     --timeout 200 --out "$OUT" \
     --models ${MODELS:-gpt2,bert,llama,t5,hf_vit,timm_resnet50,timm_convnext_tiny,timm_vit_small_patch16_224,timm_efficientnet_b0,timm_mixer_b16_224} \
     2>&1 | grep -v "^\[transformers" | tee "$OUT/suite.log" | grep -v "^\[[0-9]*/"
