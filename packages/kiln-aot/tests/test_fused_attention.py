@@ -197,3 +197,23 @@ def test_cuda_flash_attention_graph_without_a_gpu():
     (bwd,) = [n for n in gm.graph.nodes if n.target is flash_backward]
     assert bwd.args[8:10] == (16, 16)  # max_q, max_k: constants, not graph values
     assert all(n.meta["val"].device.type == "cuda" for n in gm.graph.nodes if n.op == "placeholder")
+
+
+class _ChoiceStub:
+    """Stands in for ``torch.ops.aten`` in attention.py: the dispatcher answers ``choice``."""
+
+    def __init__(self, choice: int):
+        self._fused_sdp_choice = type("Op", (), {"default": staticmethod(lambda *a, **k: choice)})
+
+
+@pytest.mark.parametrize("choice", [1, 2, 3], ids=["flash", "efficient", "cudnn"])
+def test_memory_efficient_attention_stays_math_unless_enabled(monkeypatch, choice):
+    from kiln_aot.decompositions import attention
+
+    q = torch.randn(1, 2, 4, 8)
+    monkeypatch.setattr(attention, "aten", _ChoiceStub(choice))
+    # CUDA's memory-efficient kernel (the fp32 choice) is not kept until it passes on a GPU
+    expected = 0 if choice == 2 else choice
+    assert attention.dispatcher_sdp_choice(q, q, q) == expected
+    with config.override(efficient_attention=True):
+        assert attention.dispatcher_sdp_choice(q, q, q) == choice

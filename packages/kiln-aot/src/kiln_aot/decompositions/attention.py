@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from kiln_aot import config
 from kiln_aot.decompositions.registry import register
 
 aten = torch.ops.aten
@@ -25,6 +26,7 @@ def _t(x):
 
 
 _SDP_MATH = 0  # torch.nn.attention.SDPBackend.MATH
+_SDP_EFFICIENT = 2  # torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION
 
 
 def dispatcher_sdp_choice(q, k, v, *rest, **kwargs) -> int:
@@ -37,9 +39,12 @@ def dispatcher_sdp_choice(q, k, v, *rest, **kwargs) -> int:
         r = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
         return r.requires_grad_(t.requires_grad)
 
-    return aten._fused_sdp_choice.default(
+    choice = aten._fused_sdp_choice.default(
         *(real(t) for t in (q, k, v, *rest)), **{n: real(t) for n, t in kwargs.items()}
     )
+    if choice == _SDP_EFFICIENT and not config.current().efficient_attention:
+        return _SDP_MATH  # see config.efficient_attention
+    return choice
 
 
 @register(aten._fused_sdp_choice.default)
