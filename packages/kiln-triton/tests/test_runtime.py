@@ -96,6 +96,16 @@ class _FakeFn:
     params = [_FakeParam(n) for n in ("in_ptr0", "out_ptr0", "XBLOCK")]
 
 
+def fake_driver(monkeypatch, direct) -> None:
+    """A stand-in for Triton's active driver: device 0, stream 0 (no GPU needed)."""
+
+    class Driver:
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 0)
+
+    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+
+
 @pytest.mark.parametrize("accepts", [3, 2], ids=["constexprs-passed", "constexprs-dropped"])
 def test_direct_launch_finds_the_launchers_argument_shape(monkeypatch, accepts):
     import torch
@@ -125,11 +135,7 @@ def test_direct_launch_gives_up_when_the_launcher_rejects_every_shape(monkeypatc
 
     from kiln_triton.runtime import direct
 
-    class Driver:
-        get_current_device = staticmethod(lambda: 0)
-        get_current_stream = staticmethod(lambda device: 0)
-
-    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+    fake_driver(monkeypatch, direct)
     x = torch.randn(8)
     launch = direct.DirectLaunch.build(_FakeFn, _FakeKernel(7), (x, x), {"XBLOCK": 8}, (1,))
     assert not launch((x, x)) and launch.tails == []
@@ -152,11 +158,7 @@ def test_direct_launch_checks_only_the_named_arguments(monkeypatch):
 
     from kiln_triton.runtime import direct
 
-    class Driver:
-        get_current_device = staticmethod(lambda: 0)
-        get_current_stream = staticmethod(lambda device: 0)
-
-    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+    fake_driver(monkeypatch, direct)
     monkeypatch.setattr(direct.torch, "Tensor", object)  # the stand-ins pass as tensors
     x, out = _Pointer(1024), _Pointer(2048)
     kernel = _FakeKernel(3)
@@ -218,11 +220,7 @@ def test_direct_launch_steps_aside_while_a_launch_hook_is_installed(monkeypatch)
 
     from kiln_triton.runtime import direct
 
-    class Driver:
-        get_current_device = staticmethod(lambda: 0)
-        get_current_stream = staticmethod(lambda device: 0)
-
-    monkeypatch.setattr(direct, "driver", type("D", (), {"active": Driver})())
+    fake_driver(monkeypatch, direct)
     x = torch.randn(8)
     launch = direct.DirectLaunch.build(_FakeFn, _FakeKernel(3), (x, x), {"XBLOCK": 8}, (1,), [])
     assert launch((x, x))
