@@ -11,21 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 
-
-def times_ms(fn, iters=10, reps=10):
-    out = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / reps)
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from triton_kernels import cuda_times_ms  # the kernel benchmark's timing
 
 
 def kiln_variant(model, x, channels_last: bool):
@@ -78,7 +70,7 @@ def main() -> None:
                 samples = {k: [] for k in variants}
                 for _ in range(5):
                     for k, f in variants.items():
-                        samples[k] += times_ms(lambda f=f, x=x: f(x), iters=4)
+                        samples[k] += cuda_times_ms(lambda f=f, x=x: f(x), iters=4)
                 med = {k: statistics.median(v) for k, v in samples.items()}
             e = med["eager"]
             print(
