@@ -141,3 +141,30 @@ def test_attention_training_on_cuda(dtype):
     gtol = 6e-2 if dtype == torch.bfloat16 else tol
     for a, b in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=gtol, atol=gtol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mask", ["additive_expanded", "none"])
+def test_memory_efficient_attention_on_cuda(mask):
+    """float32 attention through CUDA's memory-efficient kernel (KILN_AOT_EFFICIENT_ATTENTION),
+    with an additive mask expanded over the heads as GPT-2 and LLaMA pass it: the mask's
+    last dimension must reach the kernel contiguous."""
+    torch.manual_seed(0)
+    b, h, t, d = 2, 4, 128, 64
+
+    def attend(q, k, v, bias):
+        bias = None if bias is None else bias.expand(b, h, t, t)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    q, k, v = (torch.randn(b, h, t, d, device="cuda", requires_grad=True) for _ in range(3))
+    bias = torch.randn(b, 1, t, t, device="cuda") if mask != "none" else None
+    with aot_config.override(efficient_attention=True):
+        out = kiln.compile(attend)(q, k, v, bias)
+    expected = attend(q, k, v, bias)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(expected, (q, k, v), g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)

@@ -61,8 +61,14 @@ def _in_traced_strides(value: Any, val: Any) -> Any:
 
 def _dense_in_stride_order(val: torch.Tensor, device: torch.device) -> Layout:
     """A dense layout ordering the dimensions as ``val``'s strides do (a sliced query,
-    strides (3072, 16, 192, 1), becomes (1024, 16, 64, 1)), which the kernels read alike."""
-    order = sorted(range(val.dim()), key=lambda d: (val.stride(d), -d))
+    strides (3072, 16, 192, 1), becomes (1024, 16, 64, 1)), which the kernels read alike.
+    Broadcast (stride 0) and size-1 dimensions go outermost: an attention mask expanded
+    over batch and heads, strides (0, 0, 128, 1), keeps its last dimension contiguous,
+    which CUDA's memory-efficient kernel requires of its bias."""
+    order = sorted(
+        range(val.dim()),
+        key=lambda d: (val.stride(d) == 0 or val.shape[d] == 1, val.stride(d), -d),
+    )
     strides = [0] * val.dim()
     acc = 1
     for d in order:
