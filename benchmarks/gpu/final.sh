@@ -26,6 +26,7 @@ python3 -m pip install -q --no-build-isolation --no-deps -e packages/kiln-captur
 python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
 
 (
+    [ "${SKIP_SIDE:-0}" = "1" ] && exit 0
     for pkg in kiln-capture kiln; do
         timeout ${CPU_TEST_TIMEOUT:-400} python3 -m pytest packages/$pkg/tests -q -p no:cacheprovider \
             -m "not slow and not gpu" > "$OUT/tests_${pkg}_py312.log" 2>&1
@@ -58,10 +59,16 @@ echo "kernel benchmark exit: $?"
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-$(( ${TOTAL_BUDGET:-580} - SECONDS - 25 ))}
 echo "model suite: ${SUITE_TIMEOUT} s"
 timeout ${SUITE_TIMEOUT} python3 benchmarks/gpu/suite.py --per-gpu ${PER_GPU:-5} --runs 20 \
-    --timeout 200 --out "$OUT" \
+    --timeout 200 --out "$OUT" --dtypes ${DTYPES:-bfloat16,float32} \
     --models ${MODELS:-gpt2,bert,llama,t5,hf_vit,timm_resnet50,timm_convnext_tiny,timm_vit_small_patch16_224,timm_efficientnet_b0,timm_mixer_b16_224} \
     2>&1 | grep -v "^\[transformers" | tee "$OUT/suite.log" | grep -v "^\[[0-9]*/"
 wait $SIDE
+# optional: where the per-call host time goes (cProfile of kiln's calls), OVERHEAD=models
+if [ -n "${OVERHEAD:-}" ]; then
+    timeout ${OVERHEAD_TIMEOUT:-120} python3 benchmarks/gpu/overhead.py --models "$OVERHEAD" \
+        --calls 50 --out "$OUT" > "$OUT/overhead.log" 2>&1
+    echo "overhead exit: $?"; grep -A8 "^== " "$OUT/overhead.log"
+fi
 cat "$OUT/triton_kernels.txt" 2>/dev/null || tail -20 "$OUT/triton_kernels.log"
 grep -v "^\[" "$OUT/capture_overhead.log" | tail -14
 # the device tool brings back only a few files: pack the per-model ones into one archive
