@@ -297,3 +297,10 @@ def test_capture_failure_falls_back_with_a_logged_reason(caplog):
     torch.testing.assert_close(out2, fn(x * 2)[0])
     assert list(runner.graphs.values()) == [None] and runner.replays == 0
     assert "CUDA graph capture of syncing failed" in caplog.text
+    # the failed capture left CUDA's random number generator usable (it raised "Offset
+    # increment outside graph capture encountered unexpectedly" before)
+    torch.manual_seed(0)
+    a = torch.randint(0, 50, (4, 32), device=CUDA)
+    torch.manual_seed(0)
+    assert torch.equal(a, torch.randint(0, 50, (4, 32), device=CUDA))
+    torch.testing.assert_close(runner(x)[0], fn(x)[0])

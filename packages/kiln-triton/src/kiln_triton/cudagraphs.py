@@ -121,8 +121,17 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = self.fn(*statics)
+        # a capture that fails leaves the device's generator in capture mode (its epilogue
+        # never runs), and every later random op raises "Offset increment outside graph
+        # capture encountered unexpectedly": give it back its state from before
+        rng = torch.cuda.default_generators[torch.cuda.current_device()]
+        before = rng.clone_state()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self.fn(*statics)
+        except BaseException:
+            rng.graphsafe_set_state(before)
+            raise
         return _Captured(graph, statics, owned, outputs)
 
     def _replay(self, entry: _Captured, args: tuple[Any, ...]) -> Any:
