@@ -207,13 +207,13 @@ class _ChoiceStub:
 
 
 @pytest.mark.parametrize("choice", [1, 2, 3], ids=["flash", "efficient", "cudnn"])
-def test_memory_efficient_attention_stays_math_unless_enabled(monkeypatch, choice):
+def test_memory_efficient_attention_is_math_when_switched_off(monkeypatch, choice):
     from kiln_aot.decompositions import attention
 
     q = torch.randn(1, 2, 4, 8)
     monkeypatch.setattr(attention, "aten", _ChoiceStub(choice))
-    # CUDA's memory-efficient kernel (the fp32 choice) is not kept until it passes on a GPU
+    assert attention.dispatcher_sdp_choice(q, q, q) == choice
+    # off, CUDA's memory-efficient kernel (the fp32 choice) is traced as math
     expected = 0 if choice == 2 else choice
-    assert attention.dispatcher_sdp_choice(q, q, q) == expected
-    with config.override(efficient_attention=True):
-        assert attention.dispatcher_sdp_choice(q, q, q) == choice
+    with config.override(efficient_attention=False):
+        assert attention.dispatcher_sdp_choice(q, q, q) == expected

@@ -102,10 +102,7 @@ def test_sdpa_on_cuda_keeps_eagers_fused_kernel(kind, dtype, compiler):
     ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     fn = aot_function(attend, compiler)
     torch.manual_seed(5)
-    # kiln-aot itself keeps the memory-efficient kernel right (this test passed on the H200);
-    # the default keeps it off until kiln-inductor's call of it passes too
-    with config.override(efficient_attention=True):
-        out = fn(*leaves)
+    out = fn(*leaves)
     seen = _AttentionOpsSeen()
     torch.manual_seed(5)
     with seen:

@@ -40,10 +40,9 @@ SETTINGS: dict[str, Setting] = {
     ),
     "efficient_attention": Setting(
         "KILN_AOT_EFFICIENT_ATTENTION",
-        False,
-        "with fused_attention, also keep CUDA's memory-efficient kernel (the fp32 choice); off "
-        "until it passes on a GPU: on the H200 gpt2/llama fp32 failed with '(*bias): last "
-        "dimension must be contiguous' and hf_vit fp32 drifted 1.1e-3 from eager; off: math",
+        True,
+        "with fused_attention, also keep CUDA's memory-efficient kernel (the fp32 choice); "
+        "off: it is traced as math (matmuls, softmax)",
         affects_graphs=True,
     ),
     "recompute_reduction_numel": Setting(
@@ -71,7 +70,7 @@ SETTINGS: dict[str, Setting] = {
 class AotConfig:
     decompose_dropout: bool = False
     fused_attention: bool = True
-    efficient_attention: bool = False
+    efficient_attention: bool = True
     recompute_reduction_numel: int = 4096
     debug_dir: str = ""
     log: frozenset[str] = frozenset()
