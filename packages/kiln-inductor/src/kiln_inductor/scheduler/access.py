@@ -4,10 +4,22 @@ Bodies are run once under a recording handler with canonical loop variables (``i
 the iteration ranges, ``r*`` for the reduction ranges). Dimensions of size 1 get no loop
 (their index is 0): a (1, 256) layer_norm statistic and the (256, 256) output it
 normalizes then share their outer loop, and fuse.
+
+Loop order follows memory order
+-------------------------------
+The iteration ranges are listed outermost first in the stride order of the buffer the
+node writes (``loop_order``), not in its logical order: a pointwise node writing an NHWC
+buffer of logical size (N, C, H, W) loops over (N, H, W, C), so the flat index of its
+loops is the buffer's memory order and its stores (and its loads of other NHWC buffers)
+are contiguous. A contiguous output keeps the logical order, so its loops are the same as
+ever. Reduction ranges keep their logical order; a scan keeps the logical order too.
+``node_access(node, order)`` takes another order (the scheduler gives the members of a
+group that have the same logical size one order, see ``fuse``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +41,7 @@ class Access:
     indirect: bool  # some load index depends on loaded data
     index: tuple[Expr, ...] = ()  # the body's index in ``vars`` (0 for dimensions of size 1)
     rindex: tuple[Expr, ...] = ()  # the body's reduction index in ``rvars``
+    reordered: bool = False  # ``ranges`` are not in logical order (see loop_order)
 
 
 class _Recorder:
@@ -52,18 +65,34 @@ class _Recorder:
         return lambda *a, **k: object()
 
 
+def loop_order(size: Sequence[Expr], strides: Sequence[Expr]) -> tuple[int, ...]:
+    """The dimensions of ``size``, outermost first: by decreasing stride (ties keep logical
+    order). The logical order when a stride is symbolic or the tensor is empty, so that
+    contiguous strides, which decrease, always give the logical order."""
+    logical = tuple(range(len(size)))
+    if len(strides) != len(size) or any(s == 0 for s in size):
+        return logical
+    if not all(sympy.sympify(st).is_number for st in strides):
+        return logical
+    return tuple(sorted(logical, key=lambda d: -int(strides[d])))
+
+
 def _loop_index(
-    prefix: str, size: tuple[Expr, ...], keep_one: bool = False
+    prefix: str,
+    size: tuple[Expr, ...],
+    keep_one: bool = False,
+    order: Sequence[int] | None = None,
 ) -> tuple[list[Expr], tuple[Expr, ...], tuple[Expr, ...]]:
     """(index of every dimension, loop variables, loop ranges): dimensions of size 1 are the
     constant 0, except that ``keep_one`` keeps one loop when all are of size 1 (a reduction
-    or a scan always has a loop to run its body in)."""
+    or a scan always has a loop to run its body in). Loops are listed in ``order``
+    (dimensions, outermost first; logical order by default)."""
     syms = index_vars(prefix, len(size))
     if keep_one and size and all(s == 1 for s in size):
         return list(syms[:1]) + [sympy.Integer(0)] * (len(size) - 1), tuple(syms[:1]), size[:1]
     index: list[Expr] = [sympy.Integer(0) if s == 1 else v for v, s in zip(syms, size)]
-    ranges = tuple(s for s in size if s != 1)
-    return index, tuple(v for v, s in zip(syms, size) if s != 1), ranges
+    dims = [d for d in (range(len(size)) if order is None else order) if size[d] != 1]
+    return index, tuple(syms[d] for d in dims), tuple(size[d] for d in dims)
 
 
 def _scan_access(node: ComputedBuffer, body: Scan) -> Access:
@@ -82,12 +111,23 @@ def _scan_access(node: ComputedBuffer, body: Scan) -> Access:
     )
 
 
-def node_access(node: ComputedBuffer) -> Access:
+def own_order(node: ComputedBuffer) -> tuple[int, ...]:
+    """The loop order of the buffer ``node`` writes (its body's dimensions, outermost first)."""
+    assert node.body is not None
+    if isinstance(node.body, Scan):
+        return tuple(range(len(node.body.size)))
+    return loop_order(node.body.size, node.layout.stride)
+
+
+def node_access(node: ComputedBuffer, order: Sequence[int] | None = None) -> Access:
+    """The node's loops and accesses, its loops in ``order`` (dimensions outermost first; by
+    default ``own_order``, the stride order of the buffer it writes)."""
     body = node.body
     assert body is not None
     if isinstance(body, Scan):
         return _scan_access(node, body)
-    index, ivars, ranges = _loop_index("i", tuple(body.size))
+    order = own_order(node) if order is None else order
+    index, ivars, ranges = _loop_index("i", tuple(body.size), order=order)
     rec = _Recorder()
     rindex: list[Expr] = []
     if isinstance(body, Reduction):
@@ -99,6 +139,16 @@ def node_access(node: ComputedBuffer) -> Access:
         with ops_handler(rec):
             body.inner_fn(list(index))
     store = sympy.expand(node.layout.index(index))
+    logical = [v for v, s in zip(index_vars("i", len(body.size)), body.size) if s != 1]
     return Access(
-        ranges, rr, ivars, rvars, tuple(rec.loads), store, rec.indirect, tuple(index), tuple(rindex)
+        ranges,
+        rr,
+        ivars,
+        rvars,
+        tuple(rec.loads),
+        store,
+        rec.indirect,
+        tuple(index),
+        tuple(rindex),
+        reordered=list(ivars) != logical,
     )

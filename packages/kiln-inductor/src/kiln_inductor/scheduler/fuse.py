@@ -16,10 +16,19 @@ A member may read a buffer another member writes only when, for every outer iter
 reads exactly what that iteration wrote (checked on the affine index), and inside one
 block only at the very index it was written. Buffers that no one outside the group reads
 stay in registers (``FusedGroup.local``).
+
+Loop order: each node's loops follow the stride order of the buffer it writes (see
+``access``). The members of a group that have the logical size of its first node share
+one order (``group_order``): the one most of them write in (ties: the first node's), so a
+contiguous copy of an NHWC value fuses with it in one flat loop. A group holding a member whose loops are not in logical order is kept
+to the shapes that stay parallel over the outer loops (``_row_shaped``): flat pointwise
+loops, or rows that reductions reduce. (Loop orders that disagree would otherwise leave a
+short common outer prefix, e.g. only N, with the rest run inside each program.)
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,7 +43,7 @@ from ..ir.symbols import (
     simplify_index,
     upper_bound,
 )
-from .access import Access, node_access
+from .access import Access, node_access, own_order
 
 MAX_GROUP_NODES = 48
 
@@ -77,6 +86,38 @@ class FusedGroup:
 Step = FusedGroup | ExternKernel
 
 
+class AccessTable(dict[str, Access]):
+    """Each node's accesses in its own loop order (``table[name]``), and, computed once, in
+    another order (``in_order``)."""
+
+    def __init__(self, nodes: Sequence[ComputedBuffer]):
+        super().__init__((n.name, node_access(n)) for n in nodes)
+        self._other: dict[tuple[str, tuple[int, ...]], Access] = {}
+
+    def in_order(self, node: ComputedBuffer, order: tuple[int, ...]) -> Access:
+        if order == own_order(node):
+            return self[node.name]
+        key = (node.name, order)
+        if key not in self._other:
+            self._other[key] = node_access(node, order)
+        return self._other[key]
+
+
+def _size(node: ComputedBuffer) -> tuple[Expr, ...] | None:
+    return None if node.body is None or isinstance(node.body, Scan) else tuple(node.body.size)
+
+
+def group_order(nodes: Sequence[ComputedBuffer]) -> tuple[int, ...] | None:
+    """The loop order of the members with the first node's logical size: the one most of
+    them write in, the first node's on a tie (None for a scan)."""
+    size = _size(nodes[0])
+    if size is None:
+        return None
+    votes = Counter(own_order(n) for n in nodes if _size(n) == size)
+    first = own_order(nodes[0])
+    return max(votes, key=lambda o: (votes[o], o == first))
+
+
 def _common_prefix(seqs: Sequence[Sequence[Expr]]) -> tuple[Expr, ...]:
     out: list[Expr] = []
     for items in zip(*seqs):
@@ -113,10 +154,28 @@ def _dense_inner(
     return outer_strides, extent
 
 
-def plan_group(
-    name: str, nodes: list[ComputedBuffer], accesses: dict[str, Access]
-) -> FusedGroup | None:
+def _row_shaped(blocks: Sequence[Block]) -> bool:
+    """Every block is a flat pointwise loop, a reduction with no inner loops, or a pointwise
+    loop over a row that a reduction block reduces."""
+    rows = {b.rranges for b in blocks if b.kind in ("reduction", "welford")}
+    for b in blocks:
+        if not b.inner:
+            continue
+        if b.kind != "pointwise" or b.inner not in rows:
+            return False
+    return True
+
+
+def plan_group(name: str, nodes: list[ComputedBuffer], table: AccessTable) -> FusedGroup | None:
     """Loops and blocks for ``nodes`` as one kernel, or None if they cannot share one."""
+    order = group_order(nodes)
+    size = _size(nodes[0])
+    accesses = {
+        n.name: table.in_order(n, order)
+        if order is not None and _size(n) == size
+        else table[n.name]
+        for n in nodes
+    }
     ranges = [accesses[n.name].ranges for n in nodes]
     outer = _common_prefix(ranges)
     if not outer and any(r for r in ranges) and len(nodes) > 1:
@@ -215,6 +274,8 @@ def plan_group(
                 break
         if chosen is None:
             return None
+    if len(nodes) > 1 and any(a.reordered for a in accesses.values()) and not _row_shaped(blocks):
+        return None
     return FusedGroup(name, list(nodes), outer, ovars, blocks, bound)
 
 
@@ -230,7 +291,7 @@ def _within(rest: Expr, var_ranges: dict[sympy.Symbol, Expr], extent: Expr) -> b
     return ub is not None and ub.is_number and bool(ub <= extent - 1)
 
 
-def _users(ir: GraphIR, accesses: dict[str, Access]) -> dict[str, set[str]]:
+def _users(ir: GraphIR, accesses: AccessTable) -> dict[str, set[str]]:
     users: dict[str, set[str]] = {}
     for node in ir.nodes:
         reads = (
@@ -247,7 +308,7 @@ def _users(ir: GraphIR, accesses: dict[str, Access]) -> dict[str, set[str]]:
 
 
 def fuse_nodes(ir: GraphIR) -> list[Step]:
-    accesses = {n.name: node_access(n) for n in ir.nodes if isinstance(n, ComputedBuffer)}
+    accesses = AccessTable([n for n in ir.nodes if isinstance(n, ComputedBuffer)])
     users = _users(ir, accesses)
     steps: list[Step] = []
     where: dict[str, int] = {}  # buffer -> step index
