@@ -239,3 +239,37 @@ def test_direct_launch_steps_aside_while_a_launch_hook_is_installed(monkeypatch)
         monkeypatch.setattr(direct._HOLDER, direct._ENTER, lambda *a: None)
         assert not launch((x, x))
     assert launch((x, x))
+
+
+def test_autotuning_takes_the_median_of_interleaved_rounds(monkeypatch):
+    """Candidates take turns over the rounds; one slow outlier round does not pick the
+    loser, and a config that fails to launch measures as infinitely slow."""
+    import triton.testing
+
+    from kiln_triton.config import read_triton_config
+    from kiln_triton.runtime import launcher as launcher_mod
+
+    order: list[str] = []
+    # per candidate, the timings its rounds return: "a" has one outlier round
+    timings = {"a": iter([0.50, 0.26, 0.26]), "b": iter([0.27, 0.27, 0.27])}
+
+    def fake_bench(fn, warmup, rep, return_mode):
+        assert return_mode == "median"
+        return fn()
+
+    def launcher_for(c):
+        def run(*args):
+            if c == "broken":
+                raise RuntimeError("out of resources")
+            order.append(c)
+            return next(timings[c]) if len(order) > 2 else 0.0
+
+        return run
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr(launcher_mod.torch.cuda, "synchronize", lambda: None)
+    ln = launcher_mod.TritonLauncher(None, {"kind": "persistent"}, "k", read_triton_config())
+    monkeypatch.setattr(ln, "launcher_for", launcher_for)
+    got = ln.measure(["a", "b", "broken"], [2.0])
+    assert order == ["a", "b", "a", "b", "a", "b", "a", "b"]  # warm-up, then 3 rounds
+    assert got == {"a": 0.26, "b": 0.27, "broken": float("inf")}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -148,21 +149,38 @@ class TritonLauncher:
         cache.get_or_build(tkey, build)
         return winner
 
-    def measure(self, candidates: Sequence[Any], args: Sequence[Any]) -> dict[Any, float]:
-        """Milliseconds per launch of each candidate, on copies of the arguments."""
+    def measure(
+        self, candidates: Sequence[Any], args: Sequence[Any], rounds: int = 3
+    ) -> dict[Any, float]:
+        """Milliseconds per launch of each candidate, on copies of the arguments: the median
+        of ``rounds`` medians, the candidates taking turns so that clock drift during
+        tuning falls on all of them alike (two configs of a bandwidth-bound kernel are
+        often within 1% of each other)."""
         from triton.testing import do_bench
 
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        out: dict[Any, float] = {}
+        runs: dict[Any, Callable[..., Any]] = {}
+        samples: dict[Any, list[float]] = {}
         for c in candidates:
             run = self.launcher_for(c)
             try:
                 run(*copies)
                 torch.cuda.synchronize()
-                out[c] = float(do_bench(lambda run=run: run(*copies), warmup=3, rep=15))
+                runs[c], samples[c] = run, []
             except Exception as e:  # e.g. out of shared memory or registers for this config
                 log.log("kernels", f"config {c} failed: {e}")
-                out[c] = float("inf")
+        for _ in range(rounds):
+            for c, run in runs.items():
+                t = do_bench(lambda run=run: run(*copies), warmup=1, rep=5, return_mode="median")
+                samples[c].append(float(t))
+        out = {
+            c: statistics.median(samples[c]) if c in samples else float("inf") for c in candidates
+        }
+        log.log(
+            "kernels",
+            f"{self.meta.get('kind')} kernel candidates (us): "
+            + ", ".join(f"{c}: {t * 1e3:.1f}" for c, t in out.items()),
+        )
         return out
 
 
