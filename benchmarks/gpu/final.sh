@@ -51,7 +51,7 @@ timeout ${TEST_TIMEOUT:-200} python3 -m pytest packages/kiln-aot/tests -m gpu -q
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest packages/kiln/tests -m gpu -q -p no:warnings \
     -p no:cacheprovider -ra 2>&1 | tee "$OUT/gpu_tests_kiln.log" | tail -3
 
-timeout ${KERNEL_TIMEOUT:-240} python3 benchmarks/triton_kernels.py --out "$OUT" \
+KILN_LOG=kernels timeout ${KERNEL_TIMEOUT:-240} python3 benchmarks/triton_kernels.py --out "$OUT" \
     > "$OUT/triton_kernels.log" 2>&1
 echo "kernel benchmark exit: $?"
 
@@ -72,4 +72,8 @@ fi
 cat "$OUT/triton_kernels.txt" 2>/dev/null || tail -20 "$OUT/triton_kernels.log"
 grep -v "^\[" "$OUT/capture_overhead.log" | tail -14
 # the device tool brings back only a few files: pack the per-model ones into one archive
-( cd "$OUT" && ls models_* >/dev/null 2>&1 && tar czf suite_models.tgz models_* && rm -f models_* )
+# and the logs: the summaries stay outside the archive
+( cd "$OUT" && tar czf /tmp/details.tgz --exclude suite.txt --exclude triton_kernels.txt \
+    --exclude suite.json --exclude triton_kernels.json . && find . -type f ! -name suite.txt \
+    ! -name triton_kernels.txt ! -name suite.json ! -name triton_kernels.json -delete \
+    && mv /tmp/details.tgz . )
