@@ -6,7 +6,9 @@ Small models on a fast GPU are bound by the host: the GPU waits for Python to la
 next kernel. Per model this prints the host time per call (calls issued back to back, one
 synchronize at the end: what the host can sustain) and the device-synchronized latency,
 for eager, torch.compile and kiln.compile, kiln with Triton's own launch path instead of
-its direct launches, and the top of a cProfile of kiln's calls. JSON goes to --out.
+its direct launches, the top of a cProfile of kiln's calls, and from torch.profiler the GPU
+kernel time per call (host time above it: host-bound) with the kernels taking the most of it.
+Models run in eval mode. JSON goes to --out.
 """
 
 from __future__ import annotations
@@ -54,7 +56,27 @@ def build(name: str, dtype: torch.dtype, size: str):
         torch.manual_seed(0)
         model = SmallGPT().to("cuda", dtype).eval()
         return model, (torch.randint(0, 1024, (1, 32), device="cuda"),)
-    return ZOO[name][1]("cuda", dtype, size)
+    model, args = ZOO[name][1]("cuda", dtype, size)
+    return model.eval(), args
+
+
+def device_profile(fn, args, calls: int = 20, top: int = 8) -> tuple[float, str]:
+    """GPU kernel microseconds per call (summed over kernels: below the host time per call,
+    the model is host-bound) and the kernels that take the most of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call(fn, args)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events) / calls
+    lines = [
+        f"    {e.self_device_time_total / calls:8.1f} us  {e.count // calls:4d}x  {e.key[:90]}"
+        for e in events[:top]
+    ]
+    return total, "\n".join(lines)
 
 
 def profile(fn, args, calls: int, top: int = 22) -> str:
@@ -90,6 +112,10 @@ def main() -> int:
             tc = torch.compile(model)
             call(tc, args)
             row["torch.compile"] = host_us(tc, args, a.calls)
+            kernels = {
+                "eager": device_profile(model, args),
+                "torch.compile": device_profile(tc, args),
+            }
             for direct in ("1", "0"):
                 os.environ["KILN_TRITON_DIRECT_LAUNCH"] = direct
                 kiln.reset()
@@ -99,6 +125,7 @@ def main() -> int:
                 row[label] = host_us(km, args, a.calls)
                 if direct == "1":
                     prof = profile(km, args, a.calls)
+                    kernels["kiln"] = device_profile(km, args)
             import kiln_triton
 
             torch._dynamo.reset()
@@ -106,11 +133,16 @@ def main() -> int:
             call(tk, args)
             row["torch.compile(backend=kiln)"] = host_us(tk, args, a.calls)
             os.environ.pop("KILN_TRITON_DIRECT_LAUNCH")
+        row["gpu_us"] = {k: v[0] for k, v in kernels.items()}
         rows.append(row)
-        print(f"\n== {name} ({a.dtype}, {a.size}): host us/call, synchronized us/call")
+        print(f"\n== {name} ({a.dtype}, {a.size}): host us/call, synchronized us/call, GPU us/call")
         for k, v in row.items():
             if isinstance(v, tuple):
-                print(f"  {k:28s} {v[0]:9.1f} {v[1]:9.1f}")
+                gpu = f"{kernels[k][0]:9.1f}" if k in kernels else ""
+                print(f"  {k:28s} {v[0]:9.1f} {v[1]:9.1f} {gpu}")
+        for k, (total, lines) in kernels.items():
+            print(f"  -- {k}: kernels taking the most GPU time per call (of {total:.1f} us)")
+            print(lines)
         print(prof)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "overhead.json").write_text(json.dumps(rows, indent=1))
