@@ -286,6 +286,11 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument(
+        "--only",
+        default="",
+        help="run only the kernel rows whose name contains this (no matmul/model)",
+    )
+    ap.add_argument(
         "--cpu-smoke", action="store_true", help="tiny sizes on CPU through Triton's interpreter"
     )
     args = ap.parse_args()
@@ -304,23 +309,32 @@ def run(args: argparse.Namespace) -> int:
     copy_gbs = 2 * x.numel() * 4 / copy_ms / 1e6
     rows.append({"kernel": "copy", "compiler": "eager", "ms": copy_ms, "GB/s": copy_gbs})
     del dst
-    rows += bench_kernel(
-        "pointwise8 64M fp32", pointwise8, (x,), 2 * x.numel() * 4, args.iters, 1e-5
-    )
+
+    def wanted(name: str) -> bool:
+        return args.only in name
+
+    if wanted("pointwise8 64M fp32"):
+        rows += bench_kernel(
+            "pointwise8 64M fp32", pointwise8, (x,), 2 * x.numel() * 4, args.iters, 1e-5
+        )
     del x
     for dtype in (torch.bfloat16, torch.float32):
         tag = "bf16" if dtype == torch.bfloat16 else "fp32"
         tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
         x = torch.randn(ROWS, COLS, device=DEVICE, dtype=dtype)
         nbytes = 2 * x.numel() * x.element_size()
-        rows += bench_kernel(f"softmax {tag}", softmax, (x,), nbytes, args.iters, tol)
+        if wanted(f"softmax {tag}"):
+            rows += bench_kernel(f"softmax {tag}", softmax, (x,), nbytes, args.iters, tol)
         w = torch.randn(COLS, device=DEVICE, dtype=dtype)
         b = torch.randn(COLS, device=DEVICE, dtype=dtype)
-        rows += bench_kernel(f"layer_norm {tag}", layer_norm, (x, w, b), nbytes, args.iters, tol)
+        if wanted(f"layer_norm {tag}"):
+            rows += bench_kernel(
+                f"layer_norm {tag}", layer_norm, (x, w, b), nbytes, args.iters, tol
+            )
         del x
         torch.cuda.empty_cache()
-    mm_rows = bench_matmul_epilogue(args.iters, *MATMUL)
-    if not args.skip_model:
+    mm_rows = bench_matmul_epilogue(args.iters, *MATMUL) if not args.only else []
+    if not args.skip_model and not args.only:
         rows += bench_small_model()
     table = print_table(rows, copy_gbs) + "\n\n" + print_matmul_table(mm_rows)
     rows += mm_rows
