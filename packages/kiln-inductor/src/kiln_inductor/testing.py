@@ -3,7 +3,8 @@
 ``aten_graph(fn, inputs)`` symbolically traces a function that calls ``torch.ops.aten.*``
 overloads explicitly (DESIGN.md contract 3 form) and fills ``meta['val']`` by running it on
 the meta device. ``check_compiled(fn, inputs)`` compiles such a graph and compares every
-output with eager.
+output with eager. ``channels_last_models()``: small convolution graphs (a ResNet block, a
+ConvNeXt block, reductions over H, W and over C) for tests of the channels-last layout.
 """
 
 from __future__ import annotations
@@ -60,3 +61,78 @@ def check_compiled(
         else:
             assert e == g
     return compiled
+
+
+# -- channels-last graphs (KILN_CHANNELS_LAST): convolutions with the kernels between them --
+
+
+class ConvBnReluAdd(torch.nn.Module):
+    """conv → batch norm → relu → add → conv (a ResNet block's shape)."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(c)
+        self.conv2 = torch.nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x)
+        return self.conv2(torch.relu(self.bn(y)) + y)
+
+
+class ConvNeXtBlock(torch.nn.Module):
+    """depthwise conv → permute → layer_norm → linear → gelu → linear → permute → add."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = torch.nn.LayerNorm(c)
+        self.fc1, self.fc2 = torch.nn.Linear(c, 4 * c), torch.nn.Linear(4 * c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(y)))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvMeanHW(torch.nn.Module):
+    """conv → relu → mean over (H, W) (a reduction over the spatial dims of NHWC)."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, 2 * c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)).mean((2, 3))
+
+
+class ConvMeanC(torch.nn.Module):
+    """conv → scale by the mean over C → conv (a reduction over the channels of NHWC)."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x)
+        return self.conv2(y * torch.sigmoid(y.mean(1, keepdim=True)))
+
+
+def channels_last_models(c: int = 16) -> dict[str, torch.nn.Module]:
+    """The channels-last test graphs, in eval mode, batch norm with non-trivial statistics;
+    their input is (N, c, H, W)."""
+    torch.manual_seed(0)
+    models = {
+        "conv_bn_relu_add": ConvBnReluAdd(c),
+        "convnext_block": ConvNeXtBlock(c),
+        "conv_mean_hw": ConvMeanHW(c),
+        "conv_mean_c": ConvMeanC(c),
+    }
+    for m in models.values():
+        m.eval()
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 1.5)
+    return models
