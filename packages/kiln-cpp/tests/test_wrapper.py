@@ -55,3 +55,18 @@ def test_inputs_with_other_strides_than_compiled_for_are_handled():
     compiled = check_compiled(f, [x])
     y = torch.randn(5, 6).t()  # same shape, transposed strides
     torch.testing.assert_close(compiled(y)[0], torch.exp(y))
+
+
+def test_fallback_output_strides_are_checked():
+    """A fallback op's output strides follow its inputs': here meta says channels-last (the
+    graph input is), but its input was realized contiguous, so the op returns contiguous;
+    the wrapper restrides it to what the kernels that read it index by."""
+
+    def f(x, y):
+        a = aten.mul.Tensor(x, 2.0)
+        b = aten.nextafter.default(a, y)  # no lowering: runs eagerly
+        return (aten.relu.default(aten.add.Tensor(b, y)),)
+
+    x = torch.randn(2, 8, 5, 6).contiguous(memory_format=torch.channels_last)
+    compiled = check_compiled(f, [x, torch.randn(2, 8, 5, 6)])
+    assert "restride(" in compiled.wrapper_source

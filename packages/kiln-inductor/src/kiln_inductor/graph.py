@@ -255,14 +255,18 @@ class GraphLowering:
         outputs: list[ExternOutput] = []
         results: list[Any] = []
 
-        check = self.channels_last and op is torch.ops.aten.convolution.default
+        # the wrapper checks the strides an op returns where they may differ from meta's: a
+        # convolution asked for channels-last, and a fallback, whose output strides may follow
+        # those of its inputs (which lowering may have realized in other strides than eager's)
+        conv = self.channels_last and op is torch.ops.aten.convolution.default
 
         def make(v: Any, path: tuple[int, ...]) -> Any:
             if isinstance(v, torch.Tensor):
                 layout = _layout_of(v, self.device)
                 # the wrapper hands kernels data_ptr(), which already holds the offset
                 layout = Layout(layout.device, layout.dtype, layout.size, layout.stride)
-                buf = ExternOutput(self.new_name(), layout, name, path, check and v.dim() == 4)
+                check = (conv and v.dim() == 4) or (kind == "fallback" and v.dim() > 1)
+                buf = ExternOutput(self.new_name(), layout, name, path, check)
                 outputs.append(buf)
                 return StorageView(buf, layout)
             if isinstance(v, (list, tuple)):

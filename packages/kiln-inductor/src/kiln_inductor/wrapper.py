@@ -125,8 +125,9 @@ class WrapperCodegen:
 
 
 def _restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
-    """``t`` with the strides kernels index it by (a copy when the op chose others)."""
-    if t.stride() == stride:
+    """``t`` with the strides kernels index it by (a copy when the op chose others; the
+    stride of a dimension of size 1 is never read)."""
+    if all(n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
         return t
     out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
     return out.copy_(t)
