@@ -115,3 +115,19 @@ def test_kernels_compile_for_sm90_and_vectorize(tmp_path):
         assert rep["configs"]
     # the 1-D pointwise and the persistent bf16 softmax load 16 bytes at a time
     assert all(c["vector_loads"] > 0 for r in reports[:2] for c in r["configs"])
+
+
+def test_wide_float32_rows_loop_with_eviction_hints():
+    """float32 rows of 16 KiB are reduced in a loop (faster than persistent on the H200):
+    the rows' loads before the last loop keep them in L2, the last read streams them, and
+    the weights every row reads stay; bfloat16 rows of the same length stay persistent."""
+    ln = lambda t, ww: (aten.native_layer_norm.default(t, [4096], ww, ww, 1e-5)[0],)
+    f32, bf16 = torch.float32, torch.bfloat16
+    (src,) = _sources(ln, [make((8, 4096), f32), make((4096,), f32)])
+    assert src.meta["kind"] == "looped"
+    loads = [line.strip() for line in src.source.splitlines() if "tl.load(" in line]
+    rows = [ld for ld in loads if ld.split("tl.load(")[1].startswith("in_ptr0")]
+    assert all('"evict_last"' in ld for ld in rows[:-1]) and '"evict_first"' in rows[-1]
+    assert all('"evict_last"' in ld for ld in loads if "in_ptr1" in ld)
+    (src,) = _sources(ln, [make((8, 4096), bf16), make((4096,), bf16)])
+    assert src.meta["kind"] == "persistent" and "eviction_policy" not in src.source

@@ -77,6 +77,10 @@ def candidate_configs(meta: dict[str, Any], exhaustive: bool) -> list[LaunchConf
     for xb, rb in pairs:
         xb, rb = max(1, min(xb, xcap)), max(1, min(rb, _np2(extent)))
         out.append(LaunchConfig(xb, rb, _warps(xb * rb, 2, 8)))
+    if extent >= 4096:
+        # long rows streamed by one program of 16 warps (H200, float32 layer_norm over
+        # 4096-element rows: 0.254 ms, against 0.263 with 8 warps)
+        out.insert(1, LaunchConfig(1, 2048, 16))
     return _dedupe(out)
 
 
