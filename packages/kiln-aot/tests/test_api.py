@@ -181,3 +181,86 @@ def test_aten_nodes_keep_the_torch_level_stack_trace(compiler):
     assert all(
         n.meta.get("stack_trace") == st for n in aten_gm.graph.nodes if n.op == "call_function"
     )
+
+
+def _affine(x, w, b):
+    return (torch.tanh(x @ w + b),)
+
+
+def test_guarded_call_runs_the_example_plan_without_recompiling(compiler):
+    x, w, b = torch.randn(3, 5), torch.randn(5, 4, requires_grad=True), torch.randn(4)
+    fn = aot_graph(_affine, [x, w, b], fw_compiler=compiler, bw_compiler=compiler)
+    fast = fn.kiln_guarded_call
+    n = len(compiler.graphs)  # forward and backward
+    for _ in range(2):
+        x = torch.randn(3, 5)
+        (out,) = fast(x, w, b)
+        assert_close(out, _affine(x, w, b)[0])
+        out.sum().backward()
+        got = w.grad
+        w.grad = None
+        _affine(x, w, b)[0].sum().backward()
+        assert_close(got, w.grad)
+        w.grad = None
+    assert len(compiler.graphs) == n
+
+
+def test_guarded_call_takes_the_checked_path_when_grad_mode_differs(compiler):
+    x, w, b = torch.randn(3, 5), torch.randn(5, 4, requires_grad=True), torch.randn(4)
+    fn = aot_graph(_affine, [x, w, b], fw_compiler=compiler, bw_compiler=compiler)
+    n = len(compiler.graphs)
+    with torch.no_grad():
+        (out,) = fn.kiln_guarded_call(x, w, b)
+    assert not out.requires_grad
+    assert len(compiler.graphs) == n + 1  # the forward-only plan, compiled now
+    assert_close(out, _affine(x, w, b)[0].detach())
+
+
+def _view_of_input(x):
+    return x.view(2, 3), x.sin()
+
+
+def test_guarded_call_rebuilds_alias_outputs_of_a_shifted_input(compiler):
+    base = torch.randn(10)
+    with torch.no_grad():
+        fn = aot_graph(_view_of_input, [base[:6]], fw_compiler=compiler)
+        other = base[4:]  # same size and stride, another storage offset
+        view, s = fn.kiln_guarded_call(other)
+    assert view.storage_offset() == 4 and view.untyped_storage().data_ptr() == (
+        base.untyped_storage().data_ptr()
+    )
+    assert_close(view, other.view(2, 3))
+    assert_close(s, other.sin())
+
+
+def _write_first(a, b):
+    a.add_(1)
+    return (b * 2,)
+
+
+def test_guarded_call_runs_eagerly_when_a_written_input_shares_storage(compiler):
+    a, b = torch.randn(3), torch.randn(3)
+    with torch.no_grad():
+        fn = aot_graph(_write_first, [a, b], fw_compiler=compiler)
+        x = torch.randn(3)
+        y = x.clone()
+        with pytest.warns(UserWarning, match="running eagerly"):
+            (out,) = fn.kiln_guarded_call(x, x)
+    expected = _write_first(y, y)
+    assert_close(out, expected[0])
+    assert_close(x, y)
+
+
+def test_guarded_call_follows_the_training_flag_and_is_absent_with_graph_state(compiler):
+    gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.dropout(x, 0.5, True) * 0 + x)
+    x = torch.randn(4)
+    with torch.no_grad():
+        fn = aot_graph(gm, [x], fw_compiler=compiler)
+        assert_close(fn.kiln_guarded_call(x), x)
+        n = len(compiler.graphs)
+        gm.train(False)  # a new plan key: the guarded call must not run the old plan
+        out = fn.kiln_guarded_call(x)
+        assert len(compiler.graphs) == n + 1
+        assert_close(out, x)
+    stateful = aot_graph(torch.fx.symbolic_trace(MLP()), [torch.randn(2, 16)], fw_compiler=compiler)
+    assert getattr(stateful, "kiln_guarded_call", None) is None

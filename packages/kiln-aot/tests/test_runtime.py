@@ -168,3 +168,39 @@ def test_parameter_written_under_no_grad_like_eager(compiler):
     out.sum().backward()
     expected.sum().backward()
     assert_close(m.w.grad, ref.w.grad)
+
+
+@pytest.mark.parametrize(
+    "fn, plain",
+    [
+        (lambda x: (x.sin(), x.cos()), True),
+        (lambda x: x.sin(), False),  # a bare tensor, not a tuple
+        (lambda x: {"s": x.sin()}, False),
+        (lambda x: (x.view(2, 2), x.sin()), False),  # an alias of the input
+        (lambda x: (x.sin(), 3), False),  # a constant output
+        (lambda x: (x.mul_(2).sin(),), False),  # a written input
+    ],
+)
+def test_plans_return_graph_outputs_as_they_are_only_when_finish_would(compiler, fn, plain):
+    from kiln_aot import api
+
+    x = torch.randn(4)
+    with torch.no_grad():
+        compiled = api.AotCompiled(fn, compiler, None, None, None)
+        plan = compiled.plan_for([x.clone()])
+        assert plan.plain is plain
+        a, b = x.clone(), x.clone()
+        got, expected = compiled.run([a]), fn(b)
+    assert type(got) is type(expected)
+    for g, e in zip(pytree_leaves(got), pytree_leaves(expected), strict=True):
+        if isinstance(e, torch.Tensor):
+            assert_close(g, e)
+        else:
+            assert g == e
+    assert_close(a, b)
+
+
+def pytree_leaves(out):
+    from torch.utils import _pytree
+
+    return _pytree.tree_leaves(out)

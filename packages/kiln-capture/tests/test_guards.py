@@ -523,3 +523,38 @@ def test_inference_flag_and_mode_are_guarded():
     with torch.inference_mode():
         assert f(normal)[1:] == _mode_and_flag(normal)[1:] == (False, True)
     assert len(b.graphs) == 3
+
+
+def test_guards_tensors_needs_a_guard_with_the_same_metadata():
+    from kiln_capture.sources import LocalSource
+
+    gs = guards.GuardSet()
+    x = torch.randn(3, 4)
+    gs.tensor(LocalSource("x"), x)
+    assert gs.guards_tensors(["x"], [x])
+    assert gs.guards_tensors(["x"], [torch.randn(3, 4)])  # same metadata, other tensor
+    assert not gs.guards_tensors(["y"], [x])  # no guard on y
+    assert not gs.guards_tensors(["x"], [x.double()])
+    assert not gs.guards_tensors(["x"], [x.t()])
+    assert not gs.guards_tensors(["x"], [x.clone().requires_grad_()])
+    assert not gs.guards_tensors(["x"], [torch.nn.Parameter(x)])  # Python type
+    assert not gs.guards_tensors(["x"], [3])
+    assert not gs.guards_tensors(["x", "x"], [x])
+
+
+def test_hoisted_arguments_keep_order_and_read_shared_chains_once():
+    lines, args = guards.hoist_args(
+        [
+            "x",
+            "self._modules['a']._parameters['w']",
+            "self._modules['a']._parameters['b']",
+            "self._modules['c']._buffers['m']",
+        ],
+        "__k_a",
+    )
+    assert lines == [
+        "__k_a0 = self._modules",
+        "__k_a1 = __k_a0['a']",
+        "__k_a2 = __k_a1._parameters",
+    ]
+    assert args == ["x", "__k_a2['w']", "__k_a2['b']", "__k_a0['c']._buffers['m']"]

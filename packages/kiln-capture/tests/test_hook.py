@@ -137,3 +137,43 @@ def test_lambda_is_captured():
     x = torch.randn(4)
     torch.testing.assert_close(f(x), torch.relu(x) * 2)
     assert len(backend.graphs) == 1
+
+
+def test_capture_in_another_thread_while_a_cache_hit_runs():
+    """A cache hit turns the hook off for its thread (and uninstalls it when no other
+    thread has it on) while the generated code runs; a thread that enables capture
+    meanwhile still has its frames captured, and the hook is back on afterwards."""
+    inner = CountingBackend()
+    og = kiln_capture.optimize(inner)(double_minus_one)
+    seen = []
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            seen.append(_C.is_enabled())  # off while the cache entry's code runs
+            t = threading.Thread(target=lambda: seen.append(og(args[0])))
+            t.start()
+            t.join()
+            return gm.forward(*args)
+
+        return run
+
+    def f(x):
+        y = x + 1
+        return y, _C.is_enabled()  # a constant of the trace: True at capture
+
+    of = kiln_capture.optimize(backend)(f)
+    x = torch.randn(3)
+    for _ in range(3):
+        y, _ = of(x)
+        torch.testing.assert_close(y, x + 1)
+    assert len(inner.graphs) == 1
+    flags = [s for s in seen if isinstance(s, bool)]
+    results = [s for s in seen if isinstance(s, torch.Tensor)]
+    assert flags == [False] * 3 and len(results) == 3
+    for r in results:
+        torch.testing.assert_close(r, x * 2 - 1)
+    assert not _C.is_enabled()
+
+
+def double_minus_one(x):
+    return x * 2 - 1

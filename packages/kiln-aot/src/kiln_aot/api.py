@@ -12,6 +12,21 @@ signature:
   ``bw_compiler(bw_gm, bw_inputs)`` (``bw_inputs``: the fake values of its placeholders).
 
 The callable runs through ``kiln_aot.runtime``.
+
+# Guarded calls
+
+``aot_graph``'s callable checks every call's signature against its plan cache: a tuple of
+six metadata reads per input, hashed and compared, about 1.5 us a tensor on CPU, which
+for a model whose parameters are graph inputs is most of kiln-aot's per-call time. A
+caller that already guards each tensor input's dtype, device, shape, stride and
+``requires_grad`` (kiln-capture's tensor guards do, on every cache hit) can skip that:
+the callable carries ``kiln_guarded_call``, the same call for inputs whose tensors match
+the example inputs' in those five properties. It still reads what the caller does not
+guard and what the plan depends on (grad mode, the module's ``training`` flag, the
+storage offset of each input an output aliases, inputs sharing storage when the graph
+writes one) and takes the checked path when any of them differs. It is offered only
+when every example input is a tensor and the graph has no state of its own (no
+parameters held as ``get_attr``).
 """
 
 from __future__ import annotations
@@ -98,9 +113,7 @@ class AotCompiled:
 
     def plan_for(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
         """The compiled plan for these arguments and the current grad mode (compiled once)."""
-        need_grad = torch.is_grad_enabled() and any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args
-        )
+        need_grad = _needs_grad(flat_args)
         key = _signature(flat_args, need_grad, extra)
         plan = self.plans.get(key)
         if plan is None:
@@ -164,6 +177,53 @@ class AotCompiled:
             grad_inputs=info.grad_inputs,
             num_inputs=len(flat_args),
         )
+
+
+def guarded_call(
+    compiled: AotCompiled,
+    example_inputs: Sequence[Any],
+    checked: Callable,
+    module: torch.nn.Module | None = None,
+) -> Callable | None:
+    """The ``kiln_guarded_call`` of ``checked`` (module docstring, "Guarded calls"): the
+    plan compiled for ``example_inputs``, run without the signature check; None when the
+    example inputs are not all tensors."""
+    examples = list(example_inputs)
+    if not all(isinstance(a, torch.Tensor) for a in examples):
+        return None
+    training = module.training if module is not None else None
+    plan = compiled.plans.get(_signature(examples, _needs_grad(examples), training))
+    if plan is None:
+        return None
+    any_requires_grad = any(a.requires_grad for a in examples)
+    need_grad = isinstance(plan, TrainingPlan)
+    aliases = tuple(
+        (o.input_index, examples[o.input_index].storage_offset())
+        for o in plan.info.outputs
+        if o.kind == "alias"
+    )
+    mutates = bool(plan.info.mutated_inputs)
+    grad_enabled = torch.is_grad_enabled
+
+    def call(*args: Any) -> Any:
+        if (grad_enabled() and any_requires_grad) is not need_grad or (
+            module is not None and module.training is not training
+        ):
+            return checked(*args)
+        for i, offset in aliases:
+            if args[i].storage_offset() != offset:
+                return checked(*args)
+        if mutates and _inputs_share_storage(args):
+            return checked(*args)
+        return plan(args)
+
+    return call
+
+
+def _needs_grad(flat_args: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args
+    )
 
 
 def aot_function(
@@ -259,6 +319,7 @@ def aot_graph(
             return compiled.run(list(args))
 
         compiled.plan_for(list(example_inputs))  # compile now: errors surface here
+        run_fn.kiln_guarded_call = guarded_call(compiled, example_inputs, run_fn)  # type: ignore[attr-defined]
         return run_fn
     names = state_names(module)
 
@@ -273,4 +334,6 @@ def aot_graph(
         return compiled.run([*state_tensors(module, names), *args], extra=module.training)
 
     compiled.plan_for([*state_tensors(module, names), *example_inputs], extra=module.training)
+    if not names:  # state read per call is not the caller's to guard
+        run_gm.kiln_guarded_call = guarded_call(compiled, example_inputs, run_gm, module)  # type: ignore[attr-defined]
     return run_gm

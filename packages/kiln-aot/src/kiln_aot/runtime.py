@@ -71,14 +71,32 @@ def finish(
     return pytree.tree_unflatten(leaves, info.out_spec)
 
 
+def returns_graph_outputs(info: TraceInfo) -> bool:
+    """Whether ``finish`` returns the graph's user outputs as they are, as one tuple: no
+    input is written, no output is a constant or an alias, the output is a flat tuple."""
+    if info.mutated_inputs or any(o.kind != "tensor" for o in info.outputs):
+        return False
+    n = len(info.outputs)
+    try:
+        rebuilt = pytree.tree_unflatten(list(range(n)), info.out_spec)
+    except Exception:
+        return False
+    return type(rebuilt) is tuple and rebuilt == tuple(range(n))
+
+
 @dataclass
 class InferencePlan:
     compiled: Callable
     info: TraceInfo
     num_user: int  # graph outputs before the mutated inputs' values
 
+    def __post_init__(self) -> None:
+        self.plain = returns_graph_outputs(self.info)  # read on every call
+
     def __call__(self, flat_args: Sequence[Any]) -> Any:
         outs = _as_tuple(self.compiled(*flat_args))
+        if self.plain:
+            return outs if len(outs) == self.num_user else outs[: self.num_user]
         return finish(self.info, flat_args, outs[: self.num_user], outs[self.num_user :])
 
 
@@ -97,9 +115,12 @@ class TrainingPlan:
         # forward outputs without a tangent (fixed per plan; read on every call)
         diff = set(self.differentiable)
         self.nondifferentiable = tuple(i for i in range(self.num_fwd_outputs) if i not in diff)
+        self.plain = returns_graph_outputs(self.info)
 
     def __call__(self, flat_args: Sequence[Any]) -> Any:
         outs = CompiledFunction.apply(self, *flat_args)
+        if self.plain:
+            return outs if len(outs) == self.num_user else outs[: self.num_user]
         return finish(self.info, flat_args, outs[: self.num_user], outs[self.num_user :])
 
 

@@ -35,7 +35,7 @@ from kiln_capture.codegen import CodeGen, build_function
 from kiln_capture.config import config
 from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
 from kiln_capture.evaluator import UNBOUND, Return, RootFrame
-from kiln_capture.guards import GuardSet
+from kiln_capture.guards import GuardSet, hoist_args
 from kiln_capture.log import log
 from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import NullVar, Var
@@ -154,17 +154,25 @@ def _compile_graph(
     except Exception as e:
         raise BackendError(ctx.backend, e) from e
     ctx.backend_seconds += time.perf_counter() - start
+    exprs = [s.expr() for s in inputs]
+    fast = getattr(compiled, "kiln_guarded_call", None)
+    if callable(fast) and out.guards.guards_tensors(exprs, examples):
+        # every input's dtype, device, shape, stride and requires_grad is guarded before
+        # the graph runs: the backend may skip its own checks of them (kiln_aot.api,
+        # "Guarded calls")
+        compiled = fast
     counters.bump("graphs")
     ctx.graphs.append(gm)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
-    return compiled, gm, [s.expr() for s in inputs]
+    return compiled, gm, exprs
 
 
 def _graph_lines(compiled, inputs: list[str]) -> list[str]:
     if compiled is None:
         return []
-    return [f"__k_out = __k_graph({', '.join(inputs)})"]
+    reads, args = hoist_args(inputs, "__k_a")
+    return [*reads, f"__k_out = __k_graph({', '.join(args)})"]
 
 
 def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEntry | SkipFrame:
@@ -523,7 +531,7 @@ def _graph_call(root: RootFrame, compiled, inputs: list[str], extra: dict) -> li
     args = ", ".join([*root.param_names, "__k_exc"])
     return [
         "try:",
-        f"    {lines[0]}",
+        *(f"    {line}" for line in lines),
         "except BaseException as __k_exc:",
         f"    return {fexpr}({args})",
     ]

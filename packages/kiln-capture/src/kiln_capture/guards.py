@@ -82,6 +82,8 @@ class GuardSet:
     consts: list[object] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
     native: object = field(default_factory=lambda: TensorGuards() if TensorGuards else None)
+    # source expression -> the metadata its tensor guard checks (see tensor_metadata)
+    tensor_meta: dict[str, tuple] = field(default_factory=dict)
 
     def const(self, value: object) -> str:
         for i, c in enumerate(self.consts):
@@ -189,6 +191,17 @@ class GuardSet:
         )
         if added and native:
             self.native.add(t)
+        if added:
+            self.tensor_meta[e] = tensor_metadata(t)
+
+    def guards_tensors(self, exprs: list[str], tensors: list[object]) -> bool:
+        """Whether a tensor guard checks each of ``exprs`` against exactly the metadata of
+        the matching tensor in ``tensors`` (what a backend's ``kiln_guarded_call`` may
+        then assume)."""
+        return len(exprs) == len(tensors) and all(
+            isinstance(t, torch.Tensor) and self.tensor_meta.get(e) == tensor_metadata(t)
+            for e, t in zip(exprs, tensors)
+        )
 
     def length(self, src: Source, n: int) -> None:
         e = src.expr()
@@ -330,8 +343,10 @@ def _chains(node: ast.AST):
 
 
 class _Hoist(ast.NodeTransformer):
-    def __init__(self, shared: set[str], names: dict[str, str], lines: list[str]) -> None:
-        self.shared, self.names, self.lines = shared, names, lines
+    def __init__(
+        self, shared: set[str], names: dict[str, str], lines: list[str], prefix: str = "__r"
+    ) -> None:
+        self.shared, self.names, self.lines, self.prefix = shared, names, lines, prefix
 
     def visit(self, node):
         if isinstance(node, _SCOPES):
@@ -342,25 +357,43 @@ class _Hoist(ast.NodeTransformer):
             return node
         name = self.names.get(key)
         if name is None:
-            name = self.names[key] = f"__r{len(self.names)}"
+            name = self.names[key] = f"{self.prefix}{len(self.names)}"
             self.lines.append(f"{name} = {ast.unparse(node)}")
         return ast.Name(id=name, ctx=ast.Load())
+
+
+def _shared_chains(trees: list[ast.AST]) -> set[str]:
+    counts: Counter[str] = Counter()
+    for tree in trees:
+        for key in {ast.unparse(n) for n in _chains(tree)}:
+            counts[key] += 1
+    return {k for k, n in counts.items() if n > 1}
 
 
 def hoist_reads(guards: list[str]) -> list[str]:
     """Straight-line guard code with shared read chains computed once (design note above)."""
     trees = [ast.parse(g, mode="eval").body for g in guards]
-    counts: Counter[str] = Counter()
-    for tree in trees:
-        for key in {ast.unparse(n) for n in _chains(tree)}:
-            counts[key] += 1
-    shared = {k for k, n in counts.items() if n > 1}
+    shared = _shared_chains(trees)
     names: dict[str, str] = {}
     lines: list[str] = []
     for tree in trees:
         cond = ast.unparse(_Hoist(shared, names, lines).visit(tree))
         lines.append(f"if not ({cond}): return False")
     return lines
+
+
+def hoist_args(exprs: list[str], prefix: str) -> tuple[list[str], list[str]]:
+    """``(lines, exprs)``: the arguments of one call (a cache hit's graph call re-reads
+    every parameter through ``self._modules[...]...``) with the read chains they share
+    computed once into locals named ``<prefix><n>`` by ``lines``, run just before the
+    call. Only reads of sources move, and only to just before the call whose arguments
+    would read them, so nothing runs in between (the guards' design note above)."""
+    trees = [ast.parse(e, mode="eval").body for e in exprs]
+    shared = _shared_chains(trees)
+    names: dict[str, str] = {}
+    lines: list[str] = []
+    hoisted = [ast.unparse(_Hoist(shared, names, lines, prefix).visit(t)) for t in trees]
+    return lines, hoisted
 
 
 _DEVICE_CONTEXT = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
@@ -376,6 +409,11 @@ def default_device_name() -> str:
     ):
         return "cpu"
     return str(torch.get_default_device())
+
+
+def tensor_metadata(t: torch.Tensor) -> tuple:
+    """What a tensor guard checks, as one comparable value (dispatch keys aside)."""
+    return (type(t), t.dtype, t.device, tuple(t.shape), tuple(t.stride()), t.requires_grad)
 
 
 def tensor_check(t, dtype, device, shape, stride, requires_grad) -> bool:

@@ -19,7 +19,12 @@
 //
 // The hook is installed interpreter-wide only while at least one thread has it
 // enabled, so running with the hook off costs nothing. It is disabled for the calling
-// thread while the callback runs (no recursion into capture).
+// thread while the callback runs (no recursion into capture), and uninstalled while it
+// runs when no other thread has it on: CPython 3.11+ takes slower, unspecialized paths
+// for Python-to-Python calls while any frame evaluator is installed, and the generated
+// code that the callback runs on a cache hit (the compiled graph's whole host side) would
+// pay for that on every call of every function it makes (measured: ~8% of a small
+// model's call on CPU; benchmarks/host_overhead.py).
 
 #include <pybind11/pybind11.h>
 
@@ -84,6 +89,8 @@ PyObject* eval_trampoline(PyThreadState* tstate, _PyInterpreterFrame* frame,
   return _PyEval_EvalFrameDefault(tstate, frame, 0);
 }
 
+bool set_enabled(bool on);
+
 PyObject* hook(PyThreadState* tstate, _PyInterpreterFrame* frame, int throwflag) {
   PyCodeObject* code = frame->f_code;
   if (!tls_enabled || throwflag || g_callback == nullptr ||
@@ -101,10 +108,10 @@ PyObject* hook(PyThreadState* tstate, _PyInterpreterFrame* frame, int throwflag)
     PyTuple_SET_ITEM(args, i, v);
   }
   PyObject* func = frame_function(frame);
-  tls_enabled = 0;
+  set_enabled(false);
   PyObject* result = PyObject_CallFunctionObjArgs(
       g_callback, reinterpret_cast<PyObject*>(code), func ? func : Py_None, args, nullptr);
-  tls_enabled = 1;
+  set_enabled(true);
   Py_DECREF(args);
   if (result == g_run_default) {
     Py_DECREF(result);
