@@ -1,0 +1,396 @@
+"""Where kiln's per-call host time goes on CPU, for small real models with tiny inputs.
+
+    python benchmarks/host_overhead.py [--models gpt2,bert,resnet] [--modes infer,train]
+        [--calls 200] [--profile] [--out benchmarks/results/host_overhead.json]
+
+Models (random weights, batch 1, tiny inputs so that the kernels take little time and the
+host path shows): HF GPT-2 with 2 layers, HF BERT with 2 layers, and the in-repo
+``SmallResNet`` of ``zoo.py`` on an 8x8 image. Modes: ``infer`` (under ``torch.no_grad``)
+and ``train`` (forward, ``.sum().backward()``, gradients set to None).
+
+Per model and mode it prints the per-call time of eager, ``torch.compile`` and
+``kiln.compile`` (interleaved rounds, the best round), and for kiln the time of each layer of the
+call, timed by calling the layer's object directly with the arguments it receives:
+
+    hook      kiln-capture's frame hook: the whole call minus the cache entry's ``run``
+              and ``guard`` (C hook, cache lookup, nn.Module call, context push/pop)
+    guard     the cache entry's generated guard function (count of guards beside it)
+    run fn    the entry's generated ``run`` function minus the compiled graph call:
+              re-reading inputs (parameters) from their sources, rebuilding the output
+    aot       kiln-aot's runtime: the callable the backend returned minus kiln-inductor's
+              ``CompiledGraph`` (plan lookup, autograd.Function, output finishing)
+    inductor  ``CompiledGraph.__call__`` minus the generated wrapper (input layout checks)
+    wrapper   the generated wrapper's own Python (cProfile: its ``tottime`` share)
+    kernels   the kernels and ATen calls the wrapper makes (the rest of the wrapper's time)
+
+In ``train`` mode the layers are the forward only (``aot`` includes the autograd.Function
+and the backward is in ``backward``: the whole step minus the forward). The guard count of
+every model is printed beside the guard time. ``--profile`` prints the top of a cProfile of
+kiln's calls. Results go to JSON (default ``benchmarks/results/host_overhead.json``).
+Timings are the best of interleaved rounds: the 2-core machine is shared, say in a report when it
+was loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+def _hf(name: str):
+    from capture_overhead import _hf_models  # the tiny 2-layer configs of that benchmark
+
+    torch.manual_seed(0)
+    model, kwargs = _hf_models()[name]()
+    g = torch.Generator().manual_seed(1)
+    return model, (torch.randint(0, 128, (1, 8), generator=g),), kwargs
+
+
+def _resnet():
+    from zoo import SmallResNet
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(1, 3, 8, 8, generator=g)
+    return SmallResNet(widths=(8, 16, 16, 32), classes=10), (image,), {}
+
+
+MODELS = {"gpt2": lambda: _hf("gpt2"), "bert": lambda: _hf("bert"), "resnet": _resnet}
+
+
+# -- timing ------------------------------------------------------------------------------
+
+
+def _first_tensor(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    if isinstance(out, dict):
+        out = list(out.values())
+    return next(v for v in out if isinstance(v, torch.Tensor))
+
+
+def _step(train: bool):
+    """A callable running one call ``fn(*args, **kwargs)`` (inference or a training step)."""
+    if not train:
+
+        def infer(fn, args, params):
+            with torch.no_grad():
+                return fn(*args[0], **args[1])
+
+        return infer
+
+    def train_step(fn, args, params):
+        out = _first_tensor(fn(*args[0], **args[1]))
+        out.sum().backward()
+        for p in params:
+            p.grad = None
+        return out
+
+    return train_step
+
+
+def interleaved_us(fns: dict, calls: int, rounds: int = 9) -> dict[str, float]:
+    """Least over rounds of microseconds per call (the least disturbed round: other work
+    shares the cores); the callables take turns per round so that load on a shared
+    machine hits each alike."""
+    for fn in fns.values():
+        for _ in range(10):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[k].append((time.perf_counter() - t0) / calls * 1e6)
+    return {k: min(v) for k, v in samples.items()}
+
+
+# -- kiln's layers -----------------------------------------------------------------------
+
+
+class Recording:
+    """Wraps a callable and keeps the arguments of its last call."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.args = None
+
+    def __call__(self, *args):
+        self.args = _fresh(args)
+        return self.fn(*args)
+
+
+def kiln_layers(compiled, args, train: bool) -> dict:
+    """The objects of each layer of kiln's call, with the arguments they receive."""
+    from kiln_capture import hook
+
+    entries = [e for es in hook._cache.values() for e in es]
+    if len(entries) != 1:
+        return {"error": f"{len(entries)} cache entries (graph breaks): layers not split"}
+    entry = entries[0]
+    ns = entry.run.__globals__
+    graph = ns.get("__k_graph")
+    if graph is None:
+        return {"error": "no compiled graph in the cache entry"}
+    # the frame's argument slots, as the hook passes them: record them from a guard call
+    guard_rec = Recording(lambda *a: entry_guard(*a))
+    entry_guard = entry.guard
+    entry.guard = guard_rec
+    graph_rec = Recording(graph)
+    ns["__k_graph"] = graph_rec
+    aot = _aot_compiled(graph)
+    inner_rec = None
+    if aot is not None:
+        plan = next(iter(aot.plans.values()))
+        inner_name = "fw" if hasattr(plan, "fw") else "compiled"
+        inner = getattr(plan, inner_name)
+        inner_rec = Recording(inner)
+        setattr(plan, inner_name, inner_rec)
+    try:
+        _step(train)(compiled, args, [])
+    finally:
+        entry.guard = entry_guard
+        ns["__k_graph"] = graph
+        if inner_rec is not None:
+            setattr(plan, inner_name, inner)
+    slots = guard_rec.args
+    with torch.enable_grad() if train else torch.no_grad():
+        passes = entry.guard(*_fresh(slots))
+    if not passes:
+        return {"error": "the guard fails outside the call: layers not split"}
+    layers = {
+        "guard": (lambda: entry.guard(*_fresh(slots))),
+        "run": (lambda: entry.run(*_fresh(slots))),
+        "graph": (lambda: graph(*graph_rec.args)),
+        "guard_count": len(entry.guard_set.guards),
+        "graph_inputs": len(graph_rec.args),
+    }
+    if inner_rec is not None and hasattr(inner, "_call"):
+        flat = inner_rec.args
+        layers["compiled_graph"] = lambda: inner(*flat)
+        call_args = tuple(flat[0]) if len(flat) == 1 and isinstance(flat[0], list) else flat
+        layers["wrapper"] = lambda: inner._call(call_args)
+        layers["wrapper_fn"] = inner._call
+        layers["wrapper_args"] = call_args
+    return layers
+
+
+def _fresh(slots: tuple) -> tuple:
+    """The frame's argument slots with dicts copied: a run function may update the
+    ``**kwargs`` dict it receives (a side effect of the frame), which the hook gets anew
+    on each call."""
+    return tuple(dict(a) if type(a) is dict else a for a in slots)
+
+
+def _aot_compiled(graph, depth: int = 2):
+    """kiln-aot's AotCompiled object behind the backend's callable (in its closure, or in
+    the closure of the checked call a ``kiln_guarded_call`` falls back to)."""
+    for cell in getattr(graph, "__closure__", None) or ():
+        obj = cell.cell_contents
+        if hasattr(obj, "plans") and hasattr(obj, "plan_for"):
+            return obj
+        if depth > 0 and callable(obj) and getattr(obj, "__closure__", None):
+            found = _aot_compiled(obj, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def wrapper_python_share(wrapper_fn, call_args, calls: int) -> float:
+    """The fraction of the generated wrapper's time spent in its own Python lines."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        wrapper_fn(call_args)
+    prof.disable()
+    st = pstats.Stats(prof)
+    own = total = 0.0
+    for (filename, _, name), (_, _, tt, ct, _) in st.stats.items():
+        if filename.startswith("<kiln wrapper") and name == "call":
+            own += tt
+            total += ct
+    return own / total if total else float("nan")
+
+
+def profile_text(fn, calls: int, top: int = 25) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+# -- one model ---------------------------------------------------------------------------
+
+
+def measure(name: str, train: bool, calls: int, show_profile: bool) -> dict:
+    import kiln
+
+    model, *args = MODELS[name]()  # args: (positional, keyword)
+    model.train(False)  # dropout off in both modes: the compared outputs are deterministic
+    params = [p for p in model.parameters() if p.requires_grad] if train else []
+    step = _step(train)
+    expected = _first_tensor(step(model, args, params)).detach()
+
+    torch._dynamo.reset()
+    tc = torch.compile(model)
+    kiln.reset()
+    km = kiln.compile(model)
+    got_torch = _first_tensor(step(tc, args, params)).detach()
+    got_kiln = _first_tensor(step(km, args, params)).detach()
+    row = {
+        "model": name,
+        "mode": "train" if train else "infer",
+        "max_diff_kiln": (got_kiln - expected).abs().max().item(),
+        "max_diff_torch_compile": (got_torch - expected).abs().max().item(),
+    }
+    totals = interleaved_us(
+        {
+            "eager": lambda: step(model, args, params),
+            "torch.compile": lambda: step(tc, args, params),
+            "kiln": lambda: step(km, args, params),
+        },
+        calls,
+    )
+    row.update({f"{k}_us": v for k, v in totals.items()})
+    row["guards"] = None
+    grad = torch.enable_grad() if train else torch.no_grad()
+    if show_profile:
+        with grad:
+            row["profile"] = profile_text(lambda: step(km, args, params), calls)
+    layers = kiln_layers(km, args, train)
+    if "error" in layers:
+        row["layers_error"] = layers["error"]
+        return row
+    row["guards"] = layers["guard_count"]
+    row["graph_inputs"] = layers["graph_inputs"]
+    with grad:
+        timed = {
+            k: layers[k]
+            for k in ("guard", "run", "graph", "compiled_graph", "wrapper")
+            if k in layers
+        }
+        if train:
+            timed["forward"] = lambda: km(*args[0], **args[1])
+        else:
+            timed["call"] = lambda: km(*args[0], **args[1])
+        t = interleaved_us(timed, calls)
+        if "wrapper_fn" in layers:
+            share = wrapper_python_share(layers["wrapper_fn"], layers["wrapper_args"], calls)
+    row["kiln_layer_us"] = t
+    whole = t["forward"] if train else t["call"]
+    split = {
+        "hook": whole - t["run"] - t["guard"],
+        "guard": t["guard"],
+        "run fn": t["run"] - t["graph"],
+    }
+    if "compiled_graph" in t:
+        wrapper_py = t["wrapper"] * share
+        split.update(
+            {
+                "aot": t["graph"] - t["compiled_graph"],
+                "inductor": t["compiled_graph"] - t["wrapper"],
+                "wrapper": wrapper_py,
+                "kernels": t["wrapper"] - wrapper_py,
+            }
+        )
+    else:
+        split["graph"] = t["graph"]
+    if train:
+        split["backward"] = totals["kiln"] - whole
+    row["kiln_split_us"] = split
+    row["kiln_host_us"] = sum(v for k, v in split.items() if k not in ("kernels", "backward"))
+    return row
+
+
+# -- output ------------------------------------------------------------------------------
+
+SPLIT = ("hook", "guard", "run fn", "aot", "inductor", "wrapper", "kernels", "backward")
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\nPer call, microseconds (best of interleaved rounds); kiln host = everything")
+    print("but kernels (and backward in train mode)")
+    head = (
+        f"{'model':8s}{'mode':6s}{'eager':>8s}{'torch.c':>9s}{'kiln':>8s}{'host':>8s}{'guards':>8s}"
+    )
+    head += "".join(f"{k:>9s}" for k in SPLIT)
+    print(head)
+    for r in rows:
+        s = r.get("kiln_split_us", {})
+        line = (
+            f"{r['model']:8s}{r['mode']:6s}{r['eager_us']:8.0f}{r['torch.compile_us']:9.0f}"
+            f"{r['kiln_us']:8.0f}{r.get('kiln_host_us', float('nan')):8.0f}"
+            f"{r['guards'] if r['guards'] is not None else '-':>8}"
+        )
+        line += "".join(f"{s[k]:9.1f}" if k in s else f"{'-':>9s}" for k in SPLIT)
+        print(line)
+        if "layers_error" in r:
+            print(f"  ({r['layers_error']})")
+    for r in rows:
+        bad = [k for k in ("max_diff_kiln", "max_diff_torch_compile") if not r[k] < 1e-3]
+        if bad:
+            print(f"MISMATCH {r['model']} {r['mode']}: {[(k, r[k]) for k in bad]}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--modes", default="infer,train")
+    p.add_argument("--calls", type=int, default=200, help="calls per timing round")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--profile", action="store_true", help="print a cProfile of kiln's calls")
+    p.add_argument("--out", default=str(HERE / "results" / "host_overhead.json"))
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    rows = []
+    for name in a.models.split(","):
+        for mode in a.modes.split(","):
+            print(f"measuring {name} {mode} ...", flush=True)
+            row = measure(name, mode == "train", a.calls, a.profile)
+            if a.profile and "profile" in row:
+                print(row["profile"])
+            rows.append(row)
+    print(f"\nPython {platform.python_version()}, torch {torch.__version__}, threads {a.threads}")
+    print_table(rows)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(
+        json.dumps(
+            {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "threads": a.threads,
+                "load": os.getloadavg(),
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {a.out}")
+    return 0 if all(r["max_diff_kiln"] < 1e-3 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
