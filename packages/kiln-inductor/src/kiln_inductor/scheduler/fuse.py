@@ -44,6 +44,7 @@ from ..ir.symbols import (
     upper_bound,
 )
 from .access import Access, node_access, own_order
+from .refine import refine_to_finest
 
 MAX_GROUP_NODES = 48
 
@@ -176,6 +177,8 @@ def plan_group(name: str, nodes: list[ComputedBuffer], table: AccessTable) -> Fu
         else table[n.name]
         for n in nodes
     }
+    if len(nodes) > 1:
+        accesses = refine_to_finest(accesses)
     ranges = [accesses[n.name].ranges for n in nodes]
     outer = _common_prefix(ranges)
     if not outer and any(r for r in ranges) and len(nodes) > 1:
