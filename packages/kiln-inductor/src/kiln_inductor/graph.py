@@ -40,6 +40,7 @@ from .ir.symbols import coefficients, index_vars, sym
 from .layout import is_channels_last, to_channels_last
 from .lowering.context import lowering_context
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
+from .matmul_bias import fold_matmul_bias
 
 
 def fill_meta(
@@ -294,6 +295,7 @@ class GraphLowering:
     # -- the graph -------------------------------------------------------------------------
     def run(self) -> GraphIR:
         fill_meta(self.gm)
+        fold_matmul_bias(self.gm)
         self.channels_last = to_channels_last(self.gm, self.device)
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
