@@ -28,6 +28,19 @@ class _Enabled:
         context_stack().pop()
 
 
+def run_enabled(ctx: Context, fn, args: tuple, kwargs: dict):
+    """``fn(*args, **kwargs)`` with ``ctx`` pushed and the hook on: ``_Enabled`` written
+    out, for the per-call path (a ``with`` of an object costs ~3 us more a call)."""
+    stack = context_stack()
+    stack.append(ctx)
+    prev = _C.set_enabled(True)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _C.set_enabled(prev)
+        stack.pop()
+
+
 class OptimizedModule(nn.Module):
     """An nn.Module whose calls run under capture; parameters stay those of the original."""
 
@@ -37,8 +50,7 @@ class OptimizedModule(nn.Module):
         self._kiln_ctx = ctx
 
     def forward(self, *args, **kwargs):
-        with _Enabled(self._kiln_ctx):
-            return self._orig_mod(*args, **kwargs)
+        return run_enabled(self._kiln_ctx, self._orig_mod, args, kwargs)
 
 
 def optimize(backend, fullgraph: bool = False):
@@ -55,8 +67,7 @@ def optimize(backend, fullgraph: bool = False):
 
         @functools.wraps(obj)
         def optimized(*args, **kwargs):
-            with _Enabled(ctx):
-                return obj(*args, **kwargs)
+            return run_enabled(ctx, obj, args, kwargs)
 
         optimized._kiln_ctx = ctx
         return optimized
