@@ -27,8 +27,9 @@ In ``train`` mode the layers are the forward only (``aot`` includes the autograd
 and the backward is in ``backward``: the whole step minus the forward). The guard count of
 every model is printed beside the guard time. ``--profile`` prints the top of a cProfile of
 kiln's calls. Results go to JSON (default ``benchmarks/results/host_overhead.json``).
-Timings are the best of interleaved rounds: the 2-core machine is shared, say in a report when it
-was loaded.
+Timings are the process's CPU time, the best of interleaved rounds (the 2-core machine is
+shared: CPU time leaves out the time other work holds the cores; say in a report when it
+was loaded).
 """
 
 from __future__ import annotations
@@ -107,20 +108,21 @@ def _step(train: bool):
     return train_step
 
 
-def interleaved_us(fns: dict, calls: int, rounds: int = 9) -> dict[str, float]:
-    """Least over rounds of microseconds per call (the least disturbed round: other work
-    shares the cores); the callables take turns per round so that load on a shared
-    machine hits each alike."""
+def interleaved_us(fns: dict, calls: int, rounds: int = 15) -> dict[str, float]:
+    """Least over rounds of this process's CPU microseconds per call (time on the CPU, so
+    that other work on the shared cores does not count, and the least disturbed round);
+    the callables take turns per round so that what load remains hits each alike."""
     for fn in fns.values():
         for _ in range(10):
             fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    clock = time.process_time
     for _ in range(rounds):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn()
-            samples[k].append((time.perf_counter() - t0) / calls * 1e6)
+            samples[k].append((clock() - t0) / calls * 1e6)
     return {k: min(v) for k, v in samples.items()}
 
 
@@ -331,7 +333,9 @@ SPLIT = ("hook", "guard", "run fn", "aot", "inductor", "wrapper", "kernels", "ba
 
 
 def print_table(rows: list[dict]) -> None:
-    print("\nPer call, microseconds (best of interleaved rounds); kiln host = everything")
+    print(
+        "\nPer call, microseconds (process CPU time, best of interleaved rounds); kiln host = everything"
+    )
     print("but kernels (and backward in train mode)")
     head = (
         f"{'model':8s}{'mode':6s}{'eager':>8s}{'torch.c':>9s}{'kiln':>8s}{'host':>8s}{'guards':>8s}"
