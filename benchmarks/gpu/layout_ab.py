@@ -24,7 +24,8 @@ def kiln_variant(model, x, channels_last: bool):
     import kiln
 
     old = os.environ.get("KILN_CHANNELS_LAST")
-    os.environ["KILN_CHANNELS_LAST"] = "cuda" if channels_last else ""
+    # "none", not "": an empty value means the default, which may be on
+    os.environ["KILN_CHANNELS_LAST"] = "cuda" if channels_last else "none"
     try:
         compiled = kiln.compile(model)
         compiled(x)  # compiles with this setting

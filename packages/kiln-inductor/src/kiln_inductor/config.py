@@ -61,9 +61,9 @@ SETTINGS: dict[str, Setting] = {
         "KILN_CHANNELS_LAST",
         "",
         "comma-separated device types (cuda, cpu) on which graphs with 2-D convolutions run "
-        "them, and the kernels between them, in channels-last layout (layout.py). Off by "
-        "default: kernels still iterate in logical (NCHW) order, so on channels-last buffers "
-        "their accesses are strided (H200 bf16: timm convnext_tiny 1.23x -> 0.44x eager)",
+        "them, and the kernels between them, in channels-last layout (layout.py); 'none': "
+        "off. Off by default until measured a win (kernels loop in their output's memory "
+        "order, so NHWC kernels are contiguous)",
         True,
     ),
     "fallback_unlowered": Setting(

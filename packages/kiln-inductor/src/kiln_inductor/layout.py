@@ -14,10 +14,13 @@ NHWC and the next convolution takes their buffer as is. Graph inputs and outputs
 strides the caller sees (a graph that would need more than a couple of outputs copied
 back, a training forward saving activations, is left alone).
 
-Off by default (``KILN_CHANNELS_LAST``): generated kernels still iterate over a buffer in
-its logical order (W fastest), so on NHWC buffers their loads and stores are strided by C;
-on the H200 (bf16) timm convnext_tiny fell from 1.23x to 0.44x eager with it on. The loop
-order of a kernel must follow its output's stride order before this can be the default.
+Generated kernels loop in the stride order of the buffer they write
+(``scheduler.access.loop_order``), so the kernels between convolutions read and write NHWC
+buffers contiguously, C fastest. Off by default (``KILN_CHANNELS_LAST=cuda,cpu`` turns it
+on per device type; ``none`` turns it off): when kernels still looped in logical order,
+timm convnext_tiny fell from 1.23x to 0.44x eager with it on (H200, bf16); it is to be
+measured again on the GPU (benchmarks/gpu/layout_ab.py) and on CPU it was not a clear
+win on a 2-core machine (benchmarks/models.py, kiln-inductor's CHANGELOG).
 
 If metadata cannot be propagated again (an op without a meta kernel), the pass undoes its
 edits and the graph compiles in its original layout.
