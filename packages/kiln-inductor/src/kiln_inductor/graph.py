@@ -138,7 +138,7 @@ class GraphLowering:
         self.device = self._find_device()
         self.fallback_ops: list[str] = []
         # values already computed into a buffer: later consumers read it, not recompute it
-        self._realized: dict[int, tuple[Any, StorageView]] = {}
+        self._realized: dict[tuple[int, Layout | None], tuple[Any, StorageView]] = {}
         # layouts values are realized in when not contiguous (channels-last, layout.py)
         self._preferred: dict[int, tuple[Any, Layout]] = {}
         self.channels_last = False
@@ -174,11 +174,11 @@ class GraphLowering:
         """A StorageView reading ``value`` from memory, computing it into a buffer if needed."""
         if isinstance(value, StorageView) and (layout is None or value.layout == layout):
             return value
-        if layout is None and id(value) in self._realized:
-            return self._realized[id(value)][1]
+        key = (id(value), layout)  # one buffer per value and layout asked for
+        if key in self._realized:
+            return self._realized[key][1]
         view = self._realize(value, layout)
-        if layout is None:
-            self._realized[id(value)] = (value, view)
+        self._realized[key] = (value, view)
         return view
 
     def _realize(self, value: Any, layout: Layout | None) -> StorageView:
@@ -346,8 +346,8 @@ class GraphLowering:
 
     def _current(self, value: Any) -> Any:
         """The value as a consumer should read it now (its buffer, once realized)."""
-        if isinstance(value, TensorValue) and id(value) in self._realized:
-            return self._realized[id(value)][1]
+        if isinstance(value, TensorValue) and (id(value), None) in self._realized:
+            return self._realized[id(value), None][1]
         return value
 
     def lower_node(self, n: torch.fx.Node, env: dict) -> Any:
