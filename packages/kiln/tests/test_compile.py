@@ -615,3 +615,41 @@ def test_callers_autocast_applies_and_leaving_it_recompiles():
         assert out.dtype == torch.float32
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     assert kiln.stats()["recompiles"] == 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_cache_hits_skip_the_aot_signature_and_changes_still_recompile(backend, monkeypatch):
+    """On a cache hit capture's guards have checked every input's tensor metadata, so the
+    call goes through kiln_aot's ``kiln_guarded_call`` (no per-call signature); a changed
+    parameter (requires_grad, dtype) still recompiles, and results and gradients match
+    eager throughout."""
+    import kiln_aot.api
+
+    signatures = []
+    real = kiln_aot.api._signature
+    monkeypatch.setattr(kiln_aot.api, "_signature", lambda *a: signatures.append(1) or real(*a))
+    torch.manual_seed(0)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend=backend, options={"raise_on_error": True})
+    x = torch.randn(6, 16)
+    for _ in range(3):
+        compiled(x).square().sum().backward()
+        reference(x).square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model.norm.running_mean, reference.norm.running_mean)
+    after_first = len(signatures)
+    torch.testing.assert_close(compiled(x), reference(x), rtol=1e-4, atol=1e-5)
+    assert len(signatures) == after_first, "a cache hit computed the aot signature"
+    recompiles = kiln.stats()["recompiles"]
+    for m in (model, reference):
+        m.fc1.weight.requires_grad_(False)
+    model.eval(), reference.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), reference(x), rtol=1e-4, atol=1e-5)
+    model.double(), reference.double()
+    with torch.no_grad():
+        xd = x.double()
+        torch.testing.assert_close(compiled(xd), reference(xd), rtol=1e-6, atol=1e-8)
+    assert kiln.stats()["recompiles"] >= recompiles + 2
