@@ -18,6 +18,7 @@ import torch.fx
 
 from . import log
 from .config import read_config
+from .cse import eliminate_common_subexpressions
 from .errors import LoweringError, source_line
 from .ir.nodes import (
     Buffer,
@@ -295,6 +296,7 @@ class GraphLowering:
     # -- the graph -------------------------------------------------------------------------
     def run(self) -> GraphIR:
         fill_meta(self.gm)
+        eliminate_common_subexpressions(self.gm)
         fold_matmul_bias(self.gm)
         self.channels_last = to_channels_last(self.gm, self.device)
         env: dict[torch.fx.Node, Any] = {}
