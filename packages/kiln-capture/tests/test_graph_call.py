@@ -64,6 +64,10 @@ def test_guarded_call_is_used_and_parameter_changes_still_recompile():
         torch.testing.assert_close(om(x), m(x))
     assert len(backend.graphs) == 1
     assert backend.calls == {"checked": 0, "guarded": 3}
+    m.w = nn.Parameter(torch.randn(4, 3))  # same metadata, new tensor: a hit on new values
+    torch.testing.assert_close(om(x), m(x))
+    assert len(backend.graphs) == 1
+    backend.calls["guarded"] -= 1
     changes = [
         lambda: m.w.requires_grad_(False),
         lambda: setattr(m, "w", nn.Parameter(torch.randn(3, 4).t())),  # strides
