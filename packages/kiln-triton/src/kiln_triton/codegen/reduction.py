@@ -7,8 +7,9 @@ accumulators across chunks and reduces them after the loop. Results are ``[XBLOC
 values stored (or kept in registers) after the region, in the x context.
 
 argmax/argmin keep the first index of the extreme value (NaN counts as the extreme, as in
-eager). Welford mean/M2 pairs over one body share one computation: the mean, then the sum
-of squared deviations from it (in a second pass when looped).
+eager). Welford mean/M2 pairs over one body share one computation: persistent, the mean,
+then the sum of squared deviations from it; looped, one pass of per-lane Welford updates
+merged across lanes with ``libm.welford_combine``.
 """
 
 from __future__ import annotations
@@ -239,31 +240,33 @@ class ReductionCodegen:
 
             self._region(body)
         else:
+            # one pass: each lane keeps a running mean, M2 and count (Welford), merged
+            # across lanes after the loop; the rows are read once, not twice
             for r in reps:
-                kern.emit(f"{names[id(r)]}_s = tl.full({TILE}, 0, {tl_type(dts[id(r)])})")
+                a, t = names[id(r)], tl_type(dts[id(r)])
+                for part in ("mean", "m2", "n"):
+                    kern.emit(f"{a}_{part} = tl.full({TILE}, 0, {t})")
 
-            def sums(block: Block, subs: dict[Any, Any], flat: str) -> None:
+            def update(block: Block, subs: dict[Any, Any], flat: str) -> None:
+                m = kern.mask_text()
                 for r in reps:
                     a = names[id(r)]
-                    kern.emit(f"{a}_s = {a}_s + tl.where({kern.mask_text()}, {value(r, subs)}, 0)")
+                    v = value(r, subs)
+                    kern.emit(f"{a}_n1 = tl.where({m}, {a}_n + 1, {a}_n)")
+                    kern.emit(f"{a}_d = {v} - {a}_mean")
+                    kern.emit(f"{a}_mean = tl.where({m}, {a}_mean + {a}_d / {a}_n1, {a}_mean)")
+                    kern.emit(f"{a}_m2 = tl.where({m}, {a}_m2 + {a}_d * ({v} - {a}_mean), {a}_m2)")
+                    kern.emit(f"{a}_n = {a}_n1")
 
-            self._region(sums)
+            self._region(update)
             for r in reps:
                 dt, a = dts[id(r)], names[id(r)]
-                s = h.value(f"tl.sum({a}_s, 1)[:, None]", dt)
-                means[id(r)] = h.truediv(s, h.constant(int(count), dt))
-                kern.emit(f"{a}_q = tl.full({TILE}, 0, {tl_type(dt)})")
-
-            def squares(block: Block, subs: dict[Any, Any], flat: str) -> None:
-                for r in reps:
-                    a = names[id(r)]
-                    d = f"tl.where({kern.mask_text()}, {value(r, subs)} - {means[id(r)]}, 0)"
-                    kern.emit(f"{a}_d = {d}")
-                    kern.emit(f"{a}_q = {a}_q + {a}_d * {a}_d")
-
-            self._region(squares)
-            for r in reps:
-                m2s[id(r)] = h.value(f"tl.sum({names[id(r)]}_q, 1)[:, None]", dts[id(r)])
+                kern.emit(
+                    f"{a}_rm, {a}_rq, {a}_rn = tl.reduce(({a}_mean, {a}_m2, {a}_n), 1, "
+                    "libm.welford_combine)"
+                )
+                means[id(r)] = h.value(f"{a}_rm[:, None]", dt)
+                m2s[id(r)] = h.value(f"{a}_rq[:, None]", dt)
         for n in nodes:
             key = id(n.body.inner_fn)  # type: ignore[union-attr]
             rep = groups[key][0]

@@ -7,7 +7,8 @@ tolerances on the ranges the tests use, which is what CPU CI checks. ``asin``, `
 ``atan``, ``atan2`` and ``lgamma`` have no interpreter form; kernels using them run on GPUs
 only (the GPU tests cover them).
 
-The combine functions (``prod_combine``, ``max_nan``, ``min_nan``) are the same everywhere.
+The combine functions (``prod_combine``, ``max_nan``, ``min_nan``, ``welford_combine``) are the
+same everywhere.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ def max_nan(a, b):
 @triton.jit
 def min_nan(a, b):
     return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    # two partial (mean, sum of squared deviations, count) merged (Chan et al.)
+    n = n_a + n_b
+    frac = tl.where(n == 0, 0.0, n_b / n)
+    delta = mean_b - mean_a
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * n_a * frac, n
 
 
 @triton.jit
