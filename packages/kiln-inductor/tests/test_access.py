@@ -123,17 +123,37 @@ def test_mean_over_channels_of_nhwc_is_one_row_kernel():
 
 def test_reduction_over_hw_keeps_its_ranges_and_parallel_outer_loops():
     """A reduction over (H, W) of an NHWC value: the outer loops are its output's (N, C),
-    the reduction ranges stay (H, W); the NHWC producer, looping (N, H, W, C), is not fused
-    into a kernel whose only parallel loop would be N."""
+    the reduction ranges stay (H, W). The NHWC producer (its own loops (N, H, W, C)) shares
+    only N with it, which would leave one parallel loop: the two fuse in logical order
+    instead, as rows over (N, C), the value read once (stored strided)."""
 
     def f(x):
         y = aten.relu.default(aten.mul.Tensor(x, 3.0))
         return (y, aten.sum.dim_IntList(y, [2, 3]))
 
-    _, groups = _schedule(f, [_nhwc(N, C, H, W)])
-    reductions = [g for g in groups if g.blocks[0].kind == "reduction"]
-    (red,) = reductions
-    assert red.outer == (N, C) and red.blocks[0].rranges == (H, W)
+    _, (group,) = _schedule(f, [_nhwc(N, C, H, W)])
+    assert group.outer == (N, C)
+    assert [(b.kind, b.inner, b.rranges) for b in group.blocks] == [
+        ("reduction", (), (H, W)),
+        ("pointwise", (H, W), ()),
+    ]
+
+
+def test_groups_of_disagreeing_orders_that_give_no_rows_stay_apart():
+    """Pooling windows of two sizes over one NHWC input: in memory order the outputs share
+    only N, in logical order (N, C) with inner loops of different sizes; neither is rows,
+    so they are two kernels, each flat in memory order."""
+
+    def f(x):
+        return (
+            aten.avg_pool2d.default(x, [2, 2], [2, 2]),
+            aten.avg_pool2d.default(x, [3, 3], [3, 3]),
+        )
+
+    _, groups = _schedule(f, [_nhwc(N, C, 6, 6)])
+    assert len(groups) == 2
     for g in groups:
-        assert all(not b.inner for b in g.blocks if b.kind != "pointwise")
-        assert len(g.outer) >= 2
+        (node,) = g.nodes
+        assert [(b.kind, b.inner) for b in g.blocks] == [("pointwise", ())]
+        assert sympy.expand(g.bound[node.name][2] - _flat(g)) == 0  # flat in memory order
+    assert (N, 3, 3, C) in [g.outer for g in groups]

@@ -78,8 +78,8 @@ def test_nhwc_pointwise_kernel_indexes_with_c_contiguous():
 
 
 def test_nhwc_reductions_match_eager():
-    """Reductions of an NHWC value over C (one row kernel) and over H, W (outer loops over
-    N, C, reduction ranges H, W as they were)."""
+    """Reductions of an NHWC value over C (one row kernel over (N, H, W)) and over H, W
+    (outer loops over N, C, reduction ranges H, W as they were)."""
 
     def mean_c(x):
         return (aten.mul.Tensor(x, aten.mean.dim(x, [1], True)),)
@@ -98,5 +98,15 @@ def test_nhwc_reductions_match_eager():
         "tl.sum(",
         "tl.store(out_ptr0 + ((240 * x0) + (48 * x1) + (8 * x2) + r0_0),",
     )
-    kernels, sources = kernels_of(sum_hw, [_nhwc(2, 8, 5, 6)])
-    assert sorted(k.kind for k in kernels) == ["persistent", "pointwise"]
+    # the NHWC value and its sum over (H, W): one kernel of (N, C) rows, C along x
+    kernels, (src,) = kernels_of(sum_hw, [_nhwc(2, 8, 5, 6)])
+    assert kernels[0].kind == "persistent"
+    in_order(
+        src,
+        "xmask = xindex < 16",
+        "x1 = (xindex % 8)",
+        "tl.load(in_ptr0 + ((240 * x0) + (48 * r0_0) + (8 * r0_1) + x1), (xmask & rmask0)",
+        "tl.sum(",
+        "tl.store(out_ptr0 + xindex,",
+        "tl.store(out_ptr1 + ((240 * x0) + (48 * r0_0) + (8 * r0_1) + x1),",
+    )

@@ -20,10 +20,13 @@ stay in registers (``FusedGroup.local``).
 Loop order: each node's loops follow the stride order of the buffer it writes (see
 ``access``). The members of a group that have the logical size of its first node share
 one order (``group_order``): the one most of them write in (ties: the first node's), so a
-contiguous copy of an NHWC value fuses with it in one flat loop. A group holding a member whose loops are not in logical order is kept
-to the shapes that stay parallel over the outer loops (``_row_shaped``): flat pointwise
-loops, or rows that reductions reduce. (Loop orders that disagree would otherwise leave a
-short common outer prefix, e.g. only N, with the rest run inside each program.)
+contiguous copy of an NHWC value fuses with it in one flat loop. A group holding a member
+whose loops are not in logical order is kept to the shapes that stay parallel over the
+outer loops (``_row_shaped``): flat pointwise loops, or rows that reductions reduce (loop
+orders that disagree would otherwise leave a short common outer prefix, e.g. only N, with
+the rest run inside each program). Where memory order gives no group, logical order is
+tried, rows only: an NHWC value and its sum over (H, W) fuse as rows over (N, C), the
+value read once and stored strided.
 """
 
 from __future__ import annotations
@@ -168,7 +171,11 @@ def _row_shaped(blocks: Sequence[Block]) -> bool:
 
 
 def plan_group(name: str, nodes: list[ComputedBuffer], table: AccessTable) -> FusedGroup | None:
-    """Loops and blocks for ``nodes`` as one kernel, or None if they cannot share one."""
+    """Loops and blocks for ``nodes`` as one kernel, or None if they cannot share one.
+
+    In memory order first (``group_order``); where that fails and a member's loops were
+    reordered, in logical order, if that gives rows (an NHWC value and its reduction over
+    H, W: one kernel over (N, C) rows, reading the value once, rather than two)."""
     order = group_order(nodes)
     size = _size(nodes[0])
     accesses = {
@@ -177,6 +184,21 @@ def plan_group(name: str, nodes: list[ComputedBuffer], table: AccessTable) -> Fu
         else table[n.name]
         for n in nodes
     }
+    plan = _plan(name, nodes, accesses)
+    if plan is None and len(nodes) > 1 and any(table[n.name].reordered for n in nodes):
+        logical = {
+            n.name: table[n.name]
+            if _size(n) is None
+            else table.in_order(n, tuple(range(len(n.body.size))))  # type: ignore[union-attr]
+            for n in nodes
+        }
+        plan = _plan(name, nodes, logical, rows_only=True)
+    return plan
+
+
+def _plan(
+    name: str, nodes: list[ComputedBuffer], accesses: dict[str, Access], rows_only: bool = False
+) -> FusedGroup | None:
     if len(nodes) > 1:
         accesses = refine_to_finest(accesses)
     ranges = [accesses[n.name].ranges for n in nodes]
@@ -277,7 +299,8 @@ def plan_group(name: str, nodes: list[ComputedBuffer], table: AccessTable) -> Fu
                 break
         if chosen is None:
             return None
-    if len(nodes) > 1 and any(a.reordered for a in accesses.values()) and not _row_shaped(blocks):
+    reordered = any(a.reordered for a in accesses.values())
+    if len(nodes) > 1 and (rows_only or reordered) and not _row_shaped(blocks):
         return None
     return FusedGroup(name, list(nodes), outer, ovars, blocks, bound)
 
