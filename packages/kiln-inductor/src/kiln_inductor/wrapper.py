@@ -107,7 +107,10 @@ class WrapperCodegen:
         return "\n".join(out) + "\n"
 
     def _extern(self, step: ExternKernel) -> list[str]:
-        op = self._global("aten_", step.op)
+        # the op's dispatcher entry itself: OpOverload.__call__ is a Python frame per call
+        # that only forwards to it (dispatch modes still see the op)
+        target = step.op._op if isinstance(step.op, torch._ops.OpOverload) else step.op
+        op = self._global("aten_", target)
         args = ", ".join(
             [self._arg(a) for a in step.args]
             + [f"{k}={self._arg(v)}" for k, v in step.kwargs.items()]
