@@ -39,6 +39,17 @@ python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__ver
 ) &
 SIDE=$!
 
+# optional, with 2+ GPUs: channels-last on/off for kiln on the last GPU while the tests and
+# the kernel benchmark use the first (LAYOUT_AB=resnet50,convnext_tiny)
+LAYOUT=
+NGPU=$(nvidia-smi -L | wc -l)
+if [ -n "${LAYOUT_AB:-}" ] && [ "$NGPU" -ge 2 ]; then
+    CUDA_VISIBLE_DEVICES=$((NGPU - 1)) timeout ${LAYOUT_TIMEOUT:-240} python3 \
+        benchmarks/gpu/layout_ab.py --models "$LAYOUT_AB" --batch ${LAYOUT_BATCH:-32} \
+        > "$OUT/layout_ab.log" 2>&1 &
+    LAYOUT=$!
+fi
+
 SELECT=()
 if [ "${QUICK:-1}" = "1" ]; then SELECT=(-k "not sweep"); fi
 KILN_TRITON_TEST_GPU=1 KILN_TRITON_AUTOTUNE=0 timeout ${TEST_TIMEOUT:-200} python3 -m pytest \
@@ -54,6 +65,8 @@ timeout ${TEST_TIMEOUT:-200} python3 -m pytest packages/kiln/tests -m gpu -q -p 
 KILN_LOG=kernels timeout ${KERNEL_TIMEOUT:-240} python3 benchmarks/triton_kernels.py --out "$OUT" \
     > "$OUT/triton_kernels.log" 2>&1
 echo "kernel benchmark exit: $?"
+
+if [ -n "$LAYOUT" ]; then wait $LAYOUT; echo "layout A/B exit: $?"; grep -v "^\[" "$OUT/layout_ab.log" | tail -8; fi
 
 # the suite gets what is left of TOTAL_BUDGET seconds (the device call's limit, less a margin)
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-$(( ${TOTAL_BUDGET:-580} - SECONDS - 25 ))}
