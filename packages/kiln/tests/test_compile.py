@@ -648,6 +648,9 @@ def test_cache_hits_skip_the_aot_signature_and_changes_still_recompile(backend, 
     model.eval(), reference.eval()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), reference(x), rtol=1e-4, atol=1e-5)
+    # the running statistics the float32 steps left differ from eager's in float32 rounding
+    # (seen as 2e-6 relative in float64 on the H200 box): start float64 from the same state
+    reference.load_state_dict(model.state_dict())
     model.double(), reference.double()
     with torch.no_grad():
         xd = x.double()
