@@ -55,3 +55,28 @@ def test_layer_norm_statistics_and_reshaped_output_are_one_kernel():
     assert [int(n) for n in k.outer] == [2, 7]
     kinds = {b.kind for b in k.blocks}
     assert "pointwise" in kinds and kinds & {"welford", "reduction"}
+
+
+def test_no_group_reduces_rows_one_after_another():
+    """A layer_norm over C of an NCHW value (timm's LayerNorm2d: permute, layer_norm,
+    permute back) and its NCHW consumer share only the loop over N: as one kernel each of N
+    programs reduced all H*W rows in turn. They stay two kernels with their own loops."""
+
+    def layer_norm_2d(x, w, b):  # as kiln-aot decomposes it
+        p = aten.permute.default(x, [0, 2, 3, 1])
+        mean = aten.div.Tensor(aten.sum.dim_IntList(p, [3], True), 32)
+        d = aten.sub.Tensor(p, mean)
+        var = aten.div.Tensor(aten.sum.dim_IntList(aten.mul.Tensor(d, d), [3], True), 32)
+        y = aten.mul.Tensor(d, aten.rsqrt.default(aten.add.Tensor(var, 1e-6)))
+        y = aten.add.Tensor(aten.mul.Tensor(y, w), b)
+        return (aten.mul.Tensor(aten.permute.default(y, [0, 3, 1, 2]), 2.0),)
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=g) for s in ((2, 32, 16, 16), (32,), (32,))]
+    ir = GraphLowering(aten_graph(layer_norm_2d, inputs), inputs).run()
+    kernels = [s for s in fuse_nodes(ir) if isinstance(s, FusedGroup)]
+    for k in kernels:
+        for b in k.blocks:
+            assert b.kind == "pointwise" or sympy.prod(b.inner) <= 8, (k.outer, b.inner)
+    reducing = [k for k in kernels if any(b.kind != "pointwise" for b in k.blocks)]
+    assert [int(n) for n in reducing[0].outer] == [2, 16, 16]
