@@ -4,26 +4,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 import kiln_cpp
 from kiln_inductor.graph import GraphLowering
 from kiln_inductor.scheduler.fuse import FusedGroup, fuse_nodes
-from kiln_inductor.testing import aten_graph
-
-
-class PreNormBlock(torch.nn.Module):
-    """x + fc2(gelu(fc1(layer_norm(x)))) on (batch, tokens, width) activations: the
-    normalized rows reach the matmul as a (batch * tokens, width) matrix."""
-
-    def __init__(self, width: int = 48):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(width)
-        self.fc1 = torch.nn.Linear(width, 4 * width)
-        self.fc2 = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+from kiln_inductor.testing import PreNormBlock, aten_graph
 
 
 def test_layer_norm_and_its_reshaped_output_fuse_and_match_eager():

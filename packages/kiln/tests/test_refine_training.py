@@ -5,20 +5,9 @@ scheduler/refine.py): loss and gradients match eager."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 import kiln
-
-
-class PreNormBlock(torch.nn.Module):
-    def __init__(self, width: int = 48):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(width)
-        self.fc1 = torch.nn.Linear(width, 4 * width)
-        self.fc2 = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+from kiln_inductor.testing import PreNormBlock
 
 
 def test_training_through_the_fused_block_matches_eager():

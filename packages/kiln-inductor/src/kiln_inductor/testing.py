@@ -136,3 +136,18 @@ def channels_last_models(c: int = 16) -> dict[str, torch.nn.Module]:
                 mod.running_mean.uniform_(-0.5, 0.5)
                 mod.running_var.uniform_(0.5, 1.5)
     return models
+
+
+class PreNormBlock(torch.nn.Module):
+    """``x + fc2(gelu(fc1(layer_norm(x))))`` on (batch, tokens, width) activations: the
+    normalized rows reach the matmul as a (batch * tokens, width) matrix, so the layer_norm's
+    statistics and its output share a kernel only through split loops (scheduler/refine.py)."""
+
+    def __init__(self, width: int = 48):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.fc1 = torch.nn.Linear(width, 4 * width)
+        self.fc2 = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
