@@ -46,7 +46,7 @@ def _key(value: Any) -> Any:
     if isinstance(value, dict):
         return ("dict", tuple(sorted((k, _key(v)) for k, v in value.items())))
     if isinstance(value, float):
-        return ("float", value, str(value))  # -0.0 and 0.0 differ; nan is itself
+        return ("float", str(value))  # -0.0 and 0.0 differ, as do their results
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return (type(value).__name__, str(value))
     if value is None or isinstance(value, (bool, int, str)):

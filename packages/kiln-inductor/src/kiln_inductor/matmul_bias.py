@@ -23,6 +23,8 @@ import torch
 import torch.fx
 
 from . import log
+from .lowering.extern import ATTENTION_OPS
+from .lowering.registry import EXTERN_OPS
 
 aten = torch.ops.aten
 
@@ -46,22 +48,12 @@ _VIEWS = {
     aten.alias.default,
     operator.getitem,
 }
-# ops that read their inputs in a library kernel, never in a kiln kernel
-_EXTERN_READERS = {
-    aten.mm.default,
-    aten.bmm.default,
-    aten.addmm.default,
-    aten.convolution.default,
-    aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_efficient_attention.default,
-    aten._scaled_dot_product_cudnn_attention.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
-}
 
 
 def _only_extern_readers(node: torch.fx.Node) -> bool:
     for user in node.users:
-        if user.op == "output" or user.target in _EXTERN_READERS:
+        # read by a library kernel (mm, convolution, fused attention), never a kiln kernel
+        if user.op == "output" or user.target in EXTERN_OPS or user.target in ATTENTION_OPS:
             continue
         if user.target in _VIEWS and _only_extern_readers(user):
             continue

@@ -30,7 +30,7 @@ register_extern(
 # backward) as one op. Its outputs' strides follow its inputs' (CPU flash attention returns
 # the query's layout), so the inputs are handed over in the strides they were traced with:
 # the extern's outputs then have the strides the graph's metadata says.
-_ATTENTION_OPS = (
+ATTENTION_OPS = (
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     aten._scaled_dot_product_efficient_attention.default,
@@ -89,7 +89,7 @@ def _extern_in_traced_strides(op: Any) -> Any:
     return lower
 
 
-for _op in _ATTENTION_OPS:
+for _op in ATTENTION_OPS:
     register_lowering(_op)(_extern_in_traced_strides(_op))
 
 register_fallback(
