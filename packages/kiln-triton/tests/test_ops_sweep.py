@@ -293,6 +293,21 @@ def test_softmax_layer_norm(dtype, persistent_max):
         assert_case(results[c.label], **tol)
 
 
+def test_looped_welford_float64_keeps_float64_precision():
+    # the looped Welford update scales by one reciprocal per chunk, in the row's dtype
+    # the interpreter loops in chunks of 1024: two full ones and a masked tail
+    x = make((4, 3000), torch.float64)
+    w, b = make((3000,), torch.float64, "pos"), make((3000,), torch.float64)
+    cases = [
+        Case("var_mean", lambda t: aten.var_mean.correction(t, [1], correction=1), (x,)),
+        Case("layer_norm", lambda t, ww, bb: _layer_norm(t, ww, bb), (x, w, b)),
+    ]
+    with settings_scope(persistent_max=64):
+        results = run_batch(cases)
+    for c in cases:
+        assert_case(results[c.label], rtol=1e-12, atol=1e-12)
+
+
 def test_empty_reductions():
     x = make((0, 5), F32)
     cases = [

@@ -249,12 +249,19 @@ class ReductionCodegen:
 
             def update(block: Block, subs: dict[Any, Any], flat: str) -> None:
                 m = kern.mask_text()
+                # a lane the mask lets through has seen one element per chunk so far
+                # (only the last chunk masks r lanes), so one reciprocal per chunk serves
+                # them all; with any other mask the lane's own count divides
+                uniform = kern.extra_mask is None
                 for r in reps:
-                    a = names[id(r)]
+                    a, t = names[id(r)], tl_type(dts[id(r)])
                     v = value(r, subs)
+                    if uniform:
+                        kern.emit(f"{a}_rc = 1.0 / tl.full([], roffset // RBLOCK + 1, {t})")
                     kern.emit(f"{a}_n1 = tl.where({m}, {a}_n + 1, {a}_n)")
                     kern.emit(f"{a}_d = {v} - {a}_mean")
-                    kern.emit(f"{a}_mean = tl.where({m}, {a}_mean + {a}_d / {a}_n1, {a}_mean)")
+                    step = f"{a}_d * {a}_rc" if uniform else f"{a}_d / {a}_n1"
+                    kern.emit(f"{a}_mean = tl.where({m}, {a}_mean + {step}, {a}_mean)")
                     kern.emit(f"{a}_m2 = tl.where({m}, {a}_m2 + {a}_d * ({v} - {a}_mean), {a}_m2)")
                     kern.emit(f"{a}_n = {a}_n1")
 
