@@ -76,6 +76,26 @@ def _resnet():
 
 
 MODELS = {"gpt2": lambda: _hf("gpt2"), "bert": lambda: _hf("bert"), "resnet": _resnet}
+DEVICE, DTYPE, SIZE = "cpu", torch.float32, "small"  # set by --device/--dtype/--size
+TOL = 1e-3  # largest relative difference from eager taken as correct (by --dtype)
+
+
+def build(name: str):
+    """(model, positional args, keyword args): this file's tiny CPU models, or any model of
+    ``zoo.py`` (HF and timm, e.g. ``timm_resnet50``) on --device in --dtype at --size."""
+    if name in MODELS and DEVICE == "cpu":
+        return MODELS[name]()
+    from zoo import ZOO
+
+    model, args = ZOO[name][1](DEVICE, DTYPE, SIZE)
+    if isinstance(args, dict):
+        return model, (), args
+    return model, tuple(args), {}
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 # -- timing ------------------------------------------------------------------------------
@@ -126,6 +146,7 @@ def interleaved_us(fns: dict, calls: int, rounds: int = 15) -> dict[str, float]:
             for _ in range(calls):
                 fn()
             samples[k].append((clock() - t0) / calls * 1e6)
+            _sync()
     return {k: min(v) for k, v in samples.items()}
 
 
@@ -197,7 +218,60 @@ def kiln_layers(compiled, args, train: bool) -> dict:
         layers["wrapper"] = lambda: inner._call(call_args)
         layers["wrapper_fn"] = inner._call
         layers["wrapper_args"] = call_args
+        layers.update(_wrapper_calls(inner._call, call_args))
     return layers
+
+
+class _Calls:
+    """Stands in for a wrapper global (a kernel launcher, an ATen op, the allocator) and
+    keeps the arguments and the result of each call."""
+
+    def __init__(self, fn, log: list):
+        self.fn, self.log = fn, log
+
+    def __call__(self, *args, **kwargs):
+        result = self.fn(*args, **kwargs)
+        # results are kept: kernels get raw pointers, which must stay valid for replays
+        self.log.append((self.fn, args, kwargs, result))
+        return result
+
+
+def _wrapper_kind(name: str) -> str | None:
+    if name.startswith("kernel_"):
+        return "launches"
+    if name.startswith("aten_"):
+        return "aten"
+    return "alloc" if name == "empty_strided" else None
+
+
+def _wrapper_calls(wrapper_fn, call_args) -> dict:
+    """The wrapper's kernel launches and ATen calls, each replayable alone with the
+    arguments of one real call: ``launches`` (``kernel_*`` globals) and ``aten``
+    (``aten_*``: library kernels and fallbacks), timed as loops over the recorded calls.
+    Every buffer of the recorded call stays alive, so the kernels' pointers stay valid."""
+    ns = wrapper_fn.__globals__
+    logs: dict[str, list] = {"launches": [], "aten": [], "alloc": []}
+    saved = {}
+    for key, value in list(ns.items()):
+        kind = _wrapper_kind(key)
+        if kind is not None and callable(value):
+            saved[key] = value
+            ns[key] = _Calls(value, logs[kind])
+    try:
+        wrapper_fn(call_args)
+    finally:
+        ns.update(saved)
+    out = {}
+    for kind in ("launches", "aten"):
+        if logs[kind]:
+
+            def replay(log=logs[kind], keep=logs):
+                for fn, args, kwargs, _ in log:
+                    fn(*args, **kwargs)
+
+            out[kind] = replay
+            out[f"{kind}_count"] = len(logs[kind])
+    return out
 
 
 def guard_in_call_us(entry, call, calls: int, rounds: int = 5) -> float:
@@ -278,10 +352,16 @@ def profile_text(fn, calls: int, top: int = 25) -> str:
 # -- one model ---------------------------------------------------------------------------
 
 
+def _rel_diff(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest difference relative to the largest expected magnitude (float32 compare)."""
+    got, expected = got.float(), expected.float()
+    return ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+
+
 def measure(name: str, train: bool, calls: int, show_profile: bool) -> dict:
     import kiln
 
-    model, *args = MODELS[name]()  # args: (positional, keyword)
+    model, *args = build(name)  # args: (positional, keyword)
     model.train(False)  # dropout off in both modes: the compared outputs are deterministic
     params = [p for p in model.parameters() if p.requires_grad] if train else []
     step = _step(train)
@@ -296,8 +376,8 @@ def measure(name: str, train: bool, calls: int, show_profile: bool) -> dict:
     row = {
         "model": name,
         "mode": "train" if train else "infer",
-        "max_diff_kiln": (got_kiln - expected).abs().max().item(),
-        "max_diff_torch_compile": (got_torch - expected).abs().max().item(),
+        "max_diff_kiln": _rel_diff(got_kiln, expected),
+        "max_diff_torch_compile": _rel_diff(got_torch, expected),
     }
     totals = interleaved_us(
         {
@@ -322,7 +402,7 @@ def measure(name: str, train: bool, calls: int, show_profile: bool) -> dict:
     with grad:
         timed = {
             k: layers[k]
-            for k in ("guard", "run", "graph", "compiled_graph", "wrapper")
+            for k in ("guard", "run", "graph", "compiled_graph", "wrapper", "launches", "aten")
             if k in layers
         }
         if train:
@@ -352,46 +432,62 @@ def measure(name: str, train: bool, calls: int, show_profile: bool) -> dict:
                 "kernels": t["wrapper"] - wrapper_py,
             }
         )
+        # the kernels' part, split: launches, ATen calls, the rest (allocation, views)
+        for k in ("launches", "aten"):
+            if k in t:
+                split[k] = t[k]
+                row[f"{k}_count"] = layers[f"{k}_count"]
     else:
         split["graph"] = t["graph"]
     if train:
         split["backward"] = totals["kiln"] - whole
     row["kiln_split_us"] = split
-    row["kiln_host_us"] = sum(v for k, v in split.items() if k not in ("kernels", "backward"))
+    row["kiln_host_us"] = sum(
+        v for k, v in split.items() if k not in ("kernels", "backward", *KERNEL_SPLIT)
+    )
     return row
 
 
 # -- output ------------------------------------------------------------------------------
 
 SPLIT = ("hook", "guard", "run fn", "aot", "inductor", "wrapper", "kernels", "backward")
+KERNEL_SPLIT = ("launches", "aten")  # parts of "kernels", timed alone: replayed calls
 
 
 def print_table(rows: list[dict]) -> None:
+    W = max(8, *(len(r["model"]) + 1 for r in rows))
     print(
         "\nPer call, microseconds (process CPU time, best of interleaved rounds); kiln host = everything"
     )
     print("but kernels (and backward in train mode); 'in call' = the guard function timed inside")
-    print("real calls (cold caches); the split's 'guard' = timed alone in a loop (hot caches)")
+    print("real calls (cold caches); the split's 'guard' = timed alone in a loop (hot caches);")
+    print(
+        "'launches' and 'aten' = the kernel launches and ATen calls of one wrapper call, replayed"
+    )
+    print("alone (their share of 'kernels')")
     head = (
-        f"{'model':8s}{'mode':6s}{'eager':>8s}{'torch.c':>9s}{'kiln':>8s}{'host':>8s}{'guards':>8s}"
+        f"{'model':{W}s}{'mode':6s}{'eager':>8s}{'torch.c':>9s}{'kiln':>8s}{'host':>8s}{'guards':>8s}"
         f"{'in call':>9s}"
     )
-    head += "".join(f"{k:>9s}" for k in SPLIT)
+    head += "".join(f"{k:>9s}" for k in SPLIT + KERNEL_SPLIT)
     print(head)
     for r in rows:
         s = r.get("kiln_split_us", {})
         line = (
-            f"{r['model']:8s}{r['mode']:6s}{r['eager_us']:8.0f}{r['torch.compile_us']:9.0f}"
+            f"{r['model']:{W}s}{r['mode']:6s}{r['eager_us']:8.0f}{r['torch.compile_us']:9.0f}"
             f"{r['kiln_us']:8.0f}{r.get('kiln_host_us', float('nan')):8.0f}"
             f"{r['guards'] if r['guards'] is not None else '-':>8}"
             f"{r.get('guard_in_call_us', float('nan')):9.1f}"
         )
-        line += "".join(f"{s[k]:9.1f}" if k in s else f"{'-':>9s}" for k in SPLIT)
+        line += "".join(f"{s[k]:9.1f}" if k in s else f"{'-':>9s}" for k in SPLIT + KERNEL_SPLIT)
+        counts = [f"{r[f'{k}_count']} {k}" for k in KERNEL_SPLIT if f"{k}_count" in r]
+        if counts:
+            line += f"  ({', '.join(counts)})"
         print(line)
         if "layers_error" in r:
             print(f"  ({r['layers_error']})")
     for r in rows:
-        bad = [k for k in ("max_diff_kiln", "max_diff_torch_compile") if not r[k] < 1e-3]
+        bad = [k for k in ("max_diff_kiln", "max_diff_torch_compile") if not r[k] < TOL]
         if bad:
             print(f"MISMATCH {r['model']} {r['mode']}: {[(k, r[k]) for k in bad]}")
 
@@ -402,9 +498,16 @@ def main() -> int:
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--calls", type=int, default=200, help="calls per timing round")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (zoo.py's models on cuda)")
+    p.add_argument("--dtype", default=None, help="default: float32 on cpu, bfloat16 on cuda")
+    p.add_argument("--size", default="small", help="zoo.py's model size: small or large")
     p.add_argument("--profile", action="store_true", help="print a cProfile of kiln's calls")
     p.add_argument("--out", default=str(HERE / "results" / "host_overhead.json"))
     a = p.parse_args()
+    global DEVICE, DTYPE, SIZE, TOL
+    DEVICE, SIZE = a.device, a.size
+    DTYPE = getattr(torch, a.dtype or ("bfloat16" if a.device == "cuda" else "float32"))
+    TOL = 1e-3 if DTYPE in (torch.float32, torch.float64) else 5e-2
     torch.set_num_threads(a.threads)
     rows = []
     for name in a.models.split(","):
@@ -414,7 +517,10 @@ def main() -> int:
             if a.profile and "profile" in row:
                 print(row["profile"])
             rows.append(row)
-    print(f"\nPython {platform.python_version()}, torch {torch.__version__}, threads {a.threads}")
+    print(
+        f"\nPython {platform.python_version()}, torch {torch.__version__}, threads {a.threads}, "
+        f"{DEVICE} {DTYPE} {SIZE}"
+    )
     print_table(rows)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(
@@ -423,6 +529,9 @@ def main() -> int:
                 "python": platform.python_version(),
                 "torch": torch.__version__,
                 "threads": a.threads,
+                "device": DEVICE,
+                "dtype": str(DTYPE),
+                "size": SIZE,
                 "load": os.getloadavg(),
                 "rows": rows,
             },
@@ -430,7 +539,7 @@ def main() -> int:
         )
     )
     print(f"wrote {a.out}")
-    return 0 if all(r["max_diff_kiln"] < 1e-3 for r in rows) else 1
+    return 0 if all(r["max_diff_kiln"] < TOL for r in rows) else 1
 
 
 if __name__ == "__main__":
