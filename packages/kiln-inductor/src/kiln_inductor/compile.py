@@ -64,6 +64,11 @@ class CompiledGraph:
                 f"kiln: input {i} has shape {tuple(x.shape)} but the graph was compiled for "
                 f"{want[0]}\n  fix: compile again for this shape (kiln_aot and kiln.compile do so)"
             )
+        log.log(
+            "layouts",
+            f"input {i}: strides {tuple(x.stride())}, the graph was compiled for {want[1]}: "
+            "copied on this call",
+        )
         fixed = torch.empty_strided(want[0], want[1], dtype=x.dtype, device=x.device).copy_(x)
         return (*args[:i], fixed, *args[i + 1 :])
 

@@ -1,4 +1,4 @@
-"""Opt-in logging by topic: ``KILN_LOG=kernels,graphs,timings,fallbacks``."""
+"""Opt-in logging by topic: ``KILN_LOG=kernels,graphs,timings,fallbacks,layouts``."""
 
 from __future__ import annotations
 

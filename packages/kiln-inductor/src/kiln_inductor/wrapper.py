@@ -15,6 +15,7 @@ import torch
 
 from .backend import KernelBackend
 from .ir.nodes import Buffer, ExternKernel, GraphIR, Layout, StorageView
+from .log import log
 from .scheduler.fuse import FusedGroup, Step
 from .scheduler.memory import MemoryPlan
 
@@ -122,15 +123,28 @@ class WrapperCodegen:
             if o.check_strides:
                 self.globals["restride"] = _restride
                 lay = o.layout
-                lines.append(f"{o.name} = restride({o.name}, {_tuple(lay.stride)})")
+                op_name = step.op.name() if hasattr(step.op, "name") else str(step.op)
+                site = f"{op_name} -> {o.name}"
+                lines.append(f"{o.name} = restride({o.name}, {_tuple(lay.stride)}, {site!r})")
         lines.append(f"del {step.name}")
         return lines
 
 
-def _restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+_copied: set[str] = set()  # restride sites already logged
+
+
+def _restride(t: torch.Tensor, stride: tuple[int, ...], site: str = "") -> torch.Tensor:
     """``t`` with the strides kernels index it by (a copy when the op chose others; the
-    stride of a dimension of size 1 is never read)."""
+    stride of a dimension of size 1 is never read). The first copy at each ``site`` (op and
+    buffer) is logged under KILN_LOG=layouts: it is a copy on every call."""
     if all(n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
         return t
+    if site not in _copied:
+        _copied.add(site)
+        log(
+            "layouts",
+            f"{site}: the op returned strides {tuple(t.stride())} for shape {tuple(t.shape)}, "
+            f"kernels index {stride}: copied on every call",
+        )
     out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
     return out.copy_(t)
