@@ -114,3 +114,18 @@ def llama(layers: int = 2, dim: int = 64, vocab: int = 512):
 
 def logits_fn(model):
     return lambda ids: model(ids).logits
+
+
+def convnext(hidden=(16, 32), depths=(1, 2)):
+    """HF ConvNeXt: depthwise 7x7 conv, (N, H, W, C) LayerNorm and MLP, 2x2 patch
+    convolutions between stages."""
+    from transformers import ConvNextConfig, ConvNextModel
+
+    cfg = ConvNextConfig(
+        num_channels=3,
+        num_stages=len(hidden),
+        hidden_sizes=list(hidden),
+        depths=list(depths),
+        layer_scale_init_value=0.5,
+    )
+    return ConvNextModel(cfg)

@@ -17,6 +17,7 @@ import torch
 import torch.fx
 
 from . import log
+from .broadcast_bmm import fold_broadcast_bmm
 from .config import read_config
 from .cse import eliminate_common_subexpressions
 from .errors import LoweringError, source_line
@@ -297,6 +298,7 @@ class GraphLowering:
     def run(self) -> GraphIR:
         fill_meta(self.gm)
         eliminate_common_subexpressions(self.gm)
+        fold_broadcast_bmm(self.gm)
         fold_matmul_bias(self.gm)
         self.channels_last = to_channels_last(self.gm, self.device)
         env: dict[torch.fx.Node, Any] = {}
