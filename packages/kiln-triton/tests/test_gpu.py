@@ -304,3 +304,30 @@ def test_capture_failure_falls_back_with_a_logged_reason(caplog):
     torch.manual_seed(0)
     assert torch.equal(a, torch.randint(0, 50, (4, 32), device=CUDA))
     torch.testing.assert_close(runner(x)[0], fn(x)[0])
+
+
+def test_c_launch_runs_kernels_between_calls_and_in_cuda_graphs(monkeypatch):
+    from kiln_triton.runtime.direct import DirectLaunch
+
+    built = []
+    real = DirectLaunch.build.__func__
+
+    def record(cls, *a, **k):
+        built.append(real(cls, *a, **k))
+        return built[-1]
+
+    monkeypatch.setattr(DirectLaunch, "build", classmethod(record))
+    fn = torch.fx.symbolic_trace(
+        lambda x, y: (torch.softmax(torch.sigmoid(x) * y + 1, -1), (x * y).sum(-1))
+    )
+    x, y = (
+        make((64, 1000), torch.float32, device=CUDA),
+        make((64, 1000), torch.float32, device=CUDA),
+    )
+    for mode in (None, "reduce-overhead"):
+        compiled = kiln_triton.compile_fx(fn, [x, y], mode=mode)
+        for k in range(4):  # new values each call: every launch reads them
+            x = make((64, 1000), torch.float32, device=CUDA) * (k + 1)
+            for got, want in zip(compiled(x, y), fn(x, y)):
+                torch.testing.assert_close(got, want)
+    assert built and all(b is not None and b.c_shape is not None for b in built)

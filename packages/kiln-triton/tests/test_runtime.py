@@ -273,3 +273,62 @@ def test_autotuning_takes_the_median_of_interleaved_rounds(monkeypatch):
     got = ln.measure(["a", "b", "broken"], [2.0])
     assert order == ["a", "b", "a", "b", "a", "b", "a", "b"]  # warm-up, then 3 rounds
     assert got == {"a": 0.26, "b": 0.27, "broken": float("inf")}
+
+
+_PTX = """
+.visible .entry kernel(
+\t.param .u64 .ptr .global .align 1 kernel_param_0,
+\t.param .u64 .ptr .global .align 1 kernel_param_1,
+\t.param .u64 .ptr .global .align 1 kernel_param_2,
+\t.param .u64 .ptr .global .align 1 kernel_param_3
+)
+.reqntid 128
+{
+\t.reg .pred \t%p<3>;
+\tld.param.u64 \t%rd1, [kernel_param_0];
+}
+"""
+
+
+class _Metadata:
+    num_warps, num_ctas, shared = 4, 1, 2048
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+
+class _CompiledKernel:
+    def __init__(self, **metadata):
+        self.metadata = type("M", (_Metadata,), metadata)()
+        self.asm = {"ptx": _PTX}
+
+
+def test_c_launch_shape_counts_the_pointers_triton_appends():
+    from kiln_triton.runtime import direct
+
+    assert direct._entry_params(_PTX) == 4
+    if direct._c_launch is None:
+        pytest.skip("kiln_triton._launch was not built")
+    # two tensors and Triton's global and profile scratch pointers (NULL when unused)
+    assert direct.c_launch_shape(_CompiledKernel(), 2) == (128, 2048, 2)
+    assert direct.c_launch_shape(_CompiledKernel(), 4) == (128, 2048, 0)
+    # anything Triton's launcher would do more: its own launcher
+    assert direct.c_launch_shape(_CompiledKernel(), 5) is None  # more tensors than params
+    assert direct.c_launch_shape(_CompiledKernel(), 1) is None  # unaccounted parameters
+    assert direct.c_launch_shape(_CompiledKernel(global_scratch_size=64), 2) is None
+    assert direct.c_launch_shape(_CompiledKernel(profile_scratch_size=8), 2) is None
+    assert direct.c_launch_shape(_CompiledKernel(num_ctas=2), 2) is None
+    assert direct.c_launch_shape(_CompiledKernel(launch_pdl=True), 2) is None
+    assert direct.c_launch_shape(_FakeKernel(2), 2) is None  # no metadata or PTX
+
+
+def test_c_launch_module_checks_its_arguments_without_a_gpu():
+    from kiln_triton.runtime import direct
+
+    if direct._c_launch is None:
+        pytest.skip("kiln_triton._launch was not built")
+    with pytest.raises(TypeError):
+        direct._c_launch.launch(0, 1, 1, 1, 32, 0, 0, 0, [])  # tensors must be a tuple
+    with pytest.raises(TypeError):
+        direct._c_launch.launch(0, 1, 1)
+    with pytest.raises(ValueError):
+        direct._c_launch.launch(0, 1, 1, 1, 32, 0, 0, 300, ())  # too many parameters

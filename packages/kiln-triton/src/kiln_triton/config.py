@@ -31,6 +31,10 @@ class TritonConfig:
     # KILN_TRITON_DIRECT_LAUNCH: after a kernel's first launch, launch it through its
     # compiled launcher directly, skipping Triton's per-call argument binding (0: off).
     direct_launch: bool = True
+    # KILN_TRITON_C_LAUNCH: direct launches of kernels taking only tensors go through
+    # kiln_triton._launch (cuLaunchKernel from C, ~1 us) rather than Triton's Python
+    # launcher (5-10 us); 0: off.
+    c_launch: bool = True
 
     def cache_key_part(self) -> str:
         return f"persistent_max={self.persistent_max}"
@@ -43,6 +47,7 @@ _ENV = {
     "cudagraphs": "KILN_TRITON_CUDAGRAPHS",
     "compile_workers": "KILN_TRITON_COMPILE_WORKERS",
     "direct_launch": "KILN_TRITON_DIRECT_LAUNCH",
+    "c_launch": "KILN_TRITON_C_LAUNCH",
 }
 _override: contextvars.ContextVar[dict[str, object] | None] = contextvars.ContextVar(
     "kiln_triton_settings", default=None

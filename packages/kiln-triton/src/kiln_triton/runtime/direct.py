@@ -31,6 +31,13 @@ from triton.runtime import driver
 
 from kiln_inductor import log
 
+from ..config import read_triton_config
+
+try:  # the optional C extension (kiln-triton's setup.py); without it Triton's launcher runs
+    from kiln_triton import _launch as _c_launch
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _c_launch = None
+
 
 def _hook_holder() -> tuple[Any, str, str]:
     try:
@@ -55,6 +62,45 @@ def _hooked() -> bool:
     return (enter is not None and bool(getattr(enter, "calls", True))) or (
         exit_ is not None and bool(getattr(exit_, "calls", True))
     )
+
+
+def _entry_params(ptx: str) -> int | None:
+    """The number of parameters of the kernel's ``.entry`` in its PTX."""
+    start = ptx.find(".entry ")
+    if start < 0:
+        return None
+    open_ = ptx.find("(", start)
+    close = ptx.find(")", open_)
+    if open_ < 0 or close < 0:
+        return None
+    return ptx.count(".param", open_, close)
+
+
+def c_launch_shape(kernel: Any, nargs: int) -> tuple[int, int, int] | None:
+    """``(threads, shared bytes, hidden pointers)`` for launching ``kernel``, whose visible
+    parameters are ``nargs`` tensors, through ``kiln_triton._launch``; None where that
+    launch would differ from Triton's: no extension, several CTAs or a cluster, a
+    cooperative or programmatic-dependent launch, scratch memory Triton would allocate,
+    or parameters the PTX does not account for. The hidden pointers are the ones Triton
+    appends (global and profile scratch), passed as NULL as Triton does when unused."""
+    md, asm = getattr(kernel, "metadata", None), getattr(kernel, "asm", None)
+    ptx = asm.get("ptx") if isinstance(asm, dict) else None
+    if _c_launch is None or md is None or not isinstance(ptx, str):
+        return None
+    params = _entry_params(ptx)
+    cluster = getattr(md, "cluster_dims", None) or (1, 1, 1)
+    plain = (
+        getattr(md, "num_ctas", 1) == 1
+        and all(int(c) == 1 for c in cluster)
+        and not getattr(md, "launch_cooperative_grid", False)
+        and not getattr(md, "launch_pdl", False)
+        and not getattr(md, "global_scratch_size", 0)
+        and not getattr(md, "profile_scratch_size", 0)
+        and not getattr(md, "tmem_size", 0)
+    )
+    if not plain or params is None or not 0 <= params - nargs <= 2:
+        return None
+    return 32 * int(md.num_warps), int(md.shared), params - nargs
 
 
 def alignment(args: Sequence[Any], checked: Sequence[int] | None = None) -> tuple[bool, ...]:
@@ -85,6 +131,8 @@ class DirectLaunch:
         # the device of the first launch: the kernel's function handle belongs to it
         self.device = driver.active.get_current_device()
         self.get_stream = driver.active.get_current_stream
+        # (threads, shared, hidden) for kiln_triton._launch, or None: Triton's launcher
+        self.c_shape: tuple[int, int, int] | None = None
 
     @classmethod
     def build(
@@ -114,7 +162,10 @@ class DirectLaunch:
                 # allocates): check every argument rather than trust the assumption
                 positions = None
             tail = [kwargs[n] for n in rest]
-            return cls(kernel, grid, tail, alignment(args, positions), positions)
+            direct = cls(kernel, grid, tail, alignment(args, positions), positions)
+            if read_triton_config().c_launch:
+                direct.c_shape = c_launch_shape(kernel, len(args))
+            return direct
         except AttributeError as e:  # a Triton whose CompiledKernel looks otherwise
             log.log("kernels", f"direct launch unavailable ({e}); using Triton's launch path")
             return None
@@ -125,10 +176,28 @@ class DirectLaunch:
             return False
         if _hooked():
             return False
+        g0, g1, g2 = self.grid
+        shape = self.c_shape
+        if shape is not None:
+            try:
+                _c_launch.launch(  # type: ignore[union-attr]
+                    self.function,
+                    g0,
+                    g1,
+                    g2,
+                    *shape[:2],
+                    self.get_stream(self.device),
+                    shape[2],
+                    args,
+                )
+                return True
+            except (RuntimeError, TypeError, OverflowError) as e:
+                # e.g. no current CUDA context on this thread: Triton's launcher sets it up
+                log.log("kernels", f"C launch failed ({e}); using Triton's launcher")
+                self.c_shape = None
         tail = self.tail
         if tail is None:
             return self._first(args)
-        g0, g1, g2 = self.grid
         stream = self.get_stream(self.device)
         self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *tail)
         return True
