@@ -23,6 +23,7 @@ import torch
 import torch.fx
 
 from . import log
+from .node_builder import NodeBuilder
 
 aten = torch.ops.aten
 
@@ -44,14 +45,6 @@ def _foldable(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     )
 
 
-def _add(graph: torch.fx.Graph, op: object, args: tuple, like: torch.fx.Node) -> torch.fx.Node:
-    node = graph.call_function(op, args)
-    meta_args = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
-    node.meta = {k: v for k, v in like.meta.items() if k != "val"}
-    node.meta["val"] = op(*meta_args)
-    return node
-
-
 def fold_broadcast_bmm(gm: torch.fx.GraphModule) -> int:
     """Rewrite ``bmm`` with a batch-broadcast right operand as one ``mm`` (module docstring);
     returns how many were folded."""
@@ -65,14 +58,12 @@ def fold_broadcast_bmm(gm: torch.fx.GraphModule) -> int:
         if out is None or not _foldable(av, bv):
             continue
         batch, m, k = av.shape
-        with graph.inserting_before(bmm):
-            rows = _add(graph, aten.reshape.default, (a, [batch * m, k]), bmm)
-            weight = _add(graph, aten.select.int, (b, 0, 0), bmm)
-            mm = _add(graph, aten.mm.default, (rows, weight), bmm)
-            view = _add(graph, aten.view.default, (mm, list(out.shape)), bmm)
+        add = NodeBuilder(graph, bmm)
+        rows = add(aten.reshape.default, a, [batch * m, k])
+        mm = add(aten.mm.default, rows, add(aten.select.int, b, 0, 0))
+        view = add(aten.view.default, mm, list(out.shape))
         if view.meta["val"].stride() != out.stride():  # never expected: keep the bmm
-            for n in (view, mm, weight, rows):
-                graph.erase_node(n)
+            add.undo()
             continue
         bmm.replace_all_uses_with(view)
         graph.erase_node(bmm)

@@ -43,6 +43,7 @@ from .layout import is_channels_last, to_channels_last
 from .lowering.context import lowering_context
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
 from .matmul_bias import fold_matmul_bias
+from .patch_conv import rewrite_patch_convolutions
 
 
 def fill_meta(
@@ -299,6 +300,7 @@ class GraphLowering:
         fill_meta(self.gm)
         eliminate_common_subexpressions(self.gm)
         fold_broadcast_bmm(self.gm)
+        rewrite_patch_convolutions(self.gm, self.device)
         fold_matmul_bias(self.gm)
         self.channels_last = to_channels_last(self.gm, self.device)
         env: dict[torch.fx.Node, Any] = {}

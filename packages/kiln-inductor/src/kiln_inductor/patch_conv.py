@@ -1,0 +1,162 @@
+"""Patch convolutions become matmuls on CPU (a graph pass before lowering).
+
+A convolution whose kernel equals its stride, without padding, dilation or groups (a
+ViT/ConvNeXt stem, ConvNeXt's 2x2 downsampling between stages) reads every input pixel
+once: it is a matmul of non-overlapping patches with the weight,
+
+    rows[(n, ho, wo), (c, i, j)] = x[n, c, ho*kh + i, wo*kw + j]        (M = N*Ho*Wo, K = C*kh*kw)
+    y = rows @ w.reshape(Co, K).T + bias                               -> (N, Ho, Wo, Co)
+
+and its backward is two more (grad_input = G @ w, grad_weight = G.T @ rows, with
+G = grad_output as (M, Co) rows; grad_bias = G summed over rows). oneDNN's convolution
+kernels run these shapes far below its matmul's throughput, and badly so channels-last
+and in the backward: HF ConvNeXt's 384 -> 768 downsampling on (2, 384, 8, 8), one thread,
+~6 ms forward and ~12 ms backward where the same products as mm take ~1 ms each.
+
+Before: ``convolution`` / ``convolution_backward`` nodes. After: the patch ones are
+``mm``/``addmm`` over reshaped and permuted views (lowering computes the patch rows as one
+copy where the operand is not already laid out as rows), and their results have the
+strides the graph's metadata gave the convolution's (a ``clone`` to that layout, which
+lowering fuses into the kernel reading it), so nothing downstream changes. CPU only: on the
+GPU, cuDNN runs these convolutions well.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import log
+from .node_builder import NodeBuilder
+
+aten = torch.ops.aten
+
+
+def _val(x: object) -> torch.Tensor | None:
+    val = getattr(x, "meta", {}).get("val") if isinstance(x, torch.fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _patch_kernel(x: Any, w: Any, conv_args: tuple) -> tuple[int, int] | None:
+    """(kh, kw) when the convolution is a non-overlapping patch one (module docstring)."""
+    stride, padding, dilation, transposed, _, groups = conv_args
+    xv, wv = _val(x), _val(w)
+    if xv is None or wv is None or xv.dim() != 4 or wv.dim() != 4:
+        return None
+    kh, kw = int(wv.shape[2]), int(wv.shape[3])
+    if (
+        transposed
+        or groups != 1
+        or kh * kw == 1
+        or list(stride) != [kh, kw]
+        or any(padding)
+        or any(d != 1 for d in dilation)
+        or not xv.dtype.is_floating_point
+        or xv.shape[2] % kh
+        or xv.shape[3] % kw
+    ):
+        return None
+    return kh, kw
+
+
+def _rows(b: NodeBuilder, x: torch.fx.Node, kh: int, kw: int) -> torch.fx.Node:
+    """The input's patches as (N*Ho*Wo, C*kh*kw) rows."""
+    n, c, h, w = _val(x).shape
+    split = b(aten.reshape.default, x, [n, c, h // kh, kh, w // kw, kw])
+    patches = b(aten.permute.default, split, [0, 2, 4, 1, 3, 5])
+    return b(aten.reshape.default, patches, [n * (h // kh) * (w // kw), c * kh * kw])
+
+
+def _weight_matrix(b: NodeBuilder, w: torch.fx.Node) -> torch.fx.Node:
+    co = _val(w).shape[0]
+    return b(aten.reshape.default, w, [co, _val(w)[0].numel()])
+
+
+def _forward(b: NodeBuilder, conv: torch.fx.Node, kh: int, kw: int) -> dict[int | None, Any]:
+    x, w, bias = conv.args[:3]
+    n, _, h, wd = _val(x).shape
+    rows = _rows(b, x, kh, kw)
+    wt = b(aten.permute.default, _weight_matrix(b, w), [1, 0])
+    y = b(aten.addmm.default, bias, rows, wt) if bias is not None else b(aten.mm.default, rows, wt)
+    nhwc = b(aten.view.default, y, [n, h // kh, wd // kw, _val(w).shape[0]])
+    out = b(aten.permute.default, nhwc, [0, 3, 1, 2])
+    return {None: b.in_layout_of(out, _val(conv))}
+
+
+def _backward(b: NodeBuilder, node: torch.fx.Node, kh: int, kw: int) -> dict[int | None, Any]:
+    grad, x, w = node.args[:3]
+    mask = node.args[10]
+    n, c, h, wd = _val(x).shape
+    co = _val(w).shape[0]
+    g = b(aten.reshape.default, b(aten.permute.default, grad, [0, 2, 3, 1]), [-1, co])
+    outs: dict[int | None, Any] = {}
+    vals = node.meta["val"]
+    if mask[0]:
+        gx = b(aten.mm.default, g, _weight_matrix(b, w))
+        split = b(aten.reshape.default, gx, [n, h // kh, wd // kw, c, kh, kw])
+        nchw = b(aten.permute.default, split, [0, 3, 1, 4, 2, 5])
+        outs[0] = b.in_layout_of(b(aten.reshape.default, nchw, [n, c, h, wd]), vals[0])
+    if mask[1]:
+        gw = b(aten.mm.default, b(aten.permute.default, g, [1, 0]), _rows(b, x, kh, kw))
+        outs[1] = b.in_layout_of(b(aten.reshape.default, gw, list(_val(w).shape)), vals[1])
+    if mask[2]:
+        outs[2] = b(aten.sum.dim_IntList, g, [0])
+    return outs
+
+
+def _same_meta(new: torch.fx.Node, old: Any) -> bool:
+    v = new.meta["val"]
+    return (
+        isinstance(old, torch.Tensor)
+        and v.shape == old.shape
+        and v.dtype == old.dtype
+        and all(s == t or d == 1 for s, t, d in zip(v.stride(), old.stride(), v.shape))
+    )
+
+
+def rewrite_patch_convolutions(gm: torch.fx.GraphModule, device: torch.device) -> int:
+    """Rewrite patch convolutions and their backward as matmuls on CPU (module docstring);
+    returns how many nodes were rewritten."""
+    if device.type != "cpu":
+        return 0
+    graph = gm.graph
+    done = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.kwargs:
+            continue
+        if node.target is aten.convolution.default:
+            kernel = _patch_kernel(node.args[0], node.args[1], tuple(node.args[3:9]))
+            build = _forward
+        elif node.target is aten.convolution_backward.default:
+            kernel = _patch_kernel(node.args[1], node.args[2], tuple(node.args[4:10]))
+            build = _backward
+        else:
+            continue
+        if kernel is None:
+            continue
+        b = NodeBuilder(graph, node)
+        outs = build(b, node, *kernel)
+        old = node.meta.get("val")
+        olds = {None: old} if build is _forward else dict(enumerate(old or ()))
+        readers_known = build is _forward or all(
+            u.target is operator.getitem and u.args[1] in outs for u in node.users
+        )
+        if not readers_known or not all(_same_meta(new, olds.get(i)) for i, new in outs.items()):
+            b.undo()  # never expected: keep the convolution
+            continue
+        if build is _forward:
+            node.replace_all_uses_with(outs[None])
+        else:
+            for user in list(node.users):
+                user.replace_all_uses_with(outs[user.args[1]])
+                graph.erase_node(user)
+        graph.erase_node(node)
+        done += 1
+    if done:
+        graph.lint()
+        gm.recompile()
+        log.log("graphs", f"{done} patch convolution(s) (kernel == stride) as matmuls")
+    return done
