@@ -331,3 +331,33 @@ def test_c_launch_runs_kernels_between_calls_and_in_cuda_graphs(monkeypatch):
             for got, want in zip(compiled(x, y), fn(x, y)):
                 torch.testing.assert_close(got, want)
     assert built and all(b is not None and b.c_shape is not None for b in built)
+
+
+def test_reduce_overhead_forwards_the_guarded_call_for_training_and_replays():
+    # parameters are graph inputs, as in the graphs kiln-capture hands over
+    def mlp(x, w1, b1, w2, b2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+    torch.manual_seed(0)
+    params = [
+        (torch.randn(*s, device=CUDA) * 0.1).requires_grad_()
+        for s in ((128, 64), (128,), (32, 128), (32,))
+    ]
+    gm = torch.fx.symbolic_trace(mlp)
+    x = torch.randn(16, 64, device=CUDA)
+    runner = kiln_triton.compile_fx(gm, [x, *params], mode="reduce-overhead")
+    call = runner.kiln_guarded_call  # for inputs matching the examples' metadata
+    for _ in range(2):  # training: no CUDA graph, the guarded call runs
+        xk = torch.randn(16, 64, device=CUDA)
+        out = call(xk, *params)
+        got = torch.autograd.grad(out.square().sum(), params)
+        ref = mlp(xk, *params)
+        want = torch.autograd.grad(ref.square().sum(), params)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # inference: captured once, then replayed with new values
+        for k in range(3):
+            xk = torch.randn(16, 64, device=CUDA) * (k + 1)
+            torch.testing.assert_close(call(xk, *params), mlp(xk, *params), rtol=1e-4, atol=1e-4)
+    assert runner.replays >= 1

@@ -59,5 +59,9 @@ def compile_fx(
     with settings_scope(max_autotune=opts["max_autotune"], cudagraphs=opts["triton.cudagraphs"]):
         compiled = kiln_inductor.compile_fx(gm, list(example_inputs))
     if opts["triton.cudagraphs"]:
-        return CudaGraphRunner(compiled, f"graph{next(_ids)}")
+        runner = CudaGraphRunner(compiled, f"graph{next(_ids)}")
+        inner = getattr(compiled, "kiln_guarded_call", None)
+        if inner is not None:  # kiln-capture calls it on cache hits its guards cover
+            runner.kiln_guarded_call = runner.guarded(inner)  # type: ignore[attr-defined]
+        return runner
     return compiled

@@ -75,11 +75,25 @@ class CudaGraphRunner:
     def __call__(self, *args: Any) -> Any:
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
+        return self._call(args, self.fn)
+
+    def guarded(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        """This runner's ``kiln_guarded_call`` (kiln-aot's protocol: a call for inputs the
+        caller has guarded to match the example inputs) given ``inner``, the wrapped
+        function's: where no CUDA graph runs (training), ``inner`` runs instead of the
+        function's checked call."""
+
+        def call(*args: Any) -> Any:
+            return self._call(args, inner)
+
+        return call
+
+    def _call(self, args: tuple[Any, ...], run: Callable[..., Any]) -> Any:
         key = _signature(args)
         reason = self.why_not(key, args)
         if reason is not None:
             log.warn_once(f"cudagraphs:{reason}", f"kiln-triton: CUDA graphs skipped: {reason}")
-            return self.fn(*args)
+            return run(*args)
         if key not in self.graphs:
             return self._first_call(key, args)
         entry = self.graphs[key]
