@@ -47,13 +47,16 @@ class CompiledGraph:
         self.stats = stats
         # kernels index inputs with the strides the graph was compiled for
         self._layouts = list(layouts)
+        # (position, strides) of the inputs to check on each call, in one list: the loop
+        # runs over every input of a model whose parameters are graph inputs
+        self._checked = [(i, want[1]) for i, want in enumerate(self._layouts) if want is not None]
 
     def __call__(self, *args: Any) -> tuple:
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
-        for i, want in enumerate(self._layouts):
-            if want is not None and args[i].stride() != want[1]:
-                args = self._restride(args, i, want)
+        for i, stride in self._checked:
+            if args[i].stride() != stride:
+                args = self._restride(args, i, self._layouts[i])
         return self._call(args)
 
     @staticmethod
