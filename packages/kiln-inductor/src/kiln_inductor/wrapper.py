@@ -19,6 +19,47 @@ from .log import log
 from .scheduler.fuse import FusedGroup, Step
 from .scheduler.memory import MemoryPlan
 
+# library ops every graph calls, by name: torch's generated binding of the overload
+_BOUND = (
+    "convolution",
+    "mm",
+    "bmm",
+    "addmm",
+    "baddbmm",
+    "mv",
+    "dot",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_cudnn_attention",
+)
+
+
+def _bindings() -> dict[Any, Any]:
+    out = {}
+    for name in _BOUND:
+        packet, binding = getattr(torch.ops.aten, name, None), getattr(torch, name, None)
+        if packet is not None and binding is not None:
+            out[packet.default] = binding
+    return out
+
+
+_BINDINGS: dict[Any, Any] = {}
+
+
+def call_target(op: Any) -> Any:
+    """What the wrapper calls for ``op``. For the library ops every graph calls, torch's
+    generated binding of that overload (``torch.convolution``: arguments parsed straight
+    to C++ types, 5 us a call on CPU); for other ATen overloads their dispatcher entry
+    (``OpOverload._op``: no Python frame, but arguments converted through the boxed
+    calling convention, 11 us for a convolution: int lists are slow to box). Both reach
+    the dispatcher, so dispatch modes see the same op."""
+    if not _BINDINGS:
+        _BINDINGS.update(_bindings())
+    if op in _BINDINGS:
+        return _BINDINGS[op]
+    return op._op if isinstance(op, torch._ops.OpOverload) else op
+
 
 def _tuple(values: Any) -> str:
     items = [str(int(v)) if getattr(v, "is_Integer", False) else str(v) for v in values]
@@ -108,9 +149,7 @@ class WrapperCodegen:
         return "\n".join(out) + "\n"
 
     def _extern(self, step: ExternKernel) -> list[str]:
-        # the op's dispatcher entry itself: OpOverload.__call__ is a Python frame per call
-        # that only forwards to it (dispatch modes still see the op)
-        target = step.op._op if isinstance(step.op, torch._ops.OpOverload) else step.op
+        target = call_target(step.op)
         op = self._global("aten_", target)
         args = ", ".join(
             [self._arg(a) for a in step.args]
