@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kiln_triton.config import read_triton_config, settings_scope
 from kiln_triton.runtime.configs import LaunchConfig, candidate_configs, interpreter_config
@@ -326,9 +327,19 @@ def test_c_launch_module_checks_its_arguments_without_a_gpu():
 
     if direct._c_launch is None:
         pytest.skip("kiln_triton._launch was not built")
+    launch = direct._c_launch.launch
     with pytest.raises(TypeError):
-        direct._c_launch.launch(0, 1, 1, 1, 32, 0, 0, 0, [])  # tensors must be a tuple
+        launch(0, 1, 1, 1, 32, 0, 0, 0, [], ())  # tensors must be a tuple
     with pytest.raises(TypeError):
-        direct._c_launch.launch(0, 1, 1)
+        launch(0, 1, 1)
     with pytest.raises(ValueError):
-        direct._c_launch.launch(0, 1, 1, 1, 32, 0, 0, 300, ())  # too many parameters
+        launch(0, 1, 1, 1, 32, 0, 0, 300, (), ())  # too many parameters
+    x = torch.randn(64)
+    with pytest.raises(IndexError):
+        launch(0, 1, 1, 1, 32, 0, 0, 0, (x,), (1,))
+    # a tensor the kernel assumes 16-byte aligned that is not: no launch, False (the
+    # caller takes Triton's path); one it does not assume aligned is not checked
+    assert launch(0, 1, 1, 1, 32, 0, 0, 2, (x, x[1:]), (0, 1)) is False
+    if not torch.cuda.is_available():  # past the checks, the driver is opened: none here
+        with pytest.raises(RuntimeError, match="libcuda"):
+            launch(0, 1, 1, 1, 32, 0, 0, 2, (x, x[1:]), (0,))

@@ -48,11 +48,13 @@ static int as_u64(PyObject *o, unsigned long long *out) {
     return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* launch(function, grid_x, grid_y, grid_z, threads, shared_bytes, stream, hidden, tensors) */
+/* launch(function, grid_x, grid_y, grid_z, threads, shared_bytes, stream, hidden, tensors,
+ *        aligned) -> bool: False, with nothing launched, when a tensor at one of the
+ * positions in `aligned` (those the kernel was compiled to assume 16-byte aligned) is not */
 static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     (void)self;
-    if (argc != 9) {
-        PyErr_SetString(PyExc_TypeError, "launch() takes 9 arguments");
+    if (argc != 10) {
+        PyErr_SetString(PyExc_TypeError, "launch() takes 10 arguments");
         return NULL;
     }
     unsigned long long v[8];
@@ -70,7 +72,6 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
         PyErr_SetString(PyExc_ValueError, "launch(): too many kernel parameters");
         return NULL;
     }
-    if (load_driver() < 0) return NULL;
     uint64_t slots[MAX_PARAMS];
     void *params[MAX_PARAMS];
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -83,6 +84,21 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
         slots[i] = (uint64_t)p;
         params[i] = &slots[i];
     }
+    PyObject *aligned = argv[9];
+    if (!PyTuple_Check(aligned)) {
+        PyErr_SetString(PyExc_TypeError, "launch(): the aligned positions must be a tuple");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(aligned); k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(aligned, k));
+        if (i == -1 && PyErr_Occurred()) return NULL;
+        if (i < 0 || i >= n) {
+            PyErr_SetString(PyExc_IndexError, "launch(): aligned position out of range");
+            return NULL;
+        }
+        if (slots[i] & 15) Py_RETURN_FALSE; /* Triton's path specializes for it */
+    }
+    if (load_driver() < 0) return NULL;
     for (Py_ssize_t i = n; i < n + (Py_ssize_t)hidden; i++) {
         slots[i] = 0;
         params[i] = &slots[i];
@@ -97,12 +113,13 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
                      err, text != NULL ? text : "unknown");
         return NULL;
     }
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
-     "launch(function, grid_x, grid_y, grid_z, threads, shared_bytes, stream, hidden, tensors)"},
+     "launch(function, grid_x, grid_y, grid_z, threads, shared_bytes, stream, hidden, tensors, "
+     "aligned) -> False when a tensor at an `aligned` position is not 16-byte aligned"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -133,6 +133,10 @@ class DirectLaunch:
         self.get_stream = driver.active.get_current_stream
         # (threads, shared, hidden) for kiln_triton._launch, or None: Triton's launcher
         self.c_shape: tuple[int, int, int] | None = None
+        # the positions whose pointers the kernel assumes 16-byte aligned (a kernel built
+        # for an unaligned pointer runs with an aligned one too: only these are checked)
+        positions = range(len(aligned)) if checked is None else checked
+        self.must_align = tuple(i for i, a in zip(positions, aligned) if a)
 
     @classmethod
     def build(
@@ -172,29 +176,25 @@ class DirectLaunch:
 
     def __call__(self, args: Sequence[Any]) -> bool:
         """Launch and return True, or return False: the caller must take Triton's path."""
+        shape = self.c_shape
+        if shape is not None and not _hooked():
+            g0, g1, g2 = self.grid
+            threads, shared, hidden = shape
+            try:
+                # checks the alignment the kernel assumes while reading the pointers
+                return _c_launch.launch(  # type: ignore[union-attr]
+                    self.function, g0, g1, g2, threads, shared, self.get_stream(self.device),
+                    hidden, args, self.must_align,
+                )  # fmt: skip
+            except (RuntimeError, TypeError, OverflowError, IndexError) as e:
+                # e.g. no current CUDA context on this thread: Triton's launcher sets it up
+                log.log("kernels", f"C launch failed ({e}); using Triton's launcher")
+                self.c_shape = None
         if self.checked != () and alignment(args, self.checked) != self.aligned:
             return False
         if _hooked():
             return False
         g0, g1, g2 = self.grid
-        shape = self.c_shape
-        if shape is not None:
-            try:
-                _c_launch.launch(  # type: ignore[union-attr]
-                    self.function,
-                    g0,
-                    g1,
-                    g2,
-                    *shape[:2],
-                    self.get_stream(self.device),
-                    shape[2],
-                    args,
-                )
-                return True
-            except (RuntimeError, TypeError, OverflowError) as e:
-                # e.g. no current CUDA context on this thread: Triton's launcher sets it up
-                log.log("kernels", f"C launch failed ({e}); using Triton's launcher")
-                self.c_shape = None
         tail = self.tail
         if tail is None:
             return self._first(args)
