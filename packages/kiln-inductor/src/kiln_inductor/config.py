@@ -32,7 +32,10 @@ SETTINGS: dict[str, Setting] = {
         False,
     ),
     "log": Setting(
-        "KILN_LOG", "", "comma-separated log topics: graphs,kernels,timings,fallbacks,layouts", False
+        "KILN_LOG",
+        "",
+        "comma-separated log topics: graphs,kernels,timings,fallbacks,layouts",
+        False,
     ),
     "debug_dir": Setting(
         "KILN_DEBUG_DIR",
