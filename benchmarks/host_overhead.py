@@ -235,6 +235,11 @@ class _Calls:
         self.log.append((self.fn, args, kwargs, result))
         return result
 
+    @property
+    def fast(self):
+        """What the wrapper calls on a Triton launcher (``kernel_3.fast(...)``)."""
+        return _Calls(self.fn.fast, self.log) if hasattr(self.fn, "fast") else self
+
 
 def _wrapper_kind(name: str) -> str | None:
     if name.startswith("kernel_"):

@@ -343,3 +343,59 @@ def test_c_launch_module_checks_its_arguments_without_a_gpu():
     if not torch.cuda.is_available():  # past the checks, the driver is opened: none here
         with pytest.raises(RuntimeError, match="libcuda"):
             launch(0, 1, 1, 1, 32, 0, 0, 2, (x, x[1:]), (0,))
+
+
+class _Hooks:
+    """A stand-in for Triton's knobs.runtime: launch hook chains with their ``calls``."""
+
+    def __init__(self, enter=(), exit=()):
+        self.launch_enter_hook = type("Chain", (), {"calls": list(enter)})()
+        self.launch_exit_hook = type("Chain", (), {"calls": list(exit)})()
+
+
+def test_c_launcher_object_calls_back_for_hooks_misalignment_and_failed_launches():
+    from kiln_triton.runtime import direct
+
+    Launcher = getattr(direct._c_launch, "Launcher", None)
+    if Launcher is None:
+        pytest.skip("kiln_triton._launch was not built")
+    calls = []
+
+    def fallback(*tensors):
+        calls.append(tensors)
+
+    def make(hooks, aligned=(0,)):
+        return Launcher(
+            0, (4, 1, 1), 128, 0, 2, aligned, lambda device: 0, 0,
+            (hooks, "launch_enter_hook", "launch_exit_hook"), fallback,
+        )  # fmt: skip
+
+    x = torch.randn(64)
+    make(_Hooks(enter=[print]))(x, x)  # a profiler's hook: Triton's path calls it
+    make(_Hooks(exit=[print]))(x, x)
+    make(_Hooks())(x[1:], x)  # assumed aligned, is not: Triton's path specializes
+    assert [len(c) for c in calls] == [2, 2, 2] and calls[2][0].data_ptr() % 16
+    if not torch.cuda.is_available():  # the launch itself fails here (no driver): fallback
+        make(_Hooks())(x, x)
+        assert len(calls) == 4
+    with pytest.raises(TypeError):
+        make(_Hooks())(x, out=x)
+    with pytest.raises(TypeError):
+        Launcher(0, (4, 1), 128, 0, 2, (), print, 0, (None, "a", "b"), print)  # 2-D grid
+
+
+def test_launcher_installs_the_c_launcher_after_its_first_direct_launch(monkeypatch):
+    from kiln_triton.runtime import direct, launcher
+
+    if getattr(direct._c_launch, "Launcher", None) is None:
+        pytest.skip("kiln_triton._launch was not built")
+    fake_driver(monkeypatch, direct)
+    kernel = _CompiledKernel()
+    kernel.run = _FakeKernel(3).run
+    kernel.function, kernel.packed_metadata = 7, "meta"
+    built = direct.DirectLaunch.build(_FakeFn, kernel, (torch.randn(8),) * 2, {"XBLOCK": 8}, (1,))
+    assert built is not None and built.c_shape == (128, 2048, 2)
+    tl = launcher.TritonLauncher.__new__(launcher.TritonLauncher)
+    tl.fast, tl._fast_c, tl._direct = tl, False, built
+    tl._install_fast()
+    assert type(tl.fast).__name__ == "Launcher" and tl._fast_c

@@ -137,4 +137,5 @@ class TritonBackend:
         return out
 
     def call_line(self, kernel_var: str, arg_names: Sequence[str]) -> str:
-        return f"{kernel_var}({', '.join(arg_names)})"
+        # ``fast``: the launcher itself, or its C Launcher once it has one (launcher.py)
+        return f"{kernel_var}.fast({', '.join(arg_names)})"

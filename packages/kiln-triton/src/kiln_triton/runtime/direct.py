@@ -103,6 +103,20 @@ def c_launch_shape(kernel: Any, nargs: int) -> tuple[int, int, int] | None:
     return 32 * int(md.num_warps), int(md.shared), params - nargs
 
 
+def c_launcher(direct: DirectLaunch, fallback: Any) -> Any:
+    """A ``kiln_triton._launch.Launcher`` running ``direct``'s C launches when called with
+    the kernel's tensors, and ``fallback(*tensors)`` while a launch hook is installed or
+    for a tensor the kernel assumes aligned that is not; None without the extension."""
+    launcher = getattr(_c_launch, "Launcher", None)
+    if launcher is None or direct.c_shape is None:
+        return None
+    threads, shared, hidden = direct.c_shape
+    return launcher(
+        direct.function, tuple(direct.grid), threads, shared, hidden, direct.must_align,
+        direct.get_stream, direct.device, (_HOLDER, _ENTER, _EXIT), fallback,
+    )  # fmt: skip
+
+
 def alignment(args: Sequence[Any], checked: Sequence[int] | None = None) -> tuple[bool, ...]:
     """16-byte alignment of ``args`` (of those at the ``checked`` positions, if given)."""
     if checked is None:

@@ -31,7 +31,7 @@ from .. import __version__
 from ..config import TritonConfig
 from ..errors import TritonCompileError
 from .configs import LaunchConfig, candidate_configs, interpreter_config
-from .direct import DirectLaunch
+from .direct import DirectLaunch, c_launcher
 
 _modules: dict[str, Any] = {}
 
@@ -77,11 +77,19 @@ class TritonLauncher:
         self._kwargs: dict[str, int] = {}
         self._grid: tuple[int, ...] = ()
         self._direct: DirectLaunch | None = None
+        # what the wrapper calls (``kernel_3.fast(...)``, TritonBackend.call_line): this
+        # object, until its direct launch can run as a kiln_triton._launch.Launcher, which
+        # the wrapper then calls with no Python frame in between (``_install_fast``)
+        self.fast: Callable[..., Any] = self
+        self._fast_c = False
 
     def __call__(self, *args: Any) -> None:
         direct = self._direct
-        if direct is not None and direct(args):
-            return
+        if direct is not None:
+            if direct(args):
+                return
+            if self._fast_c and direct.c_shape is None:  # C launches failed: stop them
+                self.fast, self._fast_c = self, False
         if self._launch is None:
             if int(self.meta["xnumel"]) == 0:
                 return
@@ -92,6 +100,18 @@ class TritonLauncher:
             self._direct = DirectLaunch.build(
                 self.fn, kernel, args, self._kwargs, self._grid, checked
             )
+            self._install_fast()
+
+    def _install_fast(self) -> None:
+        """Let the wrapper call a C Launcher for this kernel's direct launches; it calls
+        back into ``__call__`` while a launch hook is installed, for a misaligned tensor
+        the kernel assumes aligned, or when a launch fails."""
+        d = self._direct
+        if d is None or d.c_shape is None or type(self).__call__ is not TritonLauncher.__call__:
+            return
+        fast = c_launcher(d, self)
+        if fast is not None:
+            self.fast, self._fast_c = fast, True
 
     # -- what a choice is --------------------------------------------------------------------
     def grid(self, config: Any) -> tuple[int, ...]:
