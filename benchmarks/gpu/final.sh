@@ -24,6 +24,16 @@ python3 -m pip install -q --no-build-isolation --no-deps -e packages/kiln-captur
     -e packages/kiln-aot -e packages/kiln-inductor -e packages/kiln-cpp \
     -e packages/kiln-triton -e packages/kiln 2>&1 | tail -3
 python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+# kiln-triton's C launcher (kiln_triton._launch) must launch correctly before anything is
+# timed with it: if its GPU tests fail, everything below runs with Triton's launcher
+if ! KILN_TRITON_TEST_GPU=1 timeout 150 python3 -m pytest packages/kiln-triton/tests/test_gpu.py \
+    -q -p no:cacheprovider -p no:warnings -k "c_launch or direct_launch" \
+    > "$OUT/c_launch_check.log" 2>&1; then
+    export KILN_TRITON_C_LAUNCH=0
+    echo "C launch check FAILED (c_launch_check.log): timing with Triton's launcher"
+else
+    echo "C launch check: $(tail -1 "$OUT/c_launch_check.log")"
+fi
 
 (
     [ "${SKIP_SIDE:-0}" = "1" ] && exit 0
