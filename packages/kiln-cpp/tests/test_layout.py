@@ -203,3 +203,45 @@ def test_training_through_channels_last_matches_eager(channels_last):
     want.square().sum().backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=n)
+
+
+class DepthwiseChain(nn.Module):
+    """Depthwise convolutions (run channels-last by default on CPU) read by a dense
+    convolution, by another depthwise one, by pointwise math and as a graph output."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw1 = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.dense = nn.Conv2d(8, 8, 3, padding=1)
+        self.dw2 = nn.Conv2d(8, 8, 5, padding=2, groups=8)
+
+    def forward(self, x):
+        a = self.dw1(x)
+        b = self.dw2(torch.relu(self.dense(a)))
+        return a, torch.tanh(self.dw2(a)) + b
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_depthwise_convolutions_inference_and_training(layout):
+    torch.manual_seed(0)
+    model = DepthwiseChain()
+    x = torch.randn(2, 8, 12, 10)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = model(x)
+        got = kiln_cpp.compile_fx(model, [x])(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    xg = x.clone().requires_grad_()
+    got = kiln_cpp.compile_fx(model, [xg])(xg)
+    (got[0].sin().sum() + got[1].square().sum()).backward()
+    grads = [xg.grad, *(p.grad for p in model.parameters())]
+    model.zero_grad(set_to_none=True)
+    xe = x.clone().requires_grad_()
+    want = model(xe)
+    (want[0].sin().sum() + want[1].square().sum()).backward()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    for g, w in zip(grads, [xe.grad, *(p.grad for p in model.parameters())]):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)

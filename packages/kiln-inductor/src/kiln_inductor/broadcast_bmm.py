@@ -23,14 +23,9 @@ import torch
 import torch.fx
 
 from . import log
-from .node_builder import NodeBuilder
+from .node_builder import NodeBuilder, traced_tensor
 
 aten = torch.ops.aten
-
-
-def _meta(x: object) -> torch.Tensor | None:
-    val = getattr(x, "meta", {}).get("val") if isinstance(x, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _foldable(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -54,7 +49,7 @@ def fold_broadcast_bmm(gm: torch.fx.GraphModule) -> int:
         if bmm.op != "call_function" or bmm.target is not aten.bmm.default or bmm.kwargs:
             continue
         a, b = bmm.args
-        av, bv, out = _meta(a), _meta(b), _meta(bmm)
+        av, bv, out = traced_tensor(a), traced_tensor(b), traced_tensor(bmm)
         if out is None or not _foldable(av, bv):
             continue
         batch, m, k = av.shape

@@ -20,6 +20,7 @@ from . import log
 from .broadcast_bmm import fold_broadcast_bmm
 from .config import read_config
 from .cse import eliminate_common_subexpressions
+from .depthwise_layout import depthwise_channels_last
 from .errors import LoweringError, source_line
 from .ir.nodes import (
     Buffer,
@@ -128,6 +129,18 @@ def _dense_layout(val: torch.Tensor, device: torch.device) -> Layout:
             device, val.dtype, tuple(sym(s) for s in shape), tuple(sym(s) for s in strides)
         )
     return Layout.contiguous(device, val.dtype, [sym(s) for s in shape])
+
+
+def _channels_last_layout(layout: Layout) -> bool:
+    """A 4-D layout whose channels are innermost (N, H, W, C in memory)."""
+    size, stride = layout.size, layout.stride
+    return (
+        len(size) == 4
+        and all(getattr(v, "is_Integer", False) for v in (*size, *stride))
+        and is_channels_last(
+            torch.empty_strided([int(v) for v in size], [int(v) for v in stride], device="meta")
+        )
+    )
 
 
 class GraphLowering:
@@ -260,9 +273,15 @@ class GraphLowering:
         results: list[Any] = []
 
         # the wrapper checks the strides an op returns where they may differ from meta's: a
-        # convolution asked for channels-last, and a fallback, whose output strides may follow
-        # those of its inputs (which lowering may have realized in other strides than eager's)
-        conv = self.channels_last and op is torch.ops.aten.convolution.default
+        # convolution with a channels-last operand or result (the library lays its output
+        # out as its input, the meta kernel does not: layout.py, depthwise_layout.py), and a
+        # fallback, whose output strides may follow those of its inputs (which lowering may
+        # have realized in other strides than eager's)
+        conv = op is torch.ops.aten.convolution.default and (
+            self.channels_last
+            or is_channels_last(val)
+            or any(isinstance(a, StorageView) and _channels_last_layout(a.layout) for a in args)
+        )
 
         def make(v: Any, path: tuple[int, ...]) -> Any:
             if isinstance(v, torch.Tensor):
@@ -301,6 +320,7 @@ class GraphLowering:
         eliminate_common_subexpressions(self.gm)
         fold_broadcast_bmm(self.gm)
         rewrite_patch_convolutions(self.gm, self.device)
+        depthwise_channels_last(self.gm, self.device)
         fold_matmul_bias(self.gm)
         self.channels_last = to_channels_last(self.gm, self.device)
         env: dict[torch.fx.Node, Any] = {}
@@ -373,7 +393,11 @@ class GraphLowering:
             out = lowering(*args, **kwargs)
         except _Unsupported as e:
             return self.fallback(n, tuple(args), dict(kwargs), str(e))
-        if self.channels_last:
+        # an explicit clone to channels-last (depthwise_layout.py) is realized so
+        if self.channels_last or (
+            target is torch.ops.aten.clone.default
+            and n.kwargs.get("memory_format") is torch.channels_last
+        ):
             self.prefer_meta_layout(out, n.meta.get("val"))
         return self.maybe_realize_shared(out, len(n.users))
 

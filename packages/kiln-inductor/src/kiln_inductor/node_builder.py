@@ -1,4 +1,4 @@
-"""NodeBuilder: adds ATen nodes to an FX graph with their metadata, for graph passes that
+"""NodeBuilder (and traced_tensor): adds ATen nodes to an FX graph with their metadata, for graph passes that
 rewrite one node into several (broadcast_bmm.py, patch_conv.py)."""
 
 from __future__ import annotations
@@ -9,6 +9,12 @@ import torch
 import torch.fx
 
 aten = torch.ops.aten
+
+
+def traced_tensor(x: object) -> torch.Tensor | None:
+    """The traced tensor metadata (``meta['val']``) of a node, or None."""
+    val = getattr(x, "meta", {}).get("val") if isinstance(x, torch.fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
 
 
 class NodeBuilder:

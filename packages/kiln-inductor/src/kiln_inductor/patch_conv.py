@@ -30,20 +30,15 @@ import torch
 import torch.fx
 
 from . import log
-from .node_builder import NodeBuilder
+from .node_builder import NodeBuilder, traced_tensor
 
 aten = torch.ops.aten
-
-
-def _val(x: object) -> torch.Tensor | None:
-    val = getattr(x, "meta", {}).get("val") if isinstance(x, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _patch_kernel(x: Any, w: Any, conv_args: tuple) -> tuple[int, int] | None:
     """(kh, kw) when the convolution is a non-overlapping patch one (module docstring)."""
     stride, padding, dilation, transposed, _, groups = conv_args
-    xv, wv = _val(x), _val(w)
+    xv, wv = traced_tensor(x), traced_tensor(w)
     if xv is None or wv is None or xv.dim() != 4 or wv.dim() != 4:
         return None
     kh, kw = int(wv.shape[2]), int(wv.shape[3])
@@ -64,33 +59,33 @@ def _patch_kernel(x: Any, w: Any, conv_args: tuple) -> tuple[int, int] | None:
 
 def _rows(b: NodeBuilder, x: torch.fx.Node, kh: int, kw: int) -> torch.fx.Node:
     """The input's patches as (N*Ho*Wo, C*kh*kw) rows."""
-    n, c, h, w = _val(x).shape
+    n, c, h, w = traced_tensor(x).shape
     split = b(aten.reshape.default, x, [n, c, h // kh, kh, w // kw, kw])
     patches = b(aten.permute.default, split, [0, 2, 4, 1, 3, 5])
     return b(aten.reshape.default, patches, [n * (h // kh) * (w // kw), c * kh * kw])
 
 
 def _weight_matrix(b: NodeBuilder, w: torch.fx.Node) -> torch.fx.Node:
-    co = _val(w).shape[0]
-    return b(aten.reshape.default, w, [co, _val(w)[0].numel()])
+    co = traced_tensor(w).shape[0]
+    return b(aten.reshape.default, w, [co, traced_tensor(w)[0].numel()])
 
 
 def _forward(b: NodeBuilder, conv: torch.fx.Node, kh: int, kw: int) -> dict[int | None, Any]:
     x, w, bias = conv.args[:3]
-    n, _, h, wd = _val(x).shape
+    n, _, h, wd = traced_tensor(x).shape
     rows = _rows(b, x, kh, kw)
     wt = b(aten.permute.default, _weight_matrix(b, w), [1, 0])
     y = b(aten.addmm.default, bias, rows, wt) if bias is not None else b(aten.mm.default, rows, wt)
-    nhwc = b(aten.view.default, y, [n, h // kh, wd // kw, _val(w).shape[0]])
+    nhwc = b(aten.view.default, y, [n, h // kh, wd // kw, traced_tensor(w).shape[0]])
     out = b(aten.permute.default, nhwc, [0, 3, 1, 2])
-    return {None: b.in_layout_of(out, _val(conv))}
+    return {None: b.in_layout_of(out, traced_tensor(conv))}
 
 
 def _backward(b: NodeBuilder, node: torch.fx.Node, kh: int, kw: int) -> dict[int | None, Any]:
     grad, x, w = node.args[:3]
     mask = node.args[10]
-    n, c, h, wd = _val(x).shape
-    co = _val(w).shape[0]
+    n, c, h, wd = traced_tensor(x).shape
+    co = traced_tensor(w).shape[0]
     g = b(aten.reshape.default, b(aten.permute.default, grad, [0, 2, 3, 1]), [-1, co])
     outs: dict[int | None, Any] = {}
     vals = node.meta["val"]
@@ -101,7 +96,7 @@ def _backward(b: NodeBuilder, node: torch.fx.Node, kh: int, kw: int) -> dict[int
         outs[0] = b.in_layout_of(b(aten.reshape.default, nchw, [n, c, h, wd]), vals[0])
     if mask[1]:
         gw = b(aten.mm.default, b(aten.permute.default, g, [1, 0]), _rows(b, x, kh, kw))
-        outs[1] = b.in_layout_of(b(aten.reshape.default, gw, list(_val(w).shape)), vals[1])
+        outs[1] = b.in_layout_of(b(aten.reshape.default, gw, list(traced_tensor(w).shape)), vals[1])
     if mask[2]:
         outs[2] = b(aten.sum.dim_IntList, g, [0])
     return outs
