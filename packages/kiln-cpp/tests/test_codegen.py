@@ -17,7 +17,7 @@ from kiln_cpp.config import read_cpp_config
 from kiln_cpp.kernel import generate_cpp_kernel
 from kiln_inductor.graph import GraphLowering
 from kiln_inductor.scheduler.fuse import FusedGroup, fuse_nodes
-from kiln_inductor.testing import aten_graph
+from kiln_inductor.testing import aten_graph, check_compiled
 
 aten = torch.ops.aten
 
@@ -353,3 +353,19 @@ def test_row_sums_use_partial_sums_and_stay_right():
     x[4, 1], x[4, 90] = float("inf"), float("-inf")
     check_compiled(fn, [x], 1e-5)
     check_compiled(fn, [torch.randn(16, 64, dtype=torch.float64)], 1e-12)
+
+
+def test_transposed_computed_matmul_operand_matches_eager():
+    """``relu(x).T @ g`` (a weight gradient): the operand is stored untransposed and the
+    matmul reads it transposed (GraphLowering.realize_transposed); values match eager."""
+
+    def weight_grad(x, g, h):
+        act = aten.mul.Tensor(aten.relu.default(x), 0.5)
+        return (
+            aten.mm.default(aten.permute.default(act, [1, 0]), g),
+            aten.bmm.default(aten.permute.default(aten.exp.default(h), [0, 2, 1]), h),
+        )
+
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=gen) for s in ((12, 20), (12, 8), (3, 5, 7))]
+    check_compiled(weight_grad, inputs, rtol=1e-5, atol=1e-5)

@@ -25,3 +25,26 @@ def test_broadcast_dimensions_go_outermost():
     assert _strides(mask)[2:] == (128, 1)
     full = torch.empty(1, 1, 128, 128).expand(2, 4, 128, 128)
     assert _strides(full)[2:] == (128, 1)
+
+
+def _weight_grad(x, g):
+    """A weight gradient's ``act(x).T @ g``: the computed value transposed into a matmul."""
+    act = torch.ops.aten.mul.Tensor(torch.ops.aten.relu.default(x), 0.5)
+    return (torch.ops.aten.mm.default(torch.ops.aten.permute.default(act, [1, 0]), g),)
+
+
+def test_a_transposed_computed_matmul_operand_is_stored_in_its_own_shape():
+    from kiln_inductor.graph import GraphLowering
+    from kiln_inductor.ir.nodes import ComputedBuffer, ExternKernel, StorageView
+    from kiln_inductor.testing import aten_graph
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(12, 20, generator=g), torch.randn(12, 8, generator=g)]
+    ir = GraphLowering(aten_graph(_weight_grad, inputs), inputs).run()
+    (computed,) = [n for n in ir.nodes if isinstance(n, ComputedBuffer)]
+    assert tuple(int(s) for s in computed.layout.stride) == (20, 1)  # written row by row
+    (mm,) = [n for n in ir.nodes if isinstance(n, ExternKernel)]
+    operand = mm.args[0]
+    assert isinstance(operand, StorageView) and operand.buffer is computed
+    assert tuple(int(s) for s in operand.layout.size) == (20, 12)
+    assert tuple(int(s) for s in operand.layout.stride) == (1, 20)  # the library transposes
