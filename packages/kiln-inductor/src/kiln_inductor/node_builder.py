@@ -12,9 +12,12 @@ aten = torch.ops.aten
 
 
 def traced_tensor(x: object) -> torch.Tensor | None:
-    """The traced tensor metadata (``meta['val']``) of a node, or None."""
+    """The traced tensor metadata (``meta['val']``) of a node, or None (also where its
+    shape is symbolic: the graph passes rewrite static shapes only)."""
     val = getattr(x, "meta", {}).get("val") if isinstance(x, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
+    if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
+        return None
+    return val
 
 
 class NodeBuilder:
