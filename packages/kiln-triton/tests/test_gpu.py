@@ -156,6 +156,9 @@ def test_direct_launch_after_the_first_call_and_triton_path_for_misaligned_input
         return outcomes[-1]
 
     monkeypatch.setattr(DirectLaunch, "__call__", record)
+    # the Python direct path: with C launches on, the wrapper calls a C Launcher instead
+    # (test_c_launch_runs_kernels_between_calls_and_in_cuda_graphs)
+    monkeypatch.setenv("KILN_TRITON_C_LAUNCH", "0")
     fn = torch.fx.symbolic_trace(lambda x, y: (torch.sigmoid(x) * y + 1,))
     x, y = make((1000,), torch.float32, device=CUDA), make((1000,), torch.float32, device=CUDA)
     compiled = kiln_triton.compile_fx(fn, [x, y])
@@ -331,6 +334,12 @@ def test_c_launch_runs_kernels_between_calls_and_in_cuda_graphs(monkeypatch):
             for got, want in zip(compiled(x, y), fn(x, y)):
                 torch.testing.assert_close(got, want)
     assert built and all(b is not None and b.c_shape is not None for b in built)
+    # a misaligned input the kernel assumes aligned: the C Launcher hands it to Triton
+    shifted = make((64 * 1000 + 1,), torch.float32, device=CUDA)[1:].view(64, 1000)
+    compiled = kiln_triton.compile_fx(fn, [x, y])
+    compiled(x, y)
+    for got, want in zip(compiled(shifted, y), fn(shifted, y)):
+        torch.testing.assert_close(got, want)
 
 
 def test_reduce_overhead_forwards_the_guarded_call_for_training_and_replays():
