@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from . import log
-from .node_builder import NodeBuilder, traced_tensor
+from .node_builder import NodeBuilder, finish_pass, traced_tensor
 
 aten = torch.ops.aten
 
@@ -63,8 +62,4 @@ def fold_broadcast_bmm(gm: torch.fx.GraphModule) -> int:
         bmm.replace_all_uses_with(view)
         graph.erase_node(bmm)
         folded += 1
-    if folded:
-        graph.lint()
-        gm.recompile()
-        log.log("graphs", f"{folded} bmm(s) with a broadcast operand folded into mm")
-    return folded
+    return finish_pass(gm, folded, f"{folded} bmm(s) with a broadcast operand folded into mm")

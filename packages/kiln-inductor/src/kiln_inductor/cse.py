@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import log
+from .node_builder import finish_pass
 
 
 def _pure(target: Any) -> bool:
@@ -77,8 +77,4 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
         node.replace_all_uses_with(first)
         gm.graph.erase_node(node)
         removed += 1
-    if removed:
-        gm.graph.lint()
-        gm.recompile()
-        log.log("graphs", f"common subexpressions: {removed} node(s) merged")
-    return removed
+    return finish_pass(gm, removed, f"common subexpressions: {removed} node(s) merged")

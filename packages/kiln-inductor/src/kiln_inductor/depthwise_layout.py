@@ -30,8 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import log
-from .node_builder import NodeBuilder, traced_tensor
+from .node_builder import NodeBuilder, finish_pass, traced_tensor
 
 aten = torch.ops.aten
 
@@ -102,8 +101,4 @@ def depthwise_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> i
         val = node.meta["val"]
         node.meta["val"] = tuple(_cl(v) for v in val) if isinstance(val, tuple) else _cl(val)
         done += 1
-    if done:
-        gm.graph.lint()
-        gm.recompile()
-        log.log("graphs", f"{done} depthwise convolution(s) on channels-last operands")
-    return done
+    return finish_pass(gm, done, f"{done} depthwise convolution(s) on channels-last operands")

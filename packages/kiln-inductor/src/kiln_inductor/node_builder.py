@@ -8,7 +8,19 @@ from typing import Any
 import torch
 import torch.fx
 
+from . import log
+
 aten = torch.ops.aten
+
+
+def finish_pass(gm: torch.fx.GraphModule, changed: int, message: str) -> int:
+    """After a graph pass changed ``changed`` places of ``gm``: lint and recompile it and
+    log ``message`` (nothing when it changed nothing); returns ``changed``."""
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+        log.log("graphs", message)
+    return changed
 
 
 def traced_tensor(x: object) -> torch.Tensor | None:

@@ -29,8 +29,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import log
-from .node_builder import NodeBuilder, traced_tensor
+from .node_builder import NodeBuilder, finish_pass, traced_tensor
 
 aten = torch.ops.aten
 
@@ -150,8 +149,4 @@ def rewrite_patch_convolutions(gm: torch.fx.GraphModule, device: torch.device) -
                 graph.erase_node(user)
         graph.erase_node(node)
         done += 1
-    if done:
-        graph.lint()
-        gm.recompile()
-        log.log("graphs", f"{done} patch convolution(s) (kernel == stride) as matmuls")
-    return done
+    return finish_pass(gm, done, f"{done} patch convolution(s) (kernel == stride) as matmuls")
