@@ -308,6 +308,26 @@ def test_looped_welford_float64_keeps_float64_precision():
         assert_case(results[c.label], rtol=1e-12, atol=1e-12)
 
 
+def test_looped_rows_that_every_block_divides_need_no_r_mask(tmp_path, monkeypatch):
+    # 2048-element rows: every RBLOCK a looped kernel may get divides them
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    x = make((4, 2048), F32)
+    w, b = make((2048,), F32, "pos"), make((2048,), F32)
+    cases = [
+        Case("softmax", lambda t: aten._softmax.default(t, -1, False), (x,)),
+        Case("layer_norm", lambda t, ww, bb: _layer_norm(t, ww, bb), (x, w, b)),
+        Case("argmax", lambda t: aten.argmax.default(t, 1), (x,)),
+    ]
+    with settings_scope(persistent_max=128):
+        results = run_batch(cases)
+    for c in cases:
+        assert_case(results[c.label], rtol=1e-4, atol=1e-4)
+    kernels = "".join(p.read_text() for p in tmp_path.rglob("kernel*.triton"))
+    assert "for roffset in range(0, 2048, RBLOCK)" in kernels
+    assert "rmask = tl.full([1, RBLOCK], 1, tl.int1)" in kernels
+    assert "rindex < 2048" not in kernels
+
+
 def test_empty_reductions():
     x = make((0, 5), F32)
     cases = [

@@ -43,6 +43,7 @@ from kiln_inductor.ir.symbols import coefficients, contiguous_strides, product, 
 from kiln_inductor.scheduler.fuse import Block, FusedGroup
 
 from ..errors import TritonCodegenError
+from ..runtime.configs import looped_rows_divide
 from .index import print_index
 from .triton_ops import TritonOpsHandler, TritonValue
 
@@ -344,7 +345,10 @@ class TritonKernel:
             return
         with self.scope(f"for roffset in range(0, {n}, RBLOCK):"):
             self.emit("rindex = roffset + rbase")
-            self.emit(f"rmask = rindex < {n}")
+            if looped_rows_divide(n, self.extent):  # constant: Triton drops it from loads
+                self.emit("rmask = tl.full([1, RBLOCK], 1, tl.int1)")
+            else:
+                self.emit(f"rmask = rindex < {n}")
             for v, s in zip(syms, sizes):
                 self.ranges[v] = sympy.Integer(s)
             self._define_vars("rindex", syms, sizes, self.rsyms)

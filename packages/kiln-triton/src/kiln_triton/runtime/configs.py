@@ -24,6 +24,18 @@ class LaunchConfig:
         return asdict(self)
 
 
+# the largest RBLOCK a looped reduction is launched with (every RBLOCK is a power of two)
+MAX_LOOPED_RBLOCK = 4096
+
+
+def looped_rows_divide(n: int, extent: int) -> bool:
+    """Whether every RBLOCK a looped kernel whose longest row has ``extent`` elements may
+    be launched with (``candidate_configs``, ``interpreter_config``: powers of two up to
+    ``min(MAX_LOOPED_RBLOCK, next power of two of extent)``) divides ``n``, the length of
+    one of its rows: then no chunk of that row has lanes past its end (no r mask)."""
+    return n > 0 and n % min(MAX_LOOPED_RBLOCK, _np2(max(extent, n))) == 0
+
+
 def _np2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -70,7 +82,7 @@ def candidate_configs(meta: dict[str, Any], exhaustive: bool) -> list[LaunchConf
             out = out[:1]
         return _dedupe(out)
     extent = max(int(meta["extent"]), 1)
-    pairs = [(1, 2048), (4, 512), (64, 16), (8, 256), (1, 4096), (16, 64), (32, 32)]
+    pairs = [(1, 2048), (4, 512), (64, 16), (8, 256), (1, MAX_LOOPED_RBLOCK), (16, 64), (32, 32)]
     if not exhaustive:
         pairs = pairs[:3]
     out = []
