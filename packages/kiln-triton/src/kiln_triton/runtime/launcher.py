@@ -1,5 +1,5 @@
 """load_triton_kernels and TritonLauncher: from kernel source to a callable the wrapper
-launches as ``kernel(*tensors)``.
+launches as ``kernel.fast(*tensors)`` (the launcher, or its C Launcher once it has one).
 
 Sources are written into kiln-inductor's content-addressed cache (Triton needs a real file
 to read a kernel's source) and imported from there; Triton keeps its compiled binaries in
