@@ -59,3 +59,17 @@ def test_other_overloads_use_their_dispatcher_entry():
     assert call_target(aten.convolution_backward.default) is aten.convolution_backward.default._op
     assert call_target(aten.add.Tensor) is aten.add.Tensor._op
     assert call_target(len) is len  # not an ATen overload: as it is
+
+
+def test_every_bound_op_is_tested_or_needs_a_gpu():
+    from kiln_inductor.wrapper import _bindings
+
+    tested = {op for op, _ in CASES}
+    gpu_only = {
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+    }
+    assert set(_bindings()) == tested | gpu_only  # a newly bound op needs a case above
+    for op, binding in _bindings().items():
+        assert binding.__name__ == op._schema.name.split("::")[-1]

@@ -9,6 +9,7 @@ where an output is a view). The same wrapper serves every backend.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -16,35 +17,23 @@ import torch
 from .backend import KernelBackend
 from .ir.nodes import Buffer, ExternKernel, GraphIR, Layout, StorageView
 from .log import log
+from .lowering.extern import ATTENTION_OPS
+from .lowering.registry import EXTERN_OPS
 from .scheduler.fuse import FusedGroup, Step
 from .scheduler.memory import MemoryPlan
 
-# library ops every graph calls, by name: torch's generated binding of the overload
-_BOUND = (
-    "convolution",
-    "mm",
-    "bmm",
-    "addmm",
-    "baddbmm",
-    "mv",
-    "dot",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_cudnn_attention",
-)
 
-
+@functools.cache
 def _bindings() -> dict[Any, Any]:
+    """The library ops the wrapper calls (the lowering registry's extern ops and the fused
+    attention kernels) that torch exposes as a generated binding of their default
+    overload, e.g. ``aten.convolution.default`` -> ``torch.convolution``."""
     out = {}
-    for name in _BOUND:
-        packet, binding = getattr(torch.ops.aten, name, None), getattr(torch, name, None)
-        if packet is not None and binding is not None:
-            out[packet.default] = binding
+    for op in (*EXTERN_OPS, *ATTENTION_OPS):
+        binding = getattr(torch, op._schema.name.split("::")[-1], None)
+        if op._overloadname == "default" and callable(binding):
+            out[op] = binding
     return out
-
-
-_BINDINGS: dict[Any, Any] = {}
 
 
 def call_target(op: Any) -> Any:
@@ -54,10 +43,9 @@ def call_target(op: Any) -> Any:
     (``OpOverload._op``: no Python frame, but arguments converted through the boxed
     calling convention, 11 us for a convolution: int lists are slow to box). Both reach
     the dispatcher, so dispatch modes see the same op."""
-    if not _BINDINGS:
-        _BINDINGS.update(_bindings())
-    if op in _BINDINGS:
-        return _BINDINGS[op]
+    binding = _bindings().get(op)
+    if binding is not None:
+        return binding
     return op._op if isinstance(op, torch._ops.OpOverload) else op
 
 
