@@ -258,12 +258,11 @@ class ReductionCodegen:
                     v = value(r, subs)
                     if uniform:
                         kern.emit(f"{a}_rc = 1.0 / tl.full([], roffset // RBLOCK + 1, {t})")
-                    kern.emit(f"{a}_n1 = tl.where({m}, {a}_n + 1, {a}_n)")
+                    kern.emit(f"{a}_n = tl.where({m}, {a}_n + 1, {a}_n)")
                     kern.emit(f"{a}_d = {v} - {a}_mean")
-                    step = f"{a}_d * {a}_rc" if uniform else f"{a}_d / {a}_n1"
+                    step = f"{a}_d * {a}_rc" if uniform else f"{a}_d / {a}_n"
                     kern.emit(f"{a}_mean = tl.where({m}, {a}_mean + {step}, {a}_mean)")
                     kern.emit(f"{a}_m2 = tl.where({m}, {a}_m2 + {a}_d * ({v} - {a}_mean), {a}_m2)")
-                    kern.emit(f"{a}_n = {a}_n1")
 
             self._region(update)
             for r in reps:
