@@ -328,6 +328,30 @@ def test_looped_rows_that_every_block_divides_need_no_r_mask(tmp_path, monkeypat
     assert "rindex < 2048" not in kernels
 
 
+def test_rows_that_every_block_divides_need_no_x_mask(tmp_path, monkeypatch):
+    # 64 rows (and 4096 elements): every XBLOCK a kernel may get divides them; 100 do not
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    cases = []
+    for rows in (64, 100):
+        x = make((rows, 256), F32)
+        w, b = make((256,), F32, "pos"), make((256,), F32)
+        cases += [
+            Case(f"softmax {rows}", lambda t: aten._softmax.default(t, -1, False), (x,)),
+            Case(f"layer_norm {rows}", lambda t, ww, bb: _layer_norm(t, ww, bb), (x, w, b)),
+        ]
+    cases.append(Case("sigmoid", lambda t: aten.sigmoid.default(t), (make((4096,), F32),)))
+    for persistent_max in (1024, 64):  # persistent, then looped
+        with settings_scope(persistent_max=persistent_max):
+            results = run_batch(cases)
+        for c in cases:
+            assert_case(results[c.label], rtol=1e-4, atol=1e-4)
+    kernels = "".join(p.read_text() for p in tmp_path.rglob("kernel*.triton"))
+    assert "xmask = tl.full([XBLOCK, 1], 1, tl.int1)" in kernels
+    assert "xmask = tl.full([XBLOCK], 1, tl.int1)" in kernels
+    assert "xmask = xindex < 100" in kernels
+    assert "xindex < 64" not in kernels and "xindex < 4096" not in kernels
+
+
 def test_empty_reductions():
     x = make((0, 5), F32)
     cases = [

@@ -58,10 +58,7 @@ class TritonBackend:
             return self._codegen_template(group, buffers)
         kernel = generate_triton_kernel(group, buffers, cfg.persistent_max)
         meta = {
-            "kind": kernel.kind,
-            "xnumel": kernel.xnumel,
-            "rblock": kernel.rblock,
-            "extent": kernel.extent,
+            **kernel.meta(),
             "int64": kernel.int64,
             "arg_dtypes": [
                 str(buffers[n].dtype).removeprefix("torch.")

@@ -43,7 +43,7 @@ from kiln_inductor.ir.symbols import coefficients, contiguous_strides, product, 
 from kiln_inductor.scheduler.fuse import Block, FusedGroup
 
 from ..errors import TritonCodegenError
-from ..runtime.configs import looped_rows_divide
+from ..runtime.configs import looped_rows_divide, xblocks_divide
 from .index import print_index
 from .triton_ops import TritonOpsHandler, TritonValue
 
@@ -138,6 +138,15 @@ class TritonKernel:
         self.loop = -1  # the r loop being generated (-1: none)
         self.loops = 0
         self.loop_loads: dict[tuple[str, int], bool] = {}
+
+    def meta(self) -> dict[str, Any]:
+        """What launch configurations depend on (``runtime.configs``)."""
+        return {
+            "kind": self.kind,
+            "xnumel": self.xnumel,
+            "rblock": self.rblock,
+            "extent": self.extent,
+        }
 
     def _needs_int64(self) -> bool:
         spans = [_int(self.buffers[n].layout.storage_span(), "storage") for n in self.ptrs]
@@ -261,7 +270,10 @@ class TritonKernel:
         arange = "tl.arange(0, XBLOCK)" + ("" if self.kind == "pointwise" else "[:, None]")
         self.emit(f"xoffset = {pid} * XBLOCK")
         self.emit(f"xindex = xoffset + {arange}")
-        self.emit(f"xmask = xindex < {self.xnumel}")
+        if xblocks_divide(self.meta()):  # constant: Triton drops it from loads and stores
+            self.emit(f"xmask = tl.full({shape}, 1, tl.int1)")
+        else:
+            self.emit(f"xmask = xindex < {self.xnumel}")
         self.emit(f"xzero = tl.zeros({shape}, tl.int32)")
         if self.kind != "pointwise":
             self.emit("rbase = tl.arange(0, RBLOCK)[None, :]")

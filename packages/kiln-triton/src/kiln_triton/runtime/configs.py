@@ -96,6 +96,16 @@ def candidate_configs(meta: dict[str, Any], exhaustive: bool) -> list[LaunchConf
     return _dedupe(out)
 
 
+def xblocks_divide(meta: dict[str, Any]) -> bool:
+    """Whether every XBLOCK a kernel with ``meta`` may be launched with (any candidate of
+    either mode, or the interpreter's) divides its ``xnumel``: then no program has rows
+    past the end (no x mask). A cached autotuning winner is only used when it is one of
+    today's candidates (``TritonLauncher.choose``), so this holds for it too."""
+    n = int(meta["xnumel"])
+    configs = [*candidate_configs(meta, True), *candidate_configs(meta, False)]
+    return n > 0 and all(n % c.XBLOCK == 0 for c in [*configs, interpreter_config(meta)])
+
+
 def interpreter_config(meta: dict[str, Any]) -> LaunchConfig:
     kind, xcap = meta["kind"], _np2(max(int(meta["xnumel"]), 1))
     if kind == "pointwise":
