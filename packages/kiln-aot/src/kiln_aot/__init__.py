@@ -37,7 +37,10 @@ decompositions=None) -> Callable``
     * otherwise the joint forward+backward graph is traced and split by ``partition_fn``
       (default ``min_cut_partition``); ``fw_compiler`` gets the forward graph (returns the
       outputs, then the saved tensors), ``bw_compiler`` (default: ``fw_compiler``) the backward
-      graph (takes the saved tensors then the tangents, returns the gradients).
+      graph (takes the saved tensors then the tangents, returns the gradients). The two
+      graphs say which they are in ``gm.meta["kiln_aot_training"]``: ``{"role": "forward",
+      "outputs": n}`` (the first ``n`` outputs are returned to the caller, the rest saved
+      for the backward only) and ``{"role": "backward"}``.
 
     Compiler protocol: ``compiler(gm, example_inputs) -> callable(*args) -> tuple | list``;
     ``gm`` takes flat positional args and returns a tuple; read shapes from the placeholders'

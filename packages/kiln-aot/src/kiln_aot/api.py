@@ -164,6 +164,8 @@ class AotCompiled:
         dump.graph("aot.fw", fw_gm)
         dump.graph("aot.bw", bw_gm)
         dump.text("aot.partition.txt", partition_report(fw_gm, info.num_fwd_outputs))
+        fw_gm.meta["kiln_aot_training"] = {"role": "forward", "outputs": info.num_fwd_outputs}
+        bw_gm.meta["kiln_aot_training"] = {"role": "backward"}
         fw = self.fw_compiler(fw_gm, list(flat_args))
         bw_inputs = [n.meta.get("val") for n in bw_gm.graph.nodes if n.op == "placeholder"]
         bw = self.bw_compiler(bw_gm, bw_inputs)
