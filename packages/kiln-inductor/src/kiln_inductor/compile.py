@@ -161,19 +161,25 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     return CompiledGraph(namespace["call"], source, stats, layouts)
 
 
-def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+def compile_fx(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    compile_graph: Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]] | None = None,
+) -> Callable[..., Any]:
     """DESIGN.md contract 1: compile a torch-level or ATen-level FX graph into a callable.
 
     ATen graphs are compiled directly; torch-level graphs go through kiln_aot, which hands
-    each ATen graph (forward, and backward when training) to ``compile_aten_graph``. Any
-    callable (an ``nn.Module`` too) is accepted the same way: kiln_aot traces it."""
+    each ATen graph (forward, and backward when training) to ``compile_aten_graph``, or to
+    ``compile_graph`` when given (kiln-triton wraps training graphs in CUDA graph runners
+    this way). Any callable (an ``nn.Module`` too) is accepted the same way: kiln_aot
+    traces it."""
+    compile_graph = compile_graph or compile_aten_graph
     if isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm):
-        return compile_aten_graph(gm, example_inputs)
+        return compile_graph(gm, list(example_inputs))
     import kiln_aot
 
     aot_graph = getattr(kiln_aot, "aot_graph", None)
     if aot_graph is None:
         raise AotUnavailableError("aot_graph")
-    return aot_graph(
-        gm, example_inputs, fw_compiler=compile_aten_graph, bw_compiler=compile_aten_graph
-    )
+    return aot_graph(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph)
