@@ -8,7 +8,8 @@ Rows, all measured in one run on one GPU:
   softmax      over (32768, 4096), bfloat16 and float32 (goal: kiln >= torch.compile)
   layer_norm   over (32768, 4096) with weight and bias, bfloat16 and float32
   small model  a batch-1 GPT-style model: per-call time of default vs reduce-overhead
-               (CUDA graphs), for kiln and for torch.compile
+               (CUDA graphs), for kiln and for torch.compile; and per-step time of its
+               training (forward, backward, an SGD step), the same way
 
 Large kernels are timed with CUDA events around 10 calls issued back to back (median of
 ``--iters`` such batches after warm-up, so host launch overhead overlaps the GPU's work),
@@ -239,6 +240,67 @@ def bench_small_model() -> list[dict]:
     return rows
 
 
+def bench_small_training(steps: int = 3) -> list[dict]:
+    """A training step of the same model at batch 1 (forward, backward, an SGD step):
+    per-step time of default vs reduce-overhead (CUDA graphs for the forward and the
+    backward graph). Correct: the first step's gradients and the loss after ``steps``
+    steps match eager's, from the same initial weights."""
+    import copy
+
+    from kiln_triton.testing import SmallGPT
+
+    torch.manual_seed(0)
+    base = SmallGPT().to(DEVICE).train()
+    idx = torch.randint(0, 1024, (1, 32), device=DEVICE)
+    tgt = torch.randint(0, 1024, (1, 32), device=DEVICE)
+
+    def trainer(make: Callable[[Callable], Callable]) -> tuple[Callable[[], Any], Any, list]:
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=True)
+
+        def loss_of(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(model(i).flatten(0, 1), t.flatten())
+
+        compiled = make(loss_of)
+
+        def step() -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            loss = compiled(idx, tgt)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step, model, opt
+
+    ref_step, ref_model, _ = trainer(lambda f: f)
+    ref_step()
+    ref_grads = [p.grad.clone() for p in ref_model.parameters()]
+    for _ in range(steps - 1):
+        ref_last = ref_step().detach()
+    rows = []
+    for mode in (None, "reduce-overhead"):
+        for cname, make in compilers(mode).items():
+            if cname == "eager" and mode is not None:
+                continue
+            torch._dynamo.reset()
+            step, model, _ = trainer(make)
+            t0 = time.perf_counter()
+            step()
+            sync()
+            compile_s = time.perf_counter() - t0
+            grads = [p.grad for p in model.parameters()]
+            err = max(rel_error(g, r) for g, r in zip(grads, ref_grads))
+            for _ in range(steps - 1):
+                last = step().detach()
+            err = max(err, rel_error(last, ref_last))
+            us = host_time_us(step, calls=50)
+            rows.append({
+                "kernel": "small model training b=1", "compiler": cname, "mode": mode or "default",
+                "us_per_call": us, "rel_error": err, "correct": err <= 1e-4, "compile_s": compile_s,
+            })  # fmt: skip
+    return rows
+
+
 def print_table(rows: list[dict], copy_gbs: float) -> str:
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (interpreter smoke run)"
     lines = [f"device: {name}   copy bandwidth: {copy_gbs:.0f} GB/s", ""]
@@ -262,12 +324,11 @@ def print_table(rows: list[dict], copy_gbs: float) -> str:
             f"{k:<26}{e['ms']:>10.3f}{t['ms']:>15.3f}{kl['ms']:>10.3f}{kl['GB/s']:>11.0f}"
             f"{100 * kl['GB/s'] / copy_gbs:>7.0f}%{t['ms'] / kl['ms']:>9.2f}  {ok}"
         )
-    small = [r for r in rows if "us_per_call" in r]
-    if small:
-        lines += [
-            "",
-            f"{'small model (batch 1)':<26}{'mode':<18}{'us/call':>10}{'compile s':>11}  correct",
-        ]
+    for title in ("small model b=1", "small model training b=1"):
+        small = [r for r in rows if "us_per_call" in r and r["kernel"] == title]
+        if not small:
+            continue
+        lines += ["", f"{title:<26}{'mode':<18}{'us/call':>10}{'compile s':>11}  correct"]
         for r in small:
             lines.append(
                 f"{r['compiler']:<26}{r['mode']:<18}{r['us_per_call']:>10.1f}{r['compile_s']:>11.1f}  {r['correct']}"
@@ -288,7 +349,7 @@ def main() -> int:
     ap.add_argument(
         "--only",
         default="",
-        help="run only the kernel rows whose name contains this (no matmul/model)",
+        help="run only the rows whose name contains this (no matmul)",
     )
     ap.add_argument(
         "--cpu-smoke", action="store_true", help="tiny sizes on CPU through Triton's interpreter"
@@ -334,8 +395,10 @@ def run(args: argparse.Namespace) -> int:
         del x
         torch.cuda.empty_cache()
     mm_rows = bench_matmul_epilogue(args.iters, *MATMUL) if not args.only else []
-    if not args.skip_model and not args.only:
+    if not args.skip_model and wanted("small model b=1"):
         rows += bench_small_model()
+    if not args.skip_model and wanted("small model training b=1"):
+        rows += bench_small_training()
     table = print_table(rows, copy_gbs) + "\n\n" + print_matmul_table(mm_rows)
     rows += mm_rows
     print(table)

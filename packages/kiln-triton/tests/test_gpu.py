@@ -233,14 +233,14 @@ def test_reduce_overhead_replays_cuda_graphs_correctly():
         for _ in range(3):  # new values each call: replays must read them
             x2 = torch.randn(1, 64, device=CUDA)
             torch.testing.assert_close(runner(x2), model(x2), rtol=1e-4, atol=1e-4)
-        assert runner.replays == 3
+        assert runner.replays == 4  # the first call replays the graph it captured
         kept = runner(x2)
         runner(torch.randn(1, 64, device=CUDA))
         torch.testing.assert_close(kept, model(x2), rtol=1e-4, atol=1e-4)  # not overwritten
         x3 = torch.randn(5, 64, device=CUDA)  # a new shape: captured anew
         torch.testing.assert_close(runner(x3), model(x3), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(runner(x3 * 2), model(x3 * 2), rtol=1e-4, atol=1e-4)
-        assert len(runner.graphs) == 2 and runner.replays == 6
+        assert len(runner.graphs) == 2 and runner.replays == 8
 
 
 def test_torch_compile_reduce_overhead_mode():
@@ -285,6 +285,60 @@ def test_gpt2_style_forward_and_backward_match_eager():
     torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-4)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_reduce_overhead_training_replays_forward_and_backward_graphs(caplog):
+    # a GPT-style model trained for a few steps under torch.compile(mode="reduce-overhead"):
+    # the forward and the backward graph replay every step, parameters and losses stay
+    # with eager's; gradients accumulated over two steps run without the backward's graph
+    import copy
+
+    from kiln_triton import cudagraphs
+
+    torch.manual_seed(0)
+    model = SmallGPT(vocab=256, d=64, ctx=32).to(CUDA)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+
+    def loss_of(m, i, t):
+        return F.cross_entropy(m(i).flatten(0, 1), t.flatten())
+
+    earlier = set(cudagraphs._RUNNERS)
+    compiled = torch.compile(
+        lambda i, t: loss_of(model, i, t),
+        dynamic=False,
+        backend=lambda gm, ex: kiln_triton.compile_fx(gm, ex, mode="reduce-overhead"),
+    )
+    for step in range(4):
+        i = torch.randint(0, 256, (2, 32), device=CUDA)
+        t = torch.randint(0, 256, (2, 32), device=CUDA)
+        loss, want = compiled(i, t), loss_of(ref, i, t)
+        loss.backward()
+        want.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-4)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=f"{step} {name}")
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    mine = set(cudagraphs._RUNNERS) - earlier
+    runners = {r.name.rsplit(".", 1)[-1]: r for r in mine if "." in r.name}
+    fw, bw = runners["forward"], runners["backward"]
+    assert fw.replays >= 4 and bw.replays >= 4
+    assert all(e is not None and e.borrowed for e in bw.graphs.values())
+    with caplog.at_level(logging.WARNING, logger="kiln_inductor"):
+        before = bw.replays
+        for _ in range(2):  # accumulated: the second backward may not overwrite param.grad
+            i = torch.randint(0, 256, (2, 32), device=CUDA)
+            t = torch.randint(0, 256, (2, 32), device=CUDA)
+            compiled(i, t).backward()
+            loss_of(ref, i, t).backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+        assert bw.replays == before + 1
+    assert "lent out are still alive" in caplog.text
 
 
 # last: a failed capture is the most likely to disturb the CUDA context for what follows

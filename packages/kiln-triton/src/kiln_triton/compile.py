@@ -46,6 +46,19 @@ def resolve_options(mode: str | None, options: dict[str, Any] | None) -> dict[st
     return out
 
 
+def _training_runners(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """An ATen graph compiled; the forward and the backward graph of a training step (as
+    kiln-aot marks them) each in a CUDA graph runner that lends what only the other one
+    reads (the saved tensors) and the gradients (cudagraphs.py, "copied and lent
+    outputs"). The runner around the whole step replays inference graphs."""
+    compiled = kiln_inductor.compile_aten_graph(gm, example_inputs)
+    training = gm.meta.get("kiln_aot_training")
+    if training is None:
+        return compiled
+    copied = int(training["outputs"]) if training["role"] == "forward" else 0
+    return CudaGraphRunner(compiled, f"graph{next(_ids)}.{training['role']}", copied=copied)
+
+
 def compile_fx(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -56,9 +69,12 @@ def compile_fx(
     """Compile a torch-level or ATen-level FX graph of CUDA tensors into a callable
     (DESIGN.md contract 1: usable as ``torch.compile(fn, backend=kiln_triton.compile_fx)``)."""
     opts = resolve_options(mode, options)
-    with settings_scope(max_autotune=opts["max_autotune"], cudagraphs=opts["triton.cudagraphs"]):
-        compiled = kiln_inductor.compile_fx(gm, list(example_inputs))
-    if opts["triton.cudagraphs"]:
+    graphs = opts["triton.cudagraphs"]
+    with settings_scope(max_autotune=opts["max_autotune"], cudagraphs=graphs):
+        compiled = kiln_inductor.compile_fx(
+            gm, list(example_inputs), compile_graph=_training_runners if graphs else None
+        )
+    if graphs:
         runner = CudaGraphRunner(compiled, f"graph{next(_ids)}")
         inner = getattr(compiled, "kiln_guarded_call", None)
         if inner is not None:  # kiln-capture calls it on cache hits its guards cover

@@ -1,21 +1,44 @@
 """CudaGraphRunner: replay a compiled graph as a CUDA graph (``mode="reduce-overhead"``).
 
 The first call with a new input signature (shapes, strides, dtypes, devices) runs the
-compiled function normally — that compiles and autotunes its kernels — and then captures
-it into a CUDA graph reading from static input buffers. Later calls copy their inputs into
-those buffers, replay the graph (one launch instead of one per kernel), and return copies
-of the static outputs, so results stay valid after the next call. Parameters are used in
-place rather than copied (the signature includes their addresses).
+compiled function normally — that compiles and autotunes its kernels — then captures it
+into a CUDA graph reading from static input buffers, and replays it once for its result.
+Later calls copy their inputs into those buffers and replay the graph (one launch instead
+of one per kernel). Parameters are used in place rather than copied (the signature
+includes their addresses).
 
 Where a graph cannot be captured the function runs as is and the reason is logged once:
-inputs on the CPU, inputs that require grad (training), a call made during another
-capture, or a capture that fails (synchronizing or allocating host-side ops).
+inputs on the CPU, a call made during another capture, or a capture that fails
+(synchronizing or allocating host-side ops). Training replays too: ``compile_fx`` wraps
+the forward and the backward graph of a training step each in a runner of its own, and a
+runner around the whole step lets the calls that need grad through to them.
+
+Design note: "copied and lent outputs"
+--------------------------------------
+A replay writes its outputs into the same static buffers each time. The first ``copied``
+outputs (all of them by default: inference results the caller may keep) are returned as
+copies. The rest are *lent*: returned as new tensors over the static buffers, with no
+copy. A forward graph lends the tensors it saves for the backward, a backward graph lends
+the gradients (which autograd then takes as ``param.grad`` without a copy either).
+
+A lent tensor is valid until the next replay of its runner overwrites it, so a replay
+first checks that every lent tensor of the last one is dead: the use count of each lent
+storage is back to what the runner itself holds. Saved tensors die once the backward ran,
+gradients once ``optimizer.zero_grad()`` set them to None. While one is alive (two forwards
+before a backward, gradients accumulated over several steps) the call runs without the
+graph, correct and slower, and the reason is logged once.
+
+An input that is a lent output of another runner (the backward's saved tensors, lent by
+the forward's graph) is *borrowed*: the capture reads that runner's static buffer in place
+and a replay only checks that the same buffer came again; otherwise (the forward ran
+without its graph) the call runs without the graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,13 +46,20 @@ import torch.utils._pytree as pytree
 
 from kiln_inductor import log
 
+# training graphs need grad for their inputs outside the runner: the runner around the
+# whole step passes such calls on to the forward and backward graphs' own runners
+TRAINING = "inputs require grad: the training graphs' own runners replay them"
+
 
 @dataclass
 class _Captured:
-    graph: torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph
     static_inputs: list[Any]
-    owned: list[bool]  # True: our copy, refreshed each call; False: the caller's tensor
+    owned: list[int]  # positions of our copies of inputs, refreshed each call
+    borrowed: list[int]  # positions read in place from another runner's lent outputs
     static_outputs: Any
+    # (storage handle, the use count the runner's own tensors make) of every lent output
+    lent_storages: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -44,31 +74,55 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(sig)
 
 
-def _static_reason(args: tuple[Any, ...]) -> tuple[str | None, bool]:
-    """(why this signature can never be captured, whether some input requires grad)."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors or any(t.device.type != "cuda" for t in tensors):
-        return "inputs are not all CUDA tensors", False
-    return None, any(t.requires_grad for t in tensors)
+def _lent_key(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
+
+
+_RUNNERS: weakref.WeakSet[CudaGraphRunner] = weakref.WeakSet()
+
+
+def _lender(t: torch.Tensor) -> torch.Tensor | None:
+    """The static output of a live runner that ``t`` is a lent view of, if any."""
+    key = _lent_key(t)
+    for runner in list(_RUNNERS):
+        static = runner.lent.get(key)
+        if static is not None:
+            return static
+    return None
 
 
 class CudaGraphRunner:
-    def __init__(self, fn: Callable[..., Any], name: str = "graph"):
-        self.fn, self.name = fn, name
+    device_type = "cuda"
+
+    def __init__(self, fn: Callable[..., Any], name: str = "graph", copied: int | None = None):
+        """``copied``: how many leading outputs (of a flat tuple or list) a replay returns
+        as copies; the rest are lent (module docstring). None: every output, of any
+        structure, is copied."""
+        self.fn, self.name, self.copied = fn, name, copied
         self.graphs: dict[tuple[Any, ...], _Captured | None] = {}
         self.checked: dict[tuple[Any, ...], tuple[str | None, bool]] = {}
         self.pool: Any = None
         self.replays = 0
+        self.lent: dict[tuple[Any, ...], torch.Tensor] = {}  # _lent_key -> static output
+        _RUNNERS.add(self)
+
+    # -- what a call may do ------------------------------------------------------------------
+    def _static_reason(self, args: tuple[Any, ...]) -> tuple[str | None, bool]:
+        """(why this signature can never be captured, whether some input requires grad)."""
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or any(t.device.type != self.device_type for t in tensors):
+            return f"inputs are not all {self.device_type.upper()} tensors", False
+        return None, any(t.requires_grad for t in tensors)
 
     def why_not(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> str | None:
         if key not in self.checked:
-            self.checked[key] = _static_reason(args)
+            self.checked[key] = self._static_reason(args)
         reason, needs_grad = self.checked[key]
         if reason is not None:
             return reason
         if needs_grad and torch.is_grad_enabled():
-            return "inputs require grad (training graphs run without CUDA graphs)"
-        if torch.cuda.is_current_stream_capturing():
+            return TRAINING
+        if self._capturing():
             return "called while another CUDA graph is being captured"
         return None
 
@@ -92,7 +146,8 @@ class CudaGraphRunner:
         key = _signature(args)
         reason = self.why_not(key, args)
         if reason is not None:
-            log.warn_once(f"cudagraphs:{reason}", f"kiln-triton: CUDA graphs skipped: {reason}")
+            if reason is not TRAINING:
+                log.warn_once(f"cudagraphs:{reason}", f"kiln-triton: CUDA graphs skipped: {reason}")
             return run(*args)
         if key not in self.graphs:
             return self._first_call(key, args)
@@ -101,15 +156,11 @@ class CudaGraphRunner:
             return self.fn(*args)
         return self._replay(entry, args)
 
+    # -- capture -----------------------------------------------------------------------------
     def _first_call(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            result = self.fn(*args)  # compiles, autotunes, warms up
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+        result = self._warm_up(args)  # compiles, autotunes
         try:
-            self.graphs[key] = self._capture(args)
+            entry = self.graphs[key] = self._capture(args)
             log.log("cudagraphs", f"{self.name}: captured a CUDA graph for {len(args)} inputs")
         except Exception as e:
             self.graphs[key] = None
@@ -118,20 +169,104 @@ class CudaGraphRunner:
                 f"kiln-triton: CUDA graph capture of {self.name} failed, running it without: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
             )
-        return result
+            return result
+        del result
+        return self._replay(entry, args)
 
     def _capture(self, args: tuple[Any, ...]) -> _Captured:
         statics: list[Any] = []
-        owned: list[bool] = []
-        for a in args:
-            if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter):
-                s = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-                s.copy_(a)
-                statics.append(s)
-                owned.append(True)
-            else:
+        owned: list[int] = []
+        borrowed: list[int] = []
+        for k, a in enumerate(args):
+            if not isinstance(a, torch.Tensor) or isinstance(a, torch.nn.Parameter):
                 statics.append(a)
-                owned.append(False)
+                continue
+            lender = _lender(a)
+            if lender is not None:
+                statics.append(lender)
+                borrowed.append(k)
+                continue
+            s = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            s.copy_(a)
+            statics.append(s)
+            owned.append(k)
+        graph, outputs = self._record(statics)
+        entry = _Captured(graph, statics, owned, borrowed, outputs)
+        if self.copied is not None:
+            self._lend(entry, args)
+        return entry
+
+    def _lend(self, entry: _Captured, args: tuple[Any, ...]) -> None:
+        """Record the lent outputs: their storages' use counts now, while only the runner's
+        own tensors hold them, and their keys, for runners borrowing them."""
+        outs = entry.static_outputs
+        assert isinstance(outs, (tuple, list)), "lent outputs need a flat tuple or list"
+        # the caller's tensors (parameters), which no replay writes, need no check
+        theirs = {
+            s.untyped_storage()._cdata
+            for k, s in enumerate(entry.static_inputs)
+            if isinstance(s, torch.Tensor) and k not in entry.owned
+        }
+        seen: set[int] = set()
+        for t in outs[self.copied :]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            self.lent[_lent_key(t)] = t
+            handle = t.untyped_storage()._cdata
+            if handle not in theirs and handle not in seen:
+                seen.add(handle)
+                entry.lent_storages.append((handle, torch._C._storage_Use_Count(handle)))
+
+    # -- replay ------------------------------------------------------------------------------
+    def _replay(self, entry: _Captured, args: tuple[Any, ...]) -> Any:
+        if entry.lent_storages and not self._lent_returned(entry):
+            log.warn_once(
+                f"cudagraphs-lent:{self.name}",
+                f"kiln-triton: {self.name} ran without its CUDA graph: tensors its last replay "
+                "lent out are still alive (a second forward before the backward, or "
+                "gradients kept across steps: optimizer.zero_grad() with set_to_none=True "
+                "lets it replay)",
+            )
+            return self.fn(*args)
+        statics = entry.static_inputs
+        for k in entry.borrowed:
+            if args[k].data_ptr() != statics[k].data_ptr():
+                return self.fn(*args)  # the lender ran without its graph
+        for k in entry.owned:
+            a, s = args[k], statics[k]
+            if a.data_ptr() != s.data_ptr():
+                s.copy_(a)
+        entry.graph.replay()
+        self.replays += 1
+        outs = entry.static_outputs
+        if self.copied is None:
+            return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, outs)
+        n = self.copied
+        result = [
+            t if not isinstance(t, torch.Tensor) else t.clone() if k < n else t.detach()
+            for k, t in enumerate(outs)
+        ]
+        return tuple(result) if isinstance(outs, tuple) else result
+
+    @staticmethod
+    def _lent_returned(entry: _Captured) -> bool:
+        count = torch._C._storage_Use_Count
+        return all(count(handle) == mine for handle, mine in entry.lent_storages)
+
+    # -- the device (a subclass in the tests replaces these on the CPU) ----------------------
+    def _capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def _warm_up(self, args: Sequence[Any]) -> Any:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            result = self.fn(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        return result
+
+    def _record(self, statics: list[Any]) -> tuple[Any, Any]:
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
@@ -146,14 +281,4 @@ class CudaGraphRunner:
         except BaseException:
             rng.graphsafe_set_state(before)
             raise
-        return _Captured(graph, statics, owned, outputs)
-
-    def _replay(self, entry: _Captured, args: tuple[Any, ...]) -> Any:
-        for a, s, mine in zip(args, entry.static_inputs, entry.owned):
-            if mine and a.data_ptr() != s.data_ptr():
-                s.copy_(a)
-        entry.graph.replay()
-        self.replays += 1
-        return pytree.tree_map(
-            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.static_outputs
-        )
+        return graph, outputs

@@ -1,0 +1,140 @@
+"""CUDA graph runners in training (cudagraphs.py, "copied and lent outputs"), on the CPU.
+
+A replay on the CPU is simulated: ``CpuGraphRunner._record`` keeps the function and its
+static inputs, and each replay runs it again and writes the results into the same static
+output tensors, as a CUDA graph replay writes into the same memory. What these tests check
+is the runners' bookkeeping: which outputs are copies and which are lent, that the
+backward reads the forward's saved tensors in place, and that no replay overwrites a lent
+tensor still in use. The compiled graphs are kiln-triton's, run by Triton's interpreter;
+every step is compared with eager (outputs and gradients). The same flows on a GPU, with
+real CUDA graphs: test_gpu.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln_triton
+import kiln_triton.compile as kt_compile
+from kiln_triton.cudagraphs import CudaGraphRunner
+from kiln_triton.testing import use_triton_for_cpu
+
+
+class _Replay:
+    def __init__(self, fn, statics, outputs):
+        self.fn, self.statics, self.outputs = fn, statics, outputs
+
+    def replay(self):
+        fresh = self.fn(*self.statics)
+        for out, new in zip(self.outputs, fresh):
+            if isinstance(out, torch.Tensor):
+                out.copy_(new)
+
+
+class CpuGraphRunner(CudaGraphRunner):
+    device_type = "cpu"
+    made: list[CpuGraphRunner] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        CpuGraphRunner.made.append(self)
+
+    def _capturing(self):
+        return False
+
+    def _warm_up(self, args):
+        return self.fn(*args)
+
+    def _record(self, statics):
+        outputs = self.fn(*statics)
+        return _Replay(self.fn, statics, outputs), outputs
+
+
+def mlp(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2).square().mean()
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    CpuGraphRunner.made = []
+    monkeypatch.setattr(kt_compile, "CudaGraphRunner", CpuGraphRunner)
+    torch.manual_seed(0)
+    params = [(torch.randn(*s) * 0.3).requires_grad_() for s in ((32, 16), (32,), (8, 32), (8,))]
+    x = torch.randn(4, 16)
+    with use_triton_for_cpu():
+        runner = kiln_triton.compile_fx(
+            torch.fx.symbolic_trace(mlp), [x, *params], mode="reduce-overhead"
+        )
+        yield runner, params
+
+
+def _runners():
+    by_role = {r.name.rsplit(".", 1)[-1]: r for r in CpuGraphRunner.made}
+    return by_role["forward"], by_role["backward"]
+
+
+def test_training_steps_replay_forward_and_backward(compiled):
+    runner, params = compiled
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    opt, ref_opt = torch.optim.SGD(params, lr=0.1), torch.optim.SGD(ref, lr=0.1)
+    for step in range(4):
+        x = torch.randn(4, 16)  # new values every step: replays must read them
+        loss, ref_loss = runner(x, *params), mlp(x, *ref)
+        loss.backward()
+        ref_loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for p, q in zip(params, ref):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=f"step {step}")
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    fw, bw = _runners()
+    assert fw.copied == 1 and bw.copied == 0  # the loss copied; saved tensors, grads lent
+    assert fw.replays == 4 and bw.replays == 4  # every step, the first one too
+    assert runner.graphs == {}  # the runner around the step lets training through
+    (entry,) = bw.graphs.values()
+    assert entry.borrowed  # the backward read the forward's saved tensors in place
+    kept = loss.detach().clone()
+    runner(torch.randn(4, 16), *params).backward()
+    torch.testing.assert_close(loss, kept)  # a copy: the next replay left it alone
+
+
+def test_lent_tensors_in_use_make_the_call_run_without_its_graph(compiled, caplog):
+    runner, params = compiled
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    xs = [torch.randn(4, 16) for _ in range(3)]
+    with caplog.at_level(logging.WARNING, logger="kiln_inductor"):
+        # gradients accumulated over two steps: the second backward may not overwrite the
+        # first one's gradients, which autograd keeps as param.grad
+        for x in xs[:2]:
+            runner(x, *params).backward()
+            mlp(x, *ref).backward()
+        fw, bw = _runners()
+        assert (fw.replays, bw.replays) == (2, 1)
+        for p, q in zip(params, ref):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+        # two forwards, then one backward: the second forward may not overwrite the
+        # tensors the first one saved
+        for p in (*params, *ref):
+            p.grad = None
+        a, b = runner(xs[0], *params), runner(xs[2], *params)
+        (a + 2 * b).backward()
+        (mlp(xs[0], *ref) + 2 * mlp(xs[2], *ref)).backward()
+        for p, q in zip(params, ref):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+        assert fw.replays == 3  # the second forward ran without its graph
+    assert "tensors its last replay lent out are still alive" in caplog.text
+    for p in params:
+        p.grad = None
+    x = torch.randn(4, 16)
+    before = (fw.replays, bw.replays)
+    loss = runner(x, *params)
+    loss.backward()
+    assert (fw.replays, bw.replays) == (before[0] + 1, before[1] + 1)  # replays again
+    want = torch.autograd.grad(mlp(x, *ref), ref)
+    for p, g in zip(params, want):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
