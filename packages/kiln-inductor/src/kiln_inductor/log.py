@@ -35,5 +35,5 @@ def warn_once(key: str, message: str) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    _logger.warning(message)
+    _logger.warning(message, extra={"topic": "warning"})  # KILN_LOG's handler prints topics
     log("fallbacks", message)
