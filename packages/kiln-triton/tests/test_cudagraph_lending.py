@@ -49,7 +49,13 @@ class CpuGraphRunner(CudaGraphRunner):
         return self.fn(*args)
 
     def _record(self, statics):
+        # a capture runs nothing: inputs the function writes get their values back
+        tensors = [s for s in statics if isinstance(s, torch.Tensor)]
+        before = [t.detach().clone() for t in tensors]
         outputs = self.fn(*statics)
+        with torch.no_grad():
+            for t, b in zip(tensors, before):
+                t.copy_(b)
         return _Replay(self.fn, statics, outputs), outputs
 
 
@@ -138,3 +144,75 @@ def test_lent_tensors_in_use_make_the_call_run_without_its_graph(compiled, caplo
     want = torch.autograd.grad(mlp(x, *ref), ref)
     for p, g in zip(params, want):
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("grad_off", [torch.no_grad, torch.inference_mode])
+def test_inputs_the_graph_writes_are_updated_in_place(monkeypatch, caplog, grad_off):
+    # a cache updated in place on every call (inference): the caller's tensor, not a copy;
+    # under inference_mode, tensors have no version counter to show the write
+    monkeypatch.setattr(kt_compile, "CudaGraphRunner", CpuGraphRunner)
+
+    def step(x, cache):
+        cache.mul_(0.5).add_(x)
+        return x * cache.sum()
+
+    with grad_off():
+        x, cache = torch.randn(8), torch.randn(8)
+        want = cache.clone()
+    with use_triton_for_cpu(), grad_off(), caplog.at_level(logging.WARNING):
+        runner = kiln_triton.compile_fx(
+            torch.fx.symbolic_trace(step), [x, cache], mode="reduce-overhead"
+        )
+        for k in range(4):
+            xk = torch.randn(8)
+            got = runner(xk, cache)
+            torch.testing.assert_close(got, step(xk, want), msg=f"call {k}")
+            torch.testing.assert_close(cache, want, msg=f"call {k}")
+        assert runner.replays == 3  # the first call returns the warm-up's result
+        other = torch.randn(8)
+        other_want = other.clone()
+        torch.testing.assert_close(runner(x, other), step(x, other_want))
+        torch.testing.assert_close(other, other_want)  # another buffer: run without the graph
+        assert runner.replays == 3
+    assert "writes to an input, which came in another tensor" in caplog.text
+
+
+def test_training_with_running_statistics(monkeypatch):
+    # BatchNorm in training mode updates its running statistics in the forward graph
+    CpuGraphRunner.made = []
+    monkeypatch.setattr(kt_compile, "CudaGraphRunner", CpuGraphRunner)
+
+    def net(x, w, b, rm, rv):
+        h = F.linear(x, w)
+        return F.batch_norm(h, rm, rv, b.exp(), b, training=True, momentum=0.2).square().mean()
+
+    torch.manual_seed(0)
+    w, b = (torch.randn(16, 8) * 0.3).requires_grad_(), (torch.randn(16) * 0.1).requires_grad_()
+    rm, rv = torch.zeros(16), torch.ones(16)
+    ref = [
+        w.detach().clone().requires_grad_(),
+        b.detach().clone().requires_grad_(),
+        rm.clone(),
+        rv.clone(),
+    ]
+    with use_triton_for_cpu():
+        runner = kiln_triton.compile_fx(
+            torch.fx.symbolic_trace(net), [torch.randn(4, 8), w, b, rm, rv], mode="reduce-overhead"
+        )
+        for step in range(4):
+            x = torch.randn(4, 8)
+            loss, want = runner(x, w, b, rm, rv), net(x, *ref)
+            loss.backward()
+            want.backward()
+            torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(rm, ref[2], msg=f"step {step}")
+            torch.testing.assert_close(rv, ref[3], msg=f"step {step}")
+            for p, q in zip((w, b), ref):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+                p.grad = q.grad = None
+    # the forward graph returns the new statistics, kiln-aot writes them back: the forward's
+    # runner writes no input, and replays from the first step on
+    fw, bw = _runners()
+    assert fw.replays == 4 and bw.replays == 4
+    (entry,) = fw.graphs.values()
+    assert entry.inplace == [] and all(e.borrowed for e in bw.graphs.values())

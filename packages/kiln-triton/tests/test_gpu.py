@@ -341,6 +341,38 @@ def test_reduce_overhead_training_replays_forward_and_backward_graphs(caplog):
     assert "lent out are still alive" in caplog.text
 
 
+class _Cached(nn.Module):
+    """Decoding with a cache written in place: the pattern of static KV caches."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+        self.register_buffer("cache", torch.zeros(16, 32))
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(0, pos, self.proj(x))
+        return torch.softmax(x @ self.cache.T, dim=-1) @ self.cache
+
+
+@pytest.mark.parametrize("grad_off", [torch.no_grad, torch.inference_mode])
+def test_reduce_overhead_updates_a_cache_written_in_place(grad_off):
+    torch.manual_seed(0)
+    model = _Cached().to(CUDA).eval()
+    ref = _Cached().to(CUDA).eval()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(
+        model,
+        dynamic=False,
+        backend=lambda gm, ex: kiln_triton.compile_fx(gm, ex, mode="reduce-overhead"),
+    )
+    with grad_off():
+        for k in range(5):
+            x = torch.randn(1, 32, device=CUDA)
+            pos = torch.tensor([k], device=CUDA)
+            torch.testing.assert_close(compiled(x, pos), ref(x, pos), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(model.cache, ref.cache, rtol=1e-5, atol=1e-5)
+
+
 # last: a failed capture is the most likely to disturb the CUDA context for what follows
 def test_capture_failure_falls_back_with_a_logged_reason(caplog):
     def fn(x):

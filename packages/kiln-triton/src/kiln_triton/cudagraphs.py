@@ -32,6 +32,18 @@ An input that is a lent output of another runner (the backward's saved tensors, 
 the forward's graph) is *borrowed*: the capture reads that runner's static buffer in place
 and a replay only checks that the same buffer came again; otherwise (the forward ran
 without its graph) the call runs without the graph.
+
+Design note: "inputs the graph writes"
+--------------------------------------
+A function that updates an input in place (a KV cache, BatchNorm's running statistics)
+must update the caller's tensor, not a static copy of it. The first call finds them by
+their version counters, which the warm-up run advances (inference tensors have none: by
+their values); the graph then reads and writes those tensors in place, and a replay
+checks that the same tensor came again (otherwise the call runs without the graph, logged
+once). That first call returns the warm-up's result rather than replaying, which would
+write them a second time. Training graphs never write their inputs (kiln-aot's forward
+returns the new values; its runtime writes them back, outside the forward's runner), so
+this concerns the runner around a whole call.
 """
 
 from __future__ import annotations
@@ -57,6 +69,7 @@ class _Captured:
     static_inputs: list[Any]
     owned: list[int]  # positions of our copies of inputs, refreshed each call
     borrowed: list[int]  # positions read in place from another runner's lent outputs
+    inplace: list[int]  # positions of inputs the function writes: the caller's, in place
     static_outputs: Any
     # (storage handle, the use count the runner's own tensors make) of every lent output
     lent_storages: list[tuple[int, int]] = field(default_factory=list)
@@ -89,6 +102,28 @@ def _lender(t: torch.Tensor) -> torch.Tensor | None:
         if static is not None:
             return static
     return None
+
+
+def _run_finding_writes(run: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, list[int]]:
+    """``run(args)``, and the positions of the tensors (not parameters) it wrote to: by
+    their version counters, or for inference tensors, which have none, by their values."""
+    before: list[tuple[int, Any]] = []
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter):
+            before.append((k, a.clone() if a.is_inference() else a._version))
+    result = run(args)
+    written = []
+    for k, was in before:
+        a = args[k]
+        if isinstance(was, torch.Tensor):
+            same = torch.equal(a, was) or (
+                a.is_floating_point() and bool(((a == was) | (a.isnan() & was.isnan())).all())
+            )
+        else:
+            same = a._version == was
+        if not same:
+            written.append(k)
+    return result, written
 
 
 class CudaGraphRunner:
@@ -158,9 +193,9 @@ class CudaGraphRunner:
 
     # -- capture -----------------------------------------------------------------------------
     def _first_call(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-        result = self._warm_up(args)  # compiles, autotunes
+        result, written = _run_finding_writes(self._warm_up, args)  # compiles, autotunes
         try:
-            entry = self.graphs[key] = self._capture(args)
+            entry = self.graphs[key] = self._capture(args, written)
             log.log("cudagraphs", f"{self.name}: captured a CUDA graph for {len(args)} inputs")
         except Exception as e:
             self.graphs[key] = None
@@ -170,15 +205,20 @@ class CudaGraphRunner:
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
             )
             return result
+        if written:  # the warm-up wrote them once already: a replay would write them again
+            return result
         del result
         return self._replay(entry, args)
 
-    def _capture(self, args: tuple[Any, ...]) -> _Captured:
+    def _capture(self, args: tuple[Any, ...], written: Sequence[int] = ()) -> _Captured:
         statics: list[Any] = []
         owned: list[int] = []
         borrowed: list[int] = []
         for k, a in enumerate(args):
             if not isinstance(a, torch.Tensor) or isinstance(a, torch.nn.Parameter):
+                statics.append(a)
+                continue
+            if k in written:  # a buffer the function updates (a cache, running stats)
                 statics.append(a)
                 continue
             lender = _lender(a)
@@ -191,7 +231,7 @@ class CudaGraphRunner:
             statics.append(s)
             owned.append(k)
         graph, outputs = self._record(statics)
-        entry = _Captured(graph, statics, owned, borrowed, outputs)
+        entry = _Captured(graph, statics, owned, borrowed, list(written), outputs)
         if self.copied is not None:
             self._lend(entry, args)
         return entry
@@ -232,6 +272,15 @@ class CudaGraphRunner:
         for k in entry.borrowed:
             if args[k].data_ptr() != statics[k].data_ptr():
                 return self.fn(*args)  # the lender ran without its graph
+        for k in entry.inplace:
+            if args[k].data_ptr() != statics[k].data_ptr():
+                log.warn_once(
+                    f"cudagraphs-inplace:{self.name}",
+                    f"kiln-triton: {self.name} ran without its CUDA graph: it writes to an "
+                    "input, which came in another tensor than at capture (pass the same "
+                    "buffer on every call to replay)",
+                )
+                return self.fn(*args)
         for k in entry.owned:
             a, s = args[k], statics[k]
             if a.data_ptr() != s.data_ptr():
