@@ -317,7 +317,11 @@ class CudaGraphRunner:
 
     def _record(self, statics: list[Any]) -> tuple[Any, Any]:
         graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
+        # graphs of one runner (one per input signature) share a memory pool: a capture may
+        # place its outputs where an earlier graph kept temporaries, which that graph's
+        # replays then overwrite. Copied outputs are copied right after their own replay,
+        # before any other; lent ones may outlive it, so each lending graph gets its own pool
+        if self.pool is None or self.copied is not None:
             self.pool = torch.cuda.graph_pool_handle()
         # a capture that fails leaves the device's generator in capture mode (its epilogue
         # never runs), and every later random op raises "Offset increment outside graph
