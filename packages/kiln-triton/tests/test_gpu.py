@@ -438,11 +438,14 @@ def test_reduce_overhead_forwards_the_guarded_call_for_training_and_replays():
         (torch.randn(*s, device=CUDA) * 0.1).requires_grad_()
         for s in ((128, 64), (128,), (32, 128), (32,))
     ]
+    from kiln_triton import cudagraphs
+
     gm = torch.fx.symbolic_trace(mlp)
     x = torch.randn(16, 64, device=CUDA)
+    earlier = set(cudagraphs._RUNNERS)
     runner = kiln_triton.compile_fx(gm, [x, *params], mode="reduce-overhead")
     call = runner.kiln_guarded_call  # for inputs matching the examples' metadata
-    for _ in range(2):  # training: no CUDA graph, the guarded call runs
+    for _ in range(3):  # training: the guarded call runs the forward and backward runners
         xk = torch.randn(16, 64, device=CUDA)
         out = call(xk, *params)
         got = torch.autograd.grad(out.square().sum(), params)
@@ -451,8 +454,12 @@ def test_reduce_overhead_forwards_the_guarded_call_for_training_and_replays():
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        del got, g  # lent gradients: the next backward replays once they are gone
+    roles = {r.name.rsplit(".", 1)[-1]: r for r in set(cudagraphs._RUNNERS) - earlier}
+    assert roles["forward"].replays == 3 and roles["backward"].replays == 3
+    assert runner.graphs == {}  # training went past the runner around the call
     with torch.no_grad():  # inference: captured once, then replayed with new values
         for k in range(3):
             xk = torch.randn(16, 64, device=CUDA) * (k + 1)
             torch.testing.assert_close(call(xk, *params), mlp(xk, *params), rtol=1e-4, atol=1e-4)
-    assert runner.replays >= 1
+    assert runner.replays == 3
