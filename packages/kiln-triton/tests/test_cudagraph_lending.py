@@ -216,3 +216,18 @@ def test_training_with_running_statistics(monkeypatch):
     assert fw.replays == 4 and bw.replays == 4
     (entry,) = fw.graphs.values()
     assert entry.inplace == [] and all(e.borrowed for e in bw.graphs.values())
+
+
+def test_a_runner_stops_capturing_after_max_graphs(monkeypatch, caplog):
+    # one graph per input shape: beyond the limit, new shapes run without one
+    from kiln_triton import cudagraphs
+
+    monkeypatch.setattr(cudagraphs, "MAX_GRAPHS", 3)
+    runner = CpuGraphRunner(lambda x: (x * 2 + 1,), "shapes")
+    with caplog.at_level(logging.WARNING, logger="kiln_inductor"):
+        for n in range(1, 7):
+            x = torch.randn(n)
+            torch.testing.assert_close(runner(x)[0], x * 2 + 1)
+            torch.testing.assert_close(runner(x * 3)[0], x * 6 + 1)
+    assert len(runner.graphs) == 3 and runner.replays == 6  # 3 shapes, 2 calls each
+    assert "has captured 3 CUDA graphs" in caplog.text

@@ -61,6 +61,8 @@ from kiln_inductor import log
 # training graphs need grad for their inputs outside the runner: the runner around the
 # whole step passes such calls on to the forward and backward graphs' own runners
 TRAINING = "inputs require grad: the training graphs' own runners replay them"
+# graphs one runner captures (one per input signature) before new signatures run without
+MAX_GRAPHS = 32
 
 
 @dataclass
@@ -185,6 +187,14 @@ class CudaGraphRunner:
                 log.warn_once(f"cudagraphs:{reason}", f"kiln-triton: CUDA graphs skipped: {reason}")
             return run(*args)
         if key not in self.graphs:
+            if len(self.graphs) >= MAX_GRAPHS:
+                log.warn_once(
+                    f"cudagraphs-many:{self.name}",
+                    f"kiln-triton: {self.name} has captured {MAX_GRAPHS} CUDA graphs, one per "
+                    "input signature (shapes, strides, dtypes): new ones run without a graph, "
+                    "and each graph keeps its own buffers (pad inputs to a few sizes to replay)",
+                )
+                return run(*args)
             return self._first_call(key, args)
         entry = self.graphs[key]
         if entry is None:
