@@ -76,6 +76,26 @@ def _saved_nodes(fw, num_fwd_outputs):
     return list(fw.graph.output_node().args[0][num_fwd_outputs:])
 
 
+def test_recomputation_comes_just_before_its_first_use_in_the_backward():
+    # four GELU MLPs in a row: the backward runs them last to first, and recomputes each
+    # GELU (erf) from the saved matmul output just before that layer's gradient, not all
+    # four at its start (which would keep every layer's recomputed activation alive)
+    model = torch.nn.Sequential(*[GeluMLP(16, 64) for _ in range(4)])
+    joint, info = _joint(model, torch.randn(8, 16))
+    _, bw = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    nodes = list(bw.graph.nodes)
+    # per layer: the recomputed GELU's erf and its gradient's, both from the saved input
+    erfs = [k for k, n in enumerate(nodes) if n.target == aten.erf.default]
+    mms = [k for k, n in enumerate(nodes) if n.target == aten.mm.default]
+    assert len(erfs) == 8
+    # between consecutive recomputed GELUs lie the matmuls of a layer's gradient
+    for a, b in zip(erfs, erfs[1:]):
+        assert any(a < k < b for k in mms)
+    for k in erfs:  # each one is used soon after it is computed
+        first_use = min(nodes.index(u) for u in nodes[k].users)
+        assert first_use - k < 15
+
+
 def test_min_cut_never_recomputes_matmuls_or_large_reductions():
     joint, info = _joint(Block(32, 4, 0.0).train(), torch.randn(2, 16, 32))
     fw, bw = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)

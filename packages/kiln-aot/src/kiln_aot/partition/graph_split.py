@@ -60,9 +60,11 @@ def build_graph(
     outputs: Sequence[fx.Node],
     names: Sequence[str],
     what: str,
+    lazy: Iterable[fx.Node] = (),
 ) -> fx.GraphModule:
     """A graph taking ``inputs`` (as placeholders named ``names``) and returning ``outputs``,
-    with every joint node in between copied in joint order."""
+    with every joint node in between copied in joint order, except the ``lazy`` ones: each
+    of those comes just before the first node that needs it."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n, name in zip(inputs, names):
@@ -70,9 +72,8 @@ def build_graph(
         p.meta = dict(n.meta)
         env[n] = p
     needed = ancestors(outputs, stop=set(inputs))
-    for n in joint.graph.nodes:
-        if n not in needed or n in env or n.op == "output":
-            continue
+    order = [n for n in joint.graph.nodes if n in needed and n not in env and n.op != "output"]
+    for n in _on_demand(order, set(lazy), set(env)):
         if n.op == "placeholder":
             raise PartitionError(
                 f"{what} graph needs {n.name}, which is neither an input of it nor saved"
@@ -81,6 +82,28 @@ def build_graph(
     g.output(tuple(env[o] for o in outputs))
     g.lint()
     return fx.GraphModule(joint, g)
+
+
+def _on_demand(order: list[fx.Node], lazy: set[fx.Node], ready: set[fx.Node]) -> list[fx.Node]:
+    """``order`` with each ``lazy`` node moved to just before its first user (a dependency
+    first search from the other nodes, in order; lazy nodes nothing else needs last)."""
+    if not lazy:
+        return order
+    done = set(ready)
+    out: list[fx.Node] = []
+    for root in [*(n for n in order if n not in lazy), *order]:
+        stack = [(root, False)]
+        while stack:
+            n, inputs_done = stack.pop()
+            if n in done:
+                continue
+            if inputs_done:
+                done.add(n)
+                out.append(n)
+                continue
+            stack.append((n, True))
+            stack.extend((a, False) for a in reversed(n.all_input_nodes) if a not in done)
+    return out
 
 
 def split_with_saved(
@@ -93,8 +116,18 @@ def split_with_saved(
     fw_outs, grads = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
     fw = build_graph(joint, primals, [*fw_outs, *saved], [p.name for p in primals], "forward")
     saved_names = [f"saved_{n.name}" for n in saved]
+    # what the backward recomputes from saved values comes just before its first use, as
+    # eager's autograd would compute it, not all at the start: a model's recomputed
+    # activations of every layer would otherwise be alive at once
+    recomputed = [n for n in graph.nodes if n.op == "call_function"]
+    backward = tangent_dependent(graph)
     bw = build_graph(
-        joint, [*saved, *tangents], grads, [*saved_names, *(t.name for t in tangents)], "backward"
+        joint,
+        [*saved, *tangents],
+        grads,
+        [*saved_names, *(t.name for t in tangents)],
+        "backward",
+        lazy=[n for n in recomputed if n not in backward],
     )
     fw.meta["kiln_aot_saved"] = tuple(n.name for n in saved)
     bw.meta["kiln_aot_saved"] = tuple(n.name for n in saved)

@@ -10,7 +10,8 @@ iteration ranges; parallel) and a sequence of *blocks* inside them, each an inne
 inner ranges computed in one loop, a reduction block holds reductions over equal ranges
 computed in one pass. Pointwise chains are already one body (inlined at lowering), so
 this fuses: pointwise → reduction → pointwise (softmax, layer_norm: one kernel), and
-independent nodes sharing an iteration space.
+independent nodes sharing an iteration space: with the kernel just before them, or with an
+earlier one they share a buffer with (``_shares_data``).
 
 A member may read a buffer another member writes only when, for every outer iteration, it
 reads exactly what that iteration wrote (checked on the affine index), and inside one
@@ -364,13 +365,16 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
             for out in node.outputs:
                 where[out.name] = len(steps) - 1
             continue
-        deps = [b for b, _ in accesses[node.name].loads if b in where]
+        reads = {b for b, _ in accesses[node.name].loads}
+        deps = [b for b in reads if b in where]
         first = max((where[b] for b in deps), default=0)
         placed = False
         for pos in range(first, len(steps)):
             step = steps[pos]
             if not isinstance(step, FusedGroup) or len(step.nodes) >= MAX_GROUP_NODES:
                 continue
+            if pos < len(steps) - 1 and not _shares_data(step, reads, accesses):
+                continue  # moving it earlier would only keep its output alive longer
             plan = plan_group(step.name, [*step.nodes, node], accesses)
             if plan is not None:
                 steps[pos] = plan
@@ -387,6 +391,18 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
         if isinstance(step, FusedGroup):
             _finish_group(step, users)
     return steps
+
+
+def _shares_data(group: FusedGroup, reads: set[str], accesses: AccessTable) -> bool:
+    """Whether a node reading ``reads`` reads a buffer ``group`` writes or reads: then
+    computing it in that earlier kernel saves memory traffic. A node sharing nothing with
+    it joins only the last kernel (no reordering): moved earlier, to the first kernel whose
+    loops fit, its output would stay alive from there on (a backward's recomputed
+    activations of every layer, all at its start)."""
+    for member in group.nodes:
+        if member.name in reads or any(b in reads for b, _ in accesses[member.name].loads):
+            return True
+    return False
 
 
 def _finish_group(group: FusedGroup, users: dict[str, set[str]]) -> None:
