@@ -11,7 +11,7 @@ inner ranges computed in one loop, a reduction block holds reductions over equal
 computed in one pass. Pointwise chains are already one body (inlined at lowering), so
 this fuses: pointwise → reduction → pointwise (softmax, layer_norm: one kernel), and
 independent nodes sharing an iteration space: with the kernel just before them, or with an
-earlier one they share a buffer with (``_shares_data``).
+earlier one they share a buffer with and no library call in between (``_shares_data``).
 
 A member may read a buffer another member writes only when, for every outer iteration, it
 reads exactly what that iteration wrote (checked on the affine index), and inside one
@@ -359,8 +359,10 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
     steps: list[Step] = []
     where: dict[str, int] = {}  # buffer -> step index
     count = 0
+    last_extern = -1  # position of the last library call in ``steps``
     for node in ir.nodes:
         if isinstance(node, ExternKernel):
+            last_extern = len(steps)
             steps.append(node)
             for out in node.outputs:
                 where[out.name] = len(steps) - 1
@@ -373,8 +375,10 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
             step = steps[pos]
             if not isinstance(step, FusedGroup) or len(step.nodes) >= MAX_GROUP_NODES:
                 continue
-            if pos < len(steps) - 1 and not _shares_data(step, reads, accesses):
-                continue  # moving it earlier would only keep its output alive longer
+            if pos < len(steps) - 1 and (
+                pos < last_extern or not _shares_data(step, reads, accesses)
+            ):
+                continue  # moved earlier, its output would stay alive longer
             plan = plan_group(step.name, [*step.nodes, node], accesses)
             if plan is not None:
                 steps[pos] = plan
@@ -395,10 +399,10 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
 
 def _shares_data(group: FusedGroup, reads: set[str], accesses: AccessTable) -> bool:
     """Whether a node reading ``reads`` reads a buffer ``group`` writes or reads: then
-    computing it in that earlier kernel saves memory traffic. A node sharing nothing with
-    it joins only the last kernel (no reordering): moved earlier, to the first kernel whose
-    loops fit, its output would stay alive from there on (a backward's recomputed
-    activations of every layer, all at its start)."""
+    computing it in that earlier kernel saves memory traffic. Otherwise (or with a library
+    call in between) it joins only the last kernel, in program order: moved earlier, to
+    the first kernel whose loops fit, its output would stay alive from there on (a
+    backward's recomputed activations of every layer, all at its start)."""
     for member in group.nodes:
         if member.name in reads or any(b in reads for b, _ in accesses[member.name].loads):
             return True
