@@ -308,9 +308,19 @@ def test_looped_welford_float64_keeps_float64_precision():
         assert_case(results[c.label], rtol=1e-12, atol=1e-12)
 
 
+def _kernels_of_checked_run(tmp_path, monkeypatch, cases, persistent_max: int) -> str:
+    """Run ``cases`` (compared with eager) and return the source of every Triton kernel
+    compiled so far into ``tmp_path`` (KILN_DEBUG_DIR)."""
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    with settings_scope(persistent_max=persistent_max):
+        results = run_batch(cases)
+    for c in cases:
+        assert_case(results[c.label], rtol=1e-4, atol=1e-4)
+    return "".join(p.read_text() for p in tmp_path.rglob("kernel*.triton"))
+
+
 def test_looped_rows_that_every_block_divides_need_no_r_mask(tmp_path, monkeypatch):
     # 2048-element rows: every RBLOCK a looped kernel may get divides them
-    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
     x = make((4, 2048), F32)
     w, b = make((2048,), F32, "pos"), make((2048,), F32)
     cases = [
@@ -318,11 +328,7 @@ def test_looped_rows_that_every_block_divides_need_no_r_mask(tmp_path, monkeypat
         Case("layer_norm", lambda t, ww, bb: _layer_norm(t, ww, bb), (x, w, b)),
         Case("argmax", lambda t: aten.argmax.default(t, 1), (x,)),
     ]
-    with settings_scope(persistent_max=128):
-        results = run_batch(cases)
-    for c in cases:
-        assert_case(results[c.label], rtol=1e-4, atol=1e-4)
-    kernels = "".join(p.read_text() for p in tmp_path.rglob("kernel*.triton"))
+    kernels = _kernels_of_checked_run(tmp_path, monkeypatch, cases, persistent_max=128)
     assert "for roffset in range(0, 2048, RBLOCK)" in kernels
     assert "rmask = tl.full([1, RBLOCK], 1, tl.int1)" in kernels
     assert "rindex < 2048" not in kernels
@@ -330,7 +336,6 @@ def test_looped_rows_that_every_block_divides_need_no_r_mask(tmp_path, monkeypat
 
 def test_rows_that_every_block_divides_need_no_x_mask(tmp_path, monkeypatch):
     # 64 rows (and 4096 elements): every XBLOCK a kernel may get divides them; 100 do not
-    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
     cases = []
     for rows in (64, 100):
         x = make((rows, 256), F32)
@@ -340,12 +345,8 @@ def test_rows_that_every_block_divides_need_no_x_mask(tmp_path, monkeypatch):
             Case(f"layer_norm {rows}", lambda t, ww, bb: _layer_norm(t, ww, bb), (x, w, b)),
         ]
     cases.append(Case("sigmoid", lambda t: aten.sigmoid.default(t), (make((4096,), F32),)))
-    for persistent_max in (1024, 64):  # persistent, then looped
-        with settings_scope(persistent_max=persistent_max):
-            results = run_batch(cases)
-        for c in cases:
-            assert_case(results[c.label], rtol=1e-4, atol=1e-4)
-    kernels = "".join(p.read_text() for p in tmp_path.rglob("kernel*.triton"))
+    _kernels_of_checked_run(tmp_path, monkeypatch, cases, persistent_max=1024)  # persistent
+    kernels = _kernels_of_checked_run(tmp_path, monkeypatch, cases, persistent_max=64)  # looped
     assert "xmask = tl.full([XBLOCK, 1], 1, tl.int1)" in kernels
     assert "xmask = tl.full([XBLOCK], 1, tl.int1)" in kernels
     assert "xmask = xindex < 100" in kernels
