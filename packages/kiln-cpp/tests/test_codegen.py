@@ -25,7 +25,9 @@ aten = torch.ops.aten
 def kernel_sources(fn, inputs):
     gm = aten_graph(fn, inputs)
     ir = GraphLowering(gm, inputs).run()
-    return [generate_cpp_kernel(s, ir.buffers) for s in fuse_nodes(ir) if isinstance(s, FusedGroup)]
+    return [
+        generate_cpp_kernel(s, ir.buffers)[0] for s in fuse_nodes(ir) if isinstance(s, FusedGroup)
+    ]
 
 
 def assert_in_order(text: str, fragments: list[str]) -> None:
@@ -44,7 +46,7 @@ def test_softmax_kernel_shape(monkeypatch):
     (src,) = kernel_sources(
         lambda x: (aten._softmax.default(x, -1, False),), [torch.randn(4096, 1024)]
     )
-    body = src[src.index('extern "C" void kernel') :]
+    body = src[src.index('extern "C" int64_t kernel') :]
     assert_in_order(
         body,
         [
@@ -240,7 +242,7 @@ def test_kiln_log_kernels_and_debug_dir(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path / "dbg"))
     check_compiled(lambda x: (aten.relu.default(aten.add.Tensor(x, 1.0)),), [torch.randn(8, 8)])
     err = capsys.readouterr().err
-    assert_in_order(err, ["[kiln:kernels] kernel0", "pointwise[", 'extern "C" void kernel'])
+    assert_in_order(err, ["[kiln:kernels] kernel0", "pointwise[", 'extern "C" int64_t kernel'])
     (graph_dir,) = list((tmp_path / "dbg").iterdir())
     names = {p.name for p in graph_dir.iterdir()}
     assert {"aten.py", "ir", "sched", "kernel0.cpp", "wrapper.py"} <= names

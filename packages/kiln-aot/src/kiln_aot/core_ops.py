@@ -60,7 +60,7 @@ _scaled_dot_product_cudnn_attention _scaled_dot_product_cudnn_attention_backward
 # Composites kept whole: the compiler lowers them itself or calls them as extern kernels.
 _KEPT_NAMES = (
     """
-native_dropout embedding_dense_backward
+native_dropout embedding embedding_dense_backward
 """
     + _ATTENTION_NAMES
 )

@@ -150,6 +150,7 @@ class Frame:
     def step(self) -> None:
         ins = self.instructions[self.ip]
         self.current = ins
+        self.out.frame = self
         if ins.positions is not None and ins.positions.lineno is not None:
             self.lineno = ins.positions.lineno
         self.ip += 1
@@ -167,6 +168,19 @@ class Frame:
             raise
         except RecursionError as e:
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "recursion too deep while capturing") from e
+
+    def stack_trace(self) -> str:
+        """The user's call stack at this instruction, innermost last, in traceback form
+        (an FX node's ``meta["stack_trace"]``, which compilers quote in their errors)."""
+        frames = []
+        f: Frame | None = self
+        while f is not None:
+            line = linecache.getline(f.code.co_filename, f.lineno).strip()
+            frames.append(
+                f'  File "{f.code.co_filename}", line {f.lineno}, in {f.name}\n    {line}\n'
+            )
+            f = f.parent
+        return "".join(reversed(frames))
 
     def location(self) -> tuple[str, int, str]:
         line = linecache.getline(self.code.co_filename, self.lineno)
@@ -193,7 +207,10 @@ class Frame:
             raise Unsupported(
                 breaks.UNSUPPORTED_VALUE, f"inlining deeper than {MAX_INLINE_DEPTH} calls"
             )
-        return Frame(self.out, code, globals_dict, bound, cells, name, parent=self).run()
+        try:
+            return Frame(self.out, code, globals_dict, bound, cells, name, parent=self).run()
+        finally:
+            self.out.frame = self
 
     def zero_arg_super(self):
         cls = cell_get(self.cells["__class__"]).as_const()

@@ -11,6 +11,7 @@ import contextlib
 import re
 import types
 from operator import getitem as _getitem
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -112,6 +113,7 @@ class OutputGraph:
         self._frozen: set[Source] = set()
         self._placeholder_names: set[str] = set()
         self.ops = 0
+        self.frame: Any = None  # the evaluator frame running now (its stack goes on nodes)
 
     # -- wrapping values read from the frame ---------------------------------------------
 
@@ -336,6 +338,8 @@ class OutputGraph:
         except Exception as e:
             raise Unsupported(breaks.EXCEPTION, f"{name} raised {type(e).__name__}: {e}") from e
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        if self.frame is not None:
+            node.meta["stack_trace"] = self.frame.stack_trace()
         self.ops += 1
         return self._wrap_result(node, result, device)
 

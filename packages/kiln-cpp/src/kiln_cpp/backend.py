@@ -17,11 +17,22 @@ class CppBackend:
     name = "cpp"
 
     def codegen_kernel(self, group: FusedGroup, buffers: dict[str, Buffer]) -> KernelSource:
-        source = generate_cpp_kernel(group, buffers)
-        return KernelSource(source, "cpp", (*group.inputs, *group.outputs))
+        source, checks = generate_cpp_kernel(group, buffers)
+        meta = {"index_checks": tuple(checks)} if checks else {}
+        return KernelSource(source, "cpp", (*group.inputs, *group.outputs), meta)
 
     def load_kernels(self, sources: Sequence[KernelSource]) -> list[Callable[..., Any]]:
         return build_kernels([(s.source, len(s.arg_names)) for s in sources])
 
     def call_line(self, kernel_var: str, arg_names: Sequence[str]) -> str:
         return f"{kernel_var}({', '.join(f'{a}.data_ptr()' for a in arg_names)})"
+
+    def checked_call_lines(
+        self, kernel_var: str, arg_names: Sequence[str], raise_call: str
+    ) -> list[str]:
+        """A kernel with index checks returns the failing check's number (0: none)."""
+        call = self.call_line(kernel_var, arg_names)
+        return [
+            f"_err = {call}",
+            f"if _err: {raise_call.format(code='_err', index=f'{kernel_var}.error_index()')}",
+        ]

@@ -80,7 +80,10 @@ def _load(path: Path, nargs: int) -> Callable[..., Any]:
         _loaded[str(path)] = lib
     fn = lib.kernel
     fn.argtypes = [ctypes.c_void_p] * nargs
-    fn.restype = None
+    # 0, or the number of the index check that failed; its bad index from error_index()
+    fn.restype = ctypes.c_int64
+    fn.error_index = lib.kiln_error_index
+    fn.error_index.restype = ctypes.c_int64
     return fn
 
 

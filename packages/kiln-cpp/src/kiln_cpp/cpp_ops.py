@@ -142,6 +142,7 @@ class CppOpsHandler:
         self.cache: dict[str, CppValue] = {}
         self.forwarded: dict[tuple[str, str], CppValue] = {}  # (buffer, index) -> stored value
         self.count = 0
+        self.checks: list[Any] = []  # the kernel's index checks (kiln_inductor.index_check)
 
     def fresh(self, prefix: str = "tmp") -> str:
         self.count += 1
@@ -183,11 +184,30 @@ class CppOpsHandler:
     def index_expr(self, expr: Any, dtype: torch.dtype) -> CppValue:
         return self._value(f"static_cast<{ctype(dtype)}>({print_index(expr)})", dtype)
 
-    def indirect_indexing(self, value: CppValue, size: Any, check: bool = True) -> sympy.Symbol:
+    def indirect_indexing(self, value: CppValue, size: Any, check: Any = None) -> sympy.Symbol:
         size_s = print_index(size)
         v = self._value(f"static_cast<int64_t>({value})", torch.int64)
-        w = self._value(f"({v} < 0 ? {v} + {size_s} : {v})", torch.int64)
-        return sympy.Symbol(w.name, integer=True, nonnegative=True)
+        wrap = check is None or check.wrap
+        w = self._value(f"({v} < 0 ? {v} + {size_s} : {v})", torch.int64) if wrap else v
+        if check is None:
+            return sympy.Symbol(w.name, integer=True, nonnegative=True)
+        # one unsigned compare covers both ends; a bad lane records itself (a cold call,
+        # kiln_index_fail in the prelude) and reads element 0 (index_check.py)
+        bad = self._value(
+            f"(static_cast<uint64_t>({w}) >= static_cast<uint64_t>({size_s}))", torch.bool
+        )
+        if f"check:{bad}" not in self.cache:
+            self.cache[f"check:{bad}"] = bad
+            code = self.check_code(check)
+            self.emit(f"if (__builtin_expect({bad}, 0)) kiln_index_fail(&kiln_err, {code}L, {v});")
+        ok = self._value(f"({bad} ? 0L : {w})", torch.int64)
+        return sympy.Symbol(ok.name, integer=True, nonnegative=True)
+
+    def check_code(self, check: Any) -> int:
+        """The 1-based number of ``check`` among this kernel's index checks."""
+        if check not in self.checks:
+            self.checks.append(check)
+        return self.checks.index(check) + 1
 
     def masked(self, mask: CppValue, body: Callable[[], CppValue], other: Any) -> CppValue:
         saved_cache, saved_emit = dict(self.cache), self.emit

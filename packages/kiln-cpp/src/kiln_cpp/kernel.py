@@ -2,7 +2,7 @@
 
 Shape of the code::
 
-    extern "C" void kernel(const float* __restrict__ in_ptr0, ..., float* __restrict__ out_ptr0)
+    extern "C" int64_t kernel(const float* __restrict__ in_ptr0, ..., float* __restrict__ out_ptr0)
     {
       #pragma omp parallel for collapse(k) if(work >= PARALLEL_WORK)   // the outer loops
       for (x0 ...) ... {
@@ -151,8 +151,14 @@ class CppKernel:
                     self.block(block, parallel=True)
             else:
                 self.outer_loops()
-        head = f'extern "C" void kernel({", ".join(self.params)})\n{{'
-        return PRELUDE + "\n" + head + "\n" + "\n".join(self.lines) + "\n}\n"
+        # the kernel returns 0, or the number of the first index check that failed
+        head = f'extern "C" int64_t kernel({", ".join(self.params)})\n{{'
+        body = self.lines
+        if self.h.checks:
+            body = ["  int64_t kiln_err = 0;", *body, "  return kiln_err;"]
+        else:
+            body = [*body, "  return 0;"]
+        return PRELUDE + "\n" + head + "\n" + "\n".join(body) + "\n}\n"
 
     def _work(self) -> Any:
         g = self.group
@@ -640,11 +646,14 @@ class _Acc:
         return CppValue(n, self.dtype)
 
 
-def generate_cpp_kernel(group: FusedGroup, buffers: dict[str, Buffer]) -> str:
-    """Two passes when a later loop recomputes an expensive value of an earlier one (see
-    row_values): the first finds them, the second keeps them in per-row scratch arrays."""
+def generate_cpp_kernel(group: FusedGroup, buffers: dict[str, Buffer]) -> tuple[str, list[Any]]:
+    """The kernel's source and its index checks (kiln_inductor.index_check), numbered from 1
+    in the order of the list. Two passes when a later loop recomputes an expensive value of
+    an earlier one (see row_values): the first finds them, the second keeps them in per-row
+    scratch arrays."""
     first = CppKernel(group, buffers)
     source = first.generate()
     if not first.sharing.wanted:
-        return source
-    return CppKernel(group, buffers, RowSharing.from_pass(first.sharing)).generate()
+        return source, first.h.checks
+    second = CppKernel(group, buffers, RowSharing.from_pass(first.sharing))
+    return second.generate(), second.h.checks

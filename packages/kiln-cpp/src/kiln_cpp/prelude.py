@@ -159,5 +159,14 @@ static inline void kiln_stream_f32(float* __restrict__ dst, const float* __restr
 #endif
   for (; i < n; ++i) dst[i] = src[i];
 }
+// index checks (kiln_inductor.index_check): the first failing lane's check number goes to
+// the kernel's kiln_err (returned to the wrapper), its bad index to this library's slot
+static int64_t kiln_bad_index = 0;
+__attribute__((noinline, cold)) static void kiln_index_fail(int64_t* err, int64_t code, int64_t index) {
+  int64_t none = 0;
+  if (__atomic_compare_exchange_n(err, &none, code, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    __atomic_store_n(&kiln_bad_index, index, __ATOMIC_RELAXED);
+}
+extern "C" int64_t kiln_error_index(void) { return __atomic_load_n(&kiln_bad_index, __ATOMIC_RELAXED); }
 """
 )

@@ -43,6 +43,7 @@ class CompiledGraph:
         layouts: Sequence[tuple[tuple[int, ...], tuple[int, ...]] | None] = (),
     ):
         self._call = call
+        self.index_errors: Any = None  # index_check.DeviceIndexErrors of GPU kernels, if any
         self.wrapper_source = source
         self.stats = stats
         # kernels index inputs with the strides the graph was compiled for
@@ -134,7 +135,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     t3 = time.perf_counter()
     codegen = WrapperCodegen(ir, steps, plan, backend)
     kernels = {g.name: codegen._global("kernel_", fn) for g, fn in zip(groups, loaded)}
-    source = codegen.generate(kernels)
+    source = codegen.generate(kernels, {g.name: src for g, src in zip(groups, sources)})
     _dump(debug, "wrapper.py", source)
     namespace = dict(codegen.globals)
     exec(compile(source, f"<kiln wrapper graph{gid}>", "exec"), namespace)
@@ -158,7 +159,9 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
         else None
         for b in ir.inputs
     ]
-    return CompiledGraph(namespace["call"], source, stats, layouts)
+    compiled = CompiledGraph(namespace["call"], source, stats, layouts)
+    compiled.index_errors = codegen.device_errors  # checked by CUDA graph runners after replay
+    return compiled
 
 
 def compile_fx(

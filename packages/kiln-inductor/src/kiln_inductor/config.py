@@ -69,6 +69,14 @@ SETTINGS: dict[str, Setting] = {
         "order, so NHWC kernels are contiguous)",
         True,
     ),
+    "check_indices": Setting(
+        "KILN_CHECK_INDICES",
+        True,
+        "check every indirect access (gather, index, embedding) against its dimension and "
+        "raise eager's error for a bad index (index_check.py); off: a little faster, but a "
+        "bad index then reads or writes outside the tensor, as unchecked C++ would",
+        True,
+    ),
     "fallback_unlowered": Setting(
         "KILN_FALLBACK", True, "run ATen ops without a lowering eagerly (else raise)", False
     ),
@@ -92,6 +100,7 @@ class Config:
     realize_expensive: int = 2
     max_inline_ops: int = 120
     channels_last_devices: str = ""
+    check_indices: bool = True
     fallback_unlowered: bool = True
 
     @property

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 
 from .compile import compile_aten_graph
 from .graph import fill_meta
@@ -151,3 +152,127 @@ class PreNormBlock(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+# -- bad indices (index_check.py): every backend raises eager's error, then works again --
+
+
+def _i64(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def bad_index_cases(device: str = "cpu") -> dict[str, tuple[Callable[..., Any], list, list]]:
+    """``name -> (fn, good inputs, bad inputs)``: torch-level functions whose indirect
+    accesses are lowered to generated kernels, with inputs eager accepts and inputs eager
+    rejects (out of range at either end, ids of 10^8, indices eager does not wrap)."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(device)
+
+    def ri(high: int, *shape: int) -> torch.Tensor:
+        return torch.randint(0, high, shape, generator=g).to(device)
+
+    def put(y: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        y = y * 1
+        y[i] = v
+        return y
+
+    x, w = r(4, 8), r(10, 16)
+    full = torch.full((4, 3), 100000, device=device)
+    return {
+        "gather_past_end": (lambda x, i: torch.gather(x, 1, i) + 1, [x, ri(8, 4, 3)], [x, full]),
+        "gather_negative": (
+            lambda x, i: torch.gather(x, 1, i) * 2,
+            [x, ri(8, 4, 3)],
+            [x, -full.clamp(max=9)],
+        ),
+        "gather_minus_one": (
+            lambda x, i: torch.gather(x, 1, i) * 2,
+            [x, ri(8, 4, 3)],
+            [x, full * 0 - 1],
+        ),
+        "index_past_end": (lambda x, i: x[i] * 2, [x, ri(4, 5)], [x, _i64(0, 1, 7).to(device)]),
+        "index_negative_wraps_then_too_far": (
+            lambda x, i: x[i] * 2,
+            [x, _i64(-4, 3, -1).to(device)],
+            [x, _i64(0, -5).to(device)],
+        ),
+        "index_dim1": (lambda x, i: x[:, i].exp(), [x, ri(8, 6)], [x, _i64(8).to(device)]),
+        "index_two_tensors": (
+            lambda x, i, j: x[i, j] + 1,
+            [x, ri(4, 5), ri(8, 5)],
+            [x, ri(4, 5), _i64(1, 2, 3, 4, 8).to(device)],
+        ),
+        "embedding_huge_id": (
+            lambda i, w: F.embedding(i, w) * 2,
+            [ri(10, 2, 3), w],
+            [_i64(1, 10**8).to(device).view(1, 2), w],
+        ),
+        "embedding_negative_id": (
+            lambda i, w: F.embedding(i, w) + 1,
+            [ri(10, 2, 3), w],
+            [_i64(-1, 2).to(device).view(1, 2), w],
+        ),
+        "index_select_past_end": (
+            lambda x, i: torch.index_select(x, 1, i).sum(1),
+            [x, ri(8, 5)],
+            [x, _i64(2, 8).to(device)],
+        ),
+        "embedding_and_gather_fused": (
+            lambda i, w, x: F.embedding(i, w) * 2 + torch.gather(x, 1, i)[..., None],
+            [ri(10, 4, 5), w, r(4, 12)],
+            [_i64(*([1] * 19 + [11])).to(device).view(4, 5), w, r(4, 12)],
+        ),
+        "index_put_past_end": (
+            put,
+            [r(6), _i64(1, 2).to(device), r(2)],
+            [r(6), _i64(1, 9).to(device), r(2)],
+        ),
+    }
+
+
+def check_bad_index_cases(
+    names: Sequence[str] | None = None, device: str = "cpu"
+) -> dict[str, list]:
+    """Compile each case of ``bad_index_cases`` with kiln_aot + compile_aten_graph (the
+    backend registered for the device), and assert: the good inputs match eager; the bad
+    ones raise the exception type eager raises (never a result, never a crash); the good
+    inputs match eager again afterwards. Returns each case's compiled graphs, whose stats
+    the caller may check (kernels generated, no fallbacks)."""
+    return {
+        name: _check_bad_index_case(name, *case)
+        for name, case in bad_index_cases(device).items()
+        if names is None or name in names
+    }
+
+
+def _check_bad_index_case(name: str, fn: Callable[..., Any], good: list, bad: list) -> list:
+    from .compile import compile_fx
+
+    graphs: list = []
+
+    def record(gm: torch.fx.GraphModule, inputs: list) -> Any:
+        compiled = compile_aten_graph(gm, inputs)
+        graphs.append(compiled)
+        return compiled
+
+    def same(got: Any, when: str) -> None:
+        torch.testing.assert_close(got, fn(*good), msg=lambda m: f"{name} {when}: {m}")
+
+    compiled = compile_fx(fn, good, compile_graph=record)
+    same(compiled(*good), "before")
+    try:
+        fn(*bad)
+    except Exception as e:
+        want = type(e)
+    else:
+        raise AssertionError(f"{name}: eager accepts the bad inputs")
+    try:
+        got = compiled(*bad)
+    except want:
+        pass
+    else:
+        raise AssertionError(f"{name}: kiln returned {got} where eager raises {want.__name__}")
+    same(compiled(*good), "after the bad call")
+    return graphs

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from .backend import KernelBackend
+from .backend import KernelBackend, KernelSource
+from .index_check import DeviceIndexErrors, raise_index_error
 from .ir.nodes import Buffer, ExternKernel, GraphIR, Layout, StorageView
 from .log import log
 from .lowering.extern import ATTENTION_OPS
@@ -109,7 +110,53 @@ class WrapperCodegen:
             return f"float('{a}')"
         return repr(a)
 
-    def generate(self, kernels: dict[str, str]) -> str:
+    def _device_errors(self, sources: dict[str, KernelSource]) -> DeviceIndexErrors | None:
+        """The error rows of the kernels that report failed index checks into a tensor."""
+        rows = [
+            (name, src)
+            for name, src in sources.items()
+            if src.meta.get("index_checks") and src.meta.get("index_report") == "tensor"
+        ]
+        if not rows:
+            return None
+        device = self.ir.buffers[rows[0][1].arg_names[0]].layout.device
+        errors = DeviceIndexErrors(
+            device, [(src.meta["index_checks"], self._written(src)) for _, src in rows]
+        )
+        self.globals["index_errors"] = errors
+        for k, (name, _) in enumerate(rows):
+            self.globals[f"index_errors_{name}"] = errors.rows[k]
+        return errors
+
+    def _written(self, src: KernelSource) -> tuple[str, ...]:
+        """Graph inputs a kernel writes in place (named as the caller's argument positions)."""
+        inputs = {b.name: k for k, b in enumerate(self.ir.inputs) if b is not None}
+        return tuple(f"#{inputs[n]}" for n in src.arg_names if n in inputs and self._writes(n))
+
+    def _writes(self, name: str) -> bool:
+        return any(isinstance(step, FusedGroup) and name in step.outputs for step in self.steps)
+
+    def _kernel_call(self, step: FusedGroup, kernel: str, src: KernelSource | None) -> list[str]:
+        assert self.backend is not None
+        args = [*step.inputs, *step.outputs]
+        checks = src.meta.get("index_checks") if src is not None else None
+        if not checks:
+            return [self.backend.call_line(kernel, args) + f"  # {step.name}"]
+        if src.meta.get("index_report") == "tensor":
+            # the kernel's error row is its last argument; index_errors.check() reads them
+            return [self.backend.call_line(kernel, [*args, f"index_errors_{step.name}"])]
+        self.globals["raise_index_error"] = raise_index_error
+        sites = self._global("checks_", tuple(checks))
+        written = self._written(src)
+        raise_call = f"raise_index_error({sites}, {{code}}, {{index}}, {written!r})"
+        lines = self.backend.checked_call_lines(kernel, args, raise_call)
+        return [lines[0] + f"  # {step.name}", *lines[1:]]
+
+    def generate(
+        self, kernels: dict[str, str], sources: dict[str, KernelSource] | None = None
+    ) -> str:
+        sources = sources or {}
+        self.device_errors = self._device_errors(sources)
         ins = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.ir.inputs)]
         out = ["def call(args):"]
         body: list[str] = []
@@ -121,9 +168,7 @@ class WrapperCodegen:
             for name, reuse, kind in self.plan.allocations.get(k, []):
                 body.append(self._alloc(name, reuse, kind))
             if isinstance(step, FusedGroup):
-                args = [*step.inputs, *step.outputs]
-                assert self.backend is not None
-                body.append(self.backend.call_line(kernels[step.name], args) + f"  # {step.name}")
+                body.extend(self._kernel_call(step, kernels[step.name], sources.get(step.name)))
             else:
                 body.extend(self._extern(step))
             freed = self.plan.frees.get(k, [])
@@ -132,6 +177,8 @@ class WrapperCodegen:
         outs = []
         for o in self.ir.outputs:
             outs.append(self.view_expr(o) if isinstance(o, StorageView) else self._arg(o))
+        if self.device_errors is not None:
+            body.append("index_errors.check()")
         body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         out.extend("    " + line for line in body)
         return "\n".join(out) + "\n"

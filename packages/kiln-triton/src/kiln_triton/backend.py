@@ -21,6 +21,7 @@ from kiln_inductor.ir.nodes import (
     ExternKernel,
     StorageView,
 )
+from kiln_inductor.scheduler.access import node_access
 from kiln_inductor.scheduler.fuse import FusedGroup
 from kiln_inductor.scheduler.templates import TemplateGroup, op_name
 
@@ -63,9 +64,14 @@ class TritonBackend:
             "arg_dtypes": [
                 str(buffers[n].dtype).removeprefix("torch.")
                 for n in (*group.inputs, *group.outputs)
-            ],
+            ]
+            + (["int64"] if kernel.checks else []),
             "checked_args": checked_args([*group.inputs, *group.outputs], buffers),
         }
+        if kernel.checks:
+            # failures go to the graph's error rows, read once per call by the wrapper
+            meta["index_checks"] = tuple(kernel.checks)
+            meta["index_report"] = "tensor"
         return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
 
     def _codegen_template(self, group: TemplateGroup, buffers: dict[str, Buffer]) -> KernelSource:
@@ -93,6 +99,8 @@ class TritonBackend:
         floats on the GPU (or the interpreter) with int32 indices."""
         if not read_triton_config().max_autotune:
             return False
+        if any(node_access(n).indirect for b in epilogue.blocks for n in b.nodes):
+            return False  # the template has no error row for index checks
         views = [a for a in extern.args if isinstance(a, StorageView)]
         if len(views) != len(extern.args) or not all(_static(v) for v in views):
             return False

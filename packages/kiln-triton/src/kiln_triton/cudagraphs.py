@@ -57,6 +57,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from kiln_inductor import log
+from kiln_inductor.index_check import deferred_checks
 
 # training graphs need grad for their inputs outside the runner: the runner around the
 # whole step passes such calls on to the forward and backward graphs' own runners
@@ -75,6 +76,8 @@ class _Captured:
     static_outputs: Any
     # (storage handle, the use count the runner's own tensors make) of every lent output
     lent_storages: list[tuple[int, int]] = field(default_factory=list)
+    # the graphs' index-check error rows, read after each replay (kiln_inductor.index_check)
+    index_errors: list[Any] = field(default_factory=list)
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -240,8 +243,10 @@ class CudaGraphRunner:
             s.copy_(a)
             statics.append(s)
             owned.append(k)
-        graph, outputs = self._record(statics)
+        with deferred_checks() as index_errors:
+            graph, outputs = self._record(statics)
         entry = _Captured(graph, statics, owned, borrowed, list(written), outputs)
+        entry.index_errors = index_errors
         if self.copied is not None:
             self._lend(entry, args)
         return entry
@@ -297,6 +302,16 @@ class CudaGraphRunner:
                 s.copy_(a)
         entry.graph.replay()
         self.replays += 1
+        for errors in entry.index_errors:
+            try:
+                errors.check()
+            except (IndexError, RuntimeError) as e:
+                if entry.inplace:  # the replay ran to its end, writing them with bad rows
+                    e.add_note(
+                        f"kiln-triton: the CUDA graph of {self.name} writes inputs "
+                        f"{entry.inplace} in place; this replay may have updated them"
+                    )
+                raise
         outs = entry.static_outputs
         if self.copied is None:
             return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, outs)

@@ -90,27 +90,34 @@ def lookup(backend: str | Backend, options: dict[str, Any]) -> tuple[str, Backen
     fn = NAMED[backend]
     if backend == "inductor":
         fn = functools.partial(fn, options=options)
+    env = {}
     if options.get("debug_dir"):
-        fn = _with_debug_dir(fn, options["debug_dir"])
+        env["KILN_DEBUG_DIR"] = options["debug_dir"]
+    if not options.get("check_indices", True):
+        env["KILN_CHECK_INDICES"] = "0"
+    if env:
+        fn = _with_env(fn, env)
     return backend, fn
 
 
-def _with_debug_dir(backend: Backend, debug_dir: str) -> Backend:
-    """Point the packages' debug dumps (``KILN_DEBUG_DIR``) at ``debug_dir`` while compiling."""
+def _with_env(backend: Backend, env: dict[str, str]) -> Backend:
+    """Set the packages' environment settings (``KILN_DEBUG_DIR``, ``KILN_CHECK_INDICES``)
+    while compiling: the options that kiln.compile passes down this way."""
 
     @functools.wraps(backend)
-    def dumping(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        saved = os.environ.get("KILN_DEBUG_DIR")
-        os.environ["KILN_DEBUG_DIR"] = debug_dir
+    def compiling(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             return backend(gm, example_inputs)
         finally:
-            if saved is None:
-                del os.environ["KILN_DEBUG_DIR"]
-            else:
-                os.environ["KILN_DEBUG_DIR"] = saved
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
 
-    return dumping
+    return compiling
 
 
 def with_fallback(name: str, backend: Backend, *, allow_fallback: bool) -> Backend:

@@ -42,6 +42,14 @@ OPTIONS: dict[str, Option] = {
             False,
         ),
         Option(
+            "check_indices",
+            bool,
+            True,
+            "check every indirect access (gather, indexing, embedding) in generated kernels and "
+            "raise eager's error for a bad index; False skips the checks",
+            True,
+        ),
+        Option(
             "triton.cudagraphs",
             bool,
             False,

@@ -223,15 +223,9 @@ def native_dropout_backward(grad, mask, scale):
 
 
 # ---- embedding ---------------------------------------------------------------------------
-@register(aten.embedding.default)
-def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    if weight.dim() != 2:
-        return NotImplemented
-    flat = aten.view.default(indices, [-1])
-    rows = aten.index_select.default(weight, 0, flat)
-    return aten.view.default(rows, [*indices.shape, weight.shape[1]])
-
-
+# embedding is kept whole (core_ops.KEPT_OPS): its ids do not wrap and a bad one raises
+# IndexError, where index_select's raises RuntimeError; kiln-inductor lowers it to a gather
+# whose bounds check says what eager says.
 # embedding_dense_backward is kept whole (core_ops.KEPT_OPS): eager's kernel sorts the
 # indices and sums rows in parallel, where zeros + index_put(accumulate) clones the table.
 

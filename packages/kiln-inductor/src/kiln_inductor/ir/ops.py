@@ -11,6 +11,12 @@ meaning: the C++ backend's handler emits C++ statements, the printer's handler w
 readable text, the counting handler measures cost. A handler implements the names of
 ``OP_NAMES`` (plus ``load``, ``constant``, ``index_expr``, ``to_dtype``, ``where``,
 ``indirect_indexing``, ``masked``); each value it returns is opaque to the body.
+
+``indirect_indexing(value, size, check)`` turns a loaded value into an index of a
+dimension of ``size``: with ``check`` (an ``index_check.IndexCheck``) the backend wraps
+negative values where the check says so, checks the bounds, reports a bad index and reads
+element 0 instead (never outside the tensor); with ``check=None`` the lowering guarantees
+the value is in range (it wraps negatives only).
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ class CountingHandler:
         self.ops += 1
         return "v"
 
-    def indirect_indexing(self, value: object, size: object, check: bool = True) -> object:
+    def indirect_indexing(self, value: object, size: object, check: object = None) -> object:
         import sympy
 
         self.ops += 1

@@ -21,7 +21,7 @@ class _PrintHandler:
     def load(self, name: str, index: Any) -> str:
         return self._emit(f"load({name}, {index})")
 
-    def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> Any:
+    def indirect_indexing(self, value: Any, size: Any, check: Any = None) -> Any:
         import sympy
 
         return sympy.Symbol(f"indirect({value})")

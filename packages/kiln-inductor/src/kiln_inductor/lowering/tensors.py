@@ -9,6 +9,7 @@ from typing import Any
 import sympy
 import torch
 
+from ..index_check import OUT_OF_BOUNDS, IndexCheck, index_check
 from ..ir.nodes import Pointwise, TensorValue
 from ..ir.ops import ops
 from ..ir.symbols import Expr, FloorDiv, sym
@@ -254,19 +255,28 @@ def constant_pad_nd(x: TensorValue, pad: Sequence[int], value: Any = 0) -> Tenso
     return Pointwise(x.device, x.dtype, tuple(size), inner)
 
 
-def _indirect(value: Any, size: Expr) -> Expr:
-    return ops.indirect_indexing(value, size)
+def _indirect(value: Any, size: Expr, check: IndexCheck | None) -> Expr:
+    return ops.indirect_indexing(value, size, check)
+
+
+def _static_empty(size: Expr, out_size: Sequence[Expr]) -> bool:
+    """An indirect access into a dimension of size 0 with a non-empty result: every index
+    is out of bounds, and no element 0 exists to read instead. The library op raises."""
+    return size == 0 and all(s != 0 for s in out_size)
 
 
 @register_lowering(aten.gather)
 def gather(x: TensorValue, dim: int, index: TensorValue, sparse_grad: bool = False) -> TensorValue:
     dim = normalize_dim(dim, x.ndim)
     xl, il = x.make_loader(), index.make_loader()
+    if x.ndim and _static_empty(x.size[dim], index.size):
+        raise unsupported("gather from an empty dimension (every index is out of bounds)")
+    check = index_check(dim, x.size[dim], wrap=False, error=RuntimeError) if x.ndim else None
 
     def inner(idx: Sequence[Expr]) -> Any:
         src = list(idx)
         if x.ndim:
-            src[dim] = _indirect(il(idx), x.size[dim])
+            src[dim] = _indirect(il(idx), x.size[dim], check)
         return xl(src)
 
     return Pointwise(x.device, x.dtype, tuple(index.size), inner)
@@ -279,11 +289,24 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
     size = list(x.size)
     if x.ndim:
         size[dim] = index.size[0] if index.ndim else sympy.Integer(1)
+        if _static_empty(x.size[dim], size):
+            raise unsupported("index_select from an empty dimension")
+    check = (
+        index_check(
+            dim,
+            x.size[dim],
+            wrap=False,
+            error=RuntimeError,
+            message="INDICES element is out of DATA bounds, id={index} axis_dim={size}",
+        )
+        if x.ndim
+        else None
+    )
 
     def inner(idx: Sequence[Expr]) -> Any:
         src = list(idx)
         if x.ndim:
-            src[dim] = _indirect(il([idx[dim]] if index.ndim else []), x.size[dim])
+            src[dim] = _indirect(il([idx[dim]] if index.ndim else []), x.size[dim], check)
         return xl(src)
 
     return Pointwise(x.device, x.dtype, tuple(size), inner)
@@ -297,11 +320,18 @@ def embedding(
     scale_grad_by_freq: bool = False,
     sparse: bool = False,
 ) -> TensorValue:
-    return index(weight, [indices])
+    # embedding does not wrap negative ids: -1 is out of range, as eager says
+    return _index(weight, [indices], wrap=False, message="index out of range in self")
 
 
 @register_lowering(aten.index)
 def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    return _index(x, indices, wrap=True, message=OUT_OF_BOUNDS)
+
+
+def _index(
+    x: TensorValue, indices: Sequence[TensorValue | None], *, wrap: bool, message: str
+) -> TensorValue:
     given = [(d, t) for d, t in enumerate(indices) if t is not None]
     for _, t in given:
         if t.dtype in (torch.bool, torch.uint8):
@@ -316,7 +346,12 @@ def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
     else:
         before, after = [], rest
     size = [x.size[d] for d in before] + list(bshape) + [x.size[d] for d in after]
-    loaders = [(d, broadcast_loader(t, bshape)) for d, t in given]
+    if any(_static_empty(x.size[d], size) for d in dims):
+        raise unsupported("indexing into an empty dimension (every index is out of bounds)")
+    loaders = [
+        (d, broadcast_loader(t, bshape), index_check(d, x.size[d], wrap=wrap, message=message))
+        for d, t in given
+    ]
     xl = x.make_loader()
     nb, nbs = len(before), len(bshape)
 
@@ -325,8 +360,8 @@ def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
         for k, d in enumerate(before):
             src[d] = idx[k]
         bidx = list(idx[nb : nb + nbs])
-        for d, ld in loaders:
-            src[d] = _indirect(ld(bidx), x.size[d])
+        for d, ld, check in loaders:
+            src[d] = _indirect(ld(bidx), x.size[d], check)
         for k, d in enumerate(after):
             src[d] = idx[nb + nbs + k]
         return xl(src)

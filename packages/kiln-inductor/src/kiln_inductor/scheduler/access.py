@@ -53,7 +53,7 @@ class _Recorder:
         self.loads.append((name, sympy.expand(index)))
         return object()
 
-    def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> Expr:
+    def indirect_indexing(self, value: Any, size: Any, check: Any = None) -> Expr:
         self.indirect = True
         return sympy.Symbol(f"ind{len(self.loads)}", integer=True, nonnegative=True)
 

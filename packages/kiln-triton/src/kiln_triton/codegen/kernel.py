@@ -138,6 +138,7 @@ class TritonKernel:
         self.loop = -1  # the r loop being generated (-1: none)
         self.loops = 0
         self.loop_loads: dict[tuple[str, int], bool] = {}
+        self.checks: list[Any] = []  # index checks (kiln_inductor.index_check), numbered from 1
 
     def meta(self) -> dict[str, Any]:
         """What launch configurations depend on (``runtime.configs``)."""
@@ -250,17 +251,25 @@ class TritonKernel:
         self.unsynced.add(node.name)
 
     # -- the kernel --------------------------------------------------------------------------
+    def check_code(self, check: Any) -> int:
+        """The 1-based number of ``check`` among this kernel's index checks."""
+        if check not in self.checks:
+            self.checks.append(check)
+        return self.checks.index(check) + 1
+
     def generate(self) -> str:
         g = self.group
-        params = [
-            *(p for p, _ in self.ptrs.values()),
-            "XBLOCK: tl.constexpr",
-            "RBLOCK: tl.constexpr",
-        ]
         with ops_handler(self.h):
             self.prologue()
             for k, block in enumerate(g.blocks):
                 self.block(k, block)
+        params = [
+            *(p for p, _ in self.ptrs.values()),
+            # a kernel with index checks takes its error row last (int64 [check, index])
+            *(["index_err"] if self.checks else []),
+            "XBLOCK: tl.constexpr",
+            "RBLOCK: tl.constexpr",
+        ]
         head = f"@triton.jit\ndef kernel({', '.join(params)}):\n"
         return self._evictions(HEADER + head + "\n".join(self.lines) + "\n")
 

@@ -120,11 +120,25 @@ class TritonOpsHandler:
         text = self.kernel.index_text(expr)
         return self.value(f"({text}).to({tl_type(dtype)})", dtype)
 
-    def indirect_indexing(self, value: TritonValue, size: Any, check: bool = True) -> sympy.Symbol:
+    def indirect_indexing(self, value: TritonValue, size: Any, check: Any = None) -> sympy.Symbol:
         size_s = print_index(size)
         v = self.value(f"{value}.to(tl.int64)", torch.int64)
-        w = self.value(f"tl.where({v} < 0, {v} + {size_s}, {v})", torch.int64)
-        return sympy.Symbol(w.name, integer=True, nonnegative=True)
+        wrap = check is None or check.wrap
+        w = self.value(f"tl.where({v} < 0, {v} + {size_s}, {v})", torch.int64) if wrap else v
+        if check is None:
+            return sympy.Symbol(w.name, integer=True, nonnegative=True)
+        # a live lane out of range writes [check number, index] into the kernel's error row
+        # (its last argument) and reads element 0 (kiln_inductor.index_check)
+        live = self.kernel.mask_text()
+        bad = self.value(f"(({w} < 0) | ({w} >= {size_s})) & {live}", torch.bool)
+        if f"check:{bad}" not in self.cache:
+            self.cache[f"check:{bad}"] = bad
+            code = self.kernel.check_code(check)
+            zero = f"({w} * 0)"
+            self.emit(f"tl.atomic_max(index_err + {zero}, {zero} + {code}, mask={bad})")
+            self.emit(f"tl.atomic_max(index_err + 1 + {zero}, {v}, mask={bad})")
+        ok = self.value(f"tl.where({bad}, 0, {w})", torch.int64)
+        return sympy.Symbol(ok.name, integer=True, nonnegative=True)
 
     def masked(self, mask: TritonValue, body: Callable[[], TritonValue], other: Any) -> TritonValue:
         saved_cache = dict(self.cache)

@@ -1,0 +1,56 @@
+"""Bad indices in kiln-cpp kernels: eager's exception, never garbage or a crash, and the
+compiled function works again afterwards (kiln_inductor.index_check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln_cpp
+from kiln_inductor.testing import bad_index_cases, check_bad_index_cases
+
+LIBRARY_OPS = {"index_put_past_end"}  # index_put runs as a library call: ATen checks it
+
+
+@pytest.mark.parametrize("name", sorted(bad_index_cases()))
+def test_bad_index_raises_eagers_error(name):
+    graphs = check_bad_index_cases([name])[name]
+    for g in graphs:
+        if name in LIBRARY_OPS:
+            continue
+        assert g.stats["kernels"] >= 1 and not g.stats["fallbacks"], g.stats
+        assert "raise_index_error" in g.wrapper_source, g.wrapper_source
+
+
+def test_message_names_op_value_and_size():
+    fn, good, bad = bad_index_cases()["gather_past_end"]
+    compiled = kiln_cpp.compile_fx(fn, good)
+    with pytest.raises(
+        RuntimeError, match=r"index 100000 is out of bounds for dimension 1 with size 8"
+    ) as e:
+        compiled(*bad)
+    assert "aten.gather" in str(e.value)
+
+
+def test_checks_off_generate_no_check(monkeypatch):
+    monkeypatch.setenv("KILN_CHECK_INDICES", "0")
+    fn, good, _ = bad_index_cases()["embedding_huge_id"]
+    compiled = kiln_cpp.compile_fx(fn, good)
+    torch.testing.assert_close(compiled(*good), fn(*good))
+
+
+def test_check_kernel_source_hoists_nothing_unsafe():
+    """The bad lane reads element 0 (the select comes before the load's address)."""
+    from kiln_cpp.kernel import generate_cpp_kernel
+    from kiln_inductor.graph import GraphLowering
+    from kiln_inductor.scheduler.fuse import FusedGroup, fuse_nodes
+    from kiln_inductor.testing import aten_graph
+
+    aten = torch.ops.aten
+    inputs = [torch.randn(10, 16), torch.randint(0, 10, (4, 5))]
+    gm = aten_graph(lambda w, i: (aten.embedding.default(w, i),), inputs)
+    ir = GraphLowering(gm, inputs).run()
+    (group,) = [s for s in fuse_nodes(ir) if isinstance(s, FusedGroup)]
+    src, checks = generate_cpp_kernel(group, ir.buffers)
+    assert len(checks) == 1 and checks[0].error is IndexError
+    assert "kiln_index_fail(&kiln_err, 1L" in src and "return kiln_err;" in src

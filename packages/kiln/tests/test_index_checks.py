@@ -1,0 +1,50 @@
+"""kiln.compile with bad indices: eager's exception with the op and the user's source
+line, then correct results again; the check_indices option."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+
+
+def _embed(i, w):
+    return F.embedding(i, w) * 2  # the line the error names
+
+
+def test_embedding_id_out_of_range_names_the_source_line():
+    w = torch.randn(10, 16)
+    good = torch.randint(0, 10, (2, 3))
+    kiln.reset()
+    compiled = kiln.compile(_embed)
+    torch.testing.assert_close(compiled(good, w), _embed(good, w))
+    bad = good.clone()
+    bad[1, 2] = 10**8
+    with pytest.raises(IndexError, match="index out of range in self") as e:
+        compiled(bad, w)
+    assert "aten.embedding" in str(e.value) and "F.embedding(i, w) * 2" in str(e.value)
+    torch.testing.assert_close(compiled(good, w), _embed(good, w))
+    assert kiln.stats()["fallbacks"] == 0
+
+
+def test_gather_negative_index_is_not_wrapped():
+    def f(x, i):
+        return torch.gather(x, 1, i).relu()
+
+    x = torch.randn(4, 8)
+    i = torch.randint(0, 8, (4, 3))
+    compiled = kiln.compile(f)
+    torch.testing.assert_close(compiled(x, i), f(x, i))
+    i[0, 0] = -1
+    with pytest.raises(RuntimeError, match="index -1 is out of bounds for dimension 1 with size 8"):
+        compiled(x, i)
+
+
+def test_check_indices_option_is_known_and_typed():
+    with pytest.raises(Exception, match="check_indices"):
+        kiln.compile(_embed, options={"check_indices": "yes"})
+    f = kiln.compile(_embed, options={"check_indices": False})
+    w, i = torch.randn(10, 16), torch.randint(0, 10, (2, 3))
+    torch.testing.assert_close(f(i, w), _embed(i, w))
