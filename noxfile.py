@@ -5,6 +5,7 @@
     nox -s lint               ruff check and ruff format --check
     nox -s boundaries         DESIGN.md's import rules, version ranges, and the tools' own tests
     nox -s slow               the suites marked slow (real models), kept out of CI's time budget
+    nox -s fuzz               the differential fuzzer for an hour (-- --seconds N)
     nox -s demo               the main job: compile GPT-2 on the CPU, check, print the speed-up
     nox -s bench              the CPU model suite against eager and torch.compile
     nox -s report             the compile report rendered in headless Chromium
@@ -155,6 +156,20 @@ def slow(session: nox.Session) -> None:
     session.install("transformers")
     for dist in _all_in_order():
         _run_package_tests(session, dist, "slow", success_codes=[0, 5])
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The differential fuzzer's long run: random programs compiled with kiln against eager
+    for an hour (``nox -s fuzz -- --seconds 600`` for less); failing programs are written to
+    fuzz-failures/, the summary to benchmarks/results/fuzz.json. CI runs a short fixed-seed
+    run (packages/kiln/tests/test_fuzz.py)."""
+    _install(session, _all_in_order())
+    args = session.posargs or ["--seconds", "3600"]
+    session.run(
+        "python", "-m", "kiln", "fuzz", "--save", "fuzz-failures",
+        "--out", "benchmarks/results/fuzz.json", *args,
+    )  # fmt: skip
 
 
 @nox.session

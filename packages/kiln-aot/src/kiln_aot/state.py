@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ViewStep:
-    """One view op applied to the previous alias: ``op(prev, *args)`` (args fully bound)."""
+    """One view op applied to the previous alias: ``op(prev, *args)`` (the positional
+    arguments, defaults filled in)."""
 
     op: torch._ops.OpOverload
     args: tuple[Any, ...]

@@ -254,7 +254,10 @@ class Tracer:
             return tuple(self.wrap(n) if isinstance(n, fx.Node) else n for n in out)
         if func in core_ops.VIEW_OPS:
             bound = bind_args(func, args, kwargs)
-            return self.wrap(out, args[0], ViewStep(func, bound[1:]))
+            # replayed as op(prev, *args): only the positional arguments (expand's
+            # kwarg-only ``implicit`` changes nothing a replay computes)
+            positional = sum(1 for a in func._schema.arguments if not a.kwarg_only)
+            return self.wrap(out, args[0], ViewStep(func, bound[1:positional]))
         return self.wrap(out)
 
     # ---- dispatch ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`python -m kiln <command>`: demo (the main job) and report (the compile report)."""
+"""`python -m kiln <command>`: demo (the main job), report (the compile report), fuzz."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 COMMANDS = {
     "demo": "compile a GPT-2-style model on the CPU, check it against eager, print the speed-up",
     "report": "run a script with kiln's logging on and write one HTML compile report",
+    "fuzz": "differential fuzzing: random programs compiled with kiln against eager",
 }
 
 
@@ -20,6 +21,10 @@ def main(argv: list[str]) -> int:
         from kiln.demo import main as demo
 
         return demo(argv[1:])
+    if argv[0] == "fuzz":
+        from kiln.fuzz import main as fuzz
+
+        return fuzz(argv[1:])
     from kiln.report import main as report
 
     return report(argv[1:])

@@ -26,11 +26,19 @@ def _cast(x, dtype):
 
 
 # ---- softmax -----------------------------------------------------------------------------
+def _row_max(xf, dim):
+    """The shift of softmax's rows. amax has no identity: over an empty dimension (an empty
+    result) the shift is sum's 0 instead."""
+    if xf.dim() and xf.shape[dim] == 0:
+        return aten.sum.dim_IntList(xf, [dim], True)
+    return aten.amax.default(xf, [dim], True)
+
+
 @register(aten._softmax.default)
 def softmax(x, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else x.dtype
     xf = _upcast(x)
-    shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))
+    shifted = aten.sub.Tensor(xf, _row_max(xf, dim))
     e = aten.exp.default(shifted)
     return _cast(aten.div.Tensor(e, aten.sum.dim_IntList(e, [dim], True)), out_dtype)
 
@@ -39,7 +47,7 @@ def softmax(x, dim, half_to_float):
 def log_softmax(x, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else x.dtype
     xf = _upcast(x)
-    shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))
+    shifted = aten.sub.Tensor(xf, _row_max(xf, dim))
     lse = aten.log.default(aten.sum.dim_IntList(aten.exp.default(shifted), [dim], True))
     return _cast(aten.sub.Tensor(shifted, lse), out_dtype)
 

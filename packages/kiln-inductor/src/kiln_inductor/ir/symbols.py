@@ -54,6 +54,8 @@ def flat_index(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sy
 
 def unflatten_index(flat: Expr, size: Sequence[Expr]) -> list[Expr]:
     """Split a row-major flat index into per-dimension indices of ``size``."""
+    if any(s == 0 for s in size):  # no element: the index is never used
+        return [sympy.Integer(0)] * len(size)
     out: list[Expr] = []
     stride: Expr = sympy.Integer(1)
     for s in reversed(size):

@@ -180,7 +180,8 @@ def _clamp_index(i: Expr, lo: Expr, hi: Expr) -> Expr:
 
 @register_lowering(aten.cat)
 def cat(tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
-    tensors = [t for t in tensors if not (t.ndim == 1 and t.size[0] == 0)]
+    # eager skips 1-D empty tensors (legacy); when all are, the result is one of them
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.size[0] == 0)] or list(tensors[:1])
     if len(tensors) == 1:
         t = tensors[0]
         return Pointwise(t.device, t.dtype, t.size, t.make_loader())
@@ -196,6 +197,8 @@ def cat(tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
     loaders = [(t.make_loader(), n) for t, n in parts]
 
     def inner(index: Sequence[Expr]) -> Any:
+        if not loaders:  # every piece is empty: so is the result, never read
+            return ops.constant(0, dtype)
         i = index[dim]
         offset: Expr = sympy.Integer(0)
         pieces = []
@@ -291,13 +294,17 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
         size[dim] = index.size[0] if index.ndim else sympy.Integer(1)
         if _static_empty(x.size[dim], size):
             raise unsupported("index_select from an empty dimension")
+    # eager's CPU kernel has a path of its own for dim 1, with its own exception and message
+    dim1 = x.ndim > 1 and dim == 1
     check = (
         index_check(
             dim,
             x.size[dim],
             wrap=False,
-            error=RuntimeError,
-            message="INDICES element is out of DATA bounds, id={index} axis_dim={size}",
+            error=RuntimeError if dim1 else IndexError,
+            message="INDICES element is out of DATA bounds, id={index} axis_dim={size}"
+            if dim1
+            else "index out of range in self",
         )
         if x.ndim
         else None

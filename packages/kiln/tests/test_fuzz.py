@@ -1,0 +1,96 @@
+"""The differential fuzzer (kiln.fuzz): a short run with fixed seeds in CI (the long one
+is ``nox -s fuzz``), and each program it found failing, kept as a test."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.fuzz import check_program, generate
+
+SHORT_RUN_SEEDS = range(0, 160)
+SHORT_RUN_SECONDS = 90
+
+
+def test_short_fuzz_run_matches_eager():
+    """Fixed seeds, bounded time: every program matches eager, and every bad index raises
+    eager's exception type."""
+    t0 = time.monotonic()
+    done, bad_calls, failures = 0, 0, []
+    for seed in SHORT_RUN_SEEDS:
+        if time.monotonic() - t0 > SHORT_RUN_SECONDS:
+            break
+        v = check_program(generate(seed))
+        done += 1
+        bad_calls += v.bad_calls
+        if v.status in ("mismatch", "error"):
+            failures.append(f"seed {seed}: {v.status}: {v.detail[:800]}")
+    assert not failures, "\n".join(failures)
+    assert done >= 25 and bad_calls >= 5, (done, bad_calls)
+
+
+def test_programs_are_reproducible():
+    assert generate(7).source() == generate(7).source()
+    assert generate(7).source() != generate(8).source()
+
+
+# -- what the fuzzer found (minimized); each compiled without falling back ------------------
+
+
+def _same_as_eager(fn, *inputs):
+    kiln.reset()
+    compiled = kiln.compile(fn, options={"raise_on_error": True})
+    want = fn(*[x.clone() for x in inputs])
+    got = compiled(*[x.clone() for x in inputs])
+    torch.testing.assert_close(got, want)
+    assert kiln.stats()["fallbacks"] == 0
+
+
+def test_cat_of_only_empty_1d_tensors():  # seed 2062: IndexError in the cat lowering
+    _same_as_eager(
+        lambda x: torch.cat([x.sum(-1).cumsum(0)[:0], x[0, 0, :0]], 0) + 1, torch.randn(5, 7, 1)
+    )
+
+
+def test_cat_of_empty_pieces_read_twice():  # seed 2060: every piece empty
+    _same_as_eager(
+        lambda x: (torch.cat([x, x], 1) * 2, torch.cat([x, x], 1) + 1), torch.randn(3, 0, 2)
+    )
+
+
+def test_softmax_over_an_empty_dimension():  # seed 2140: amax over a zero-size dim
+    x = torch.randn(3, 0)
+    _same_as_eager(lambda x: (torch.softmax(x, 1), torch.log_softmax(x, -1)), x)
+
+
+def test_expand_of_an_input_returned():  # seed 2227: expand's kwarg-only arg on replay
+    _same_as_eager(lambda x: (x.expand(2, 3, 3), x * 2), torch.randn(1, 3, 3))
+
+
+def test_view_of_a_tensor_with_no_elements():  # seed 2302: modulo by a zero size
+    x = torch.randint(-8, 9, (0, 3, 6), dtype=torch.int32)[..., ::2]
+    _same_as_eager(lambda x: ((x - x).reshape(-1).to(torch.int64), x.sum(0, keepdim=True)), x)
+
+
+@pytest.mark.parametrize("dim, error", [(0, IndexError), (1, RuntimeError), (2, IndexError)])
+def test_index_select_raises_what_eager_raises_per_dim(dim, error):  # seeds 969, 988
+    x = torch.randn(3, 4, 5)
+    compiled = kiln.compile(lambda x, i: torch.index_select(x, dim, i) * 2)
+    good = torch.tensor([0, 2])
+    torch.testing.assert_close(compiled(x, good), torch.index_select(x, dim, good) * 2)
+    with pytest.raises(error):
+        compiled(x, torch.tensor([0, -1]))
+
+
+def test_embedding_of_a_computed_table_and_bad_id():  # seeds 964, 978
+    compiled = kiln.compile(lambda i, w: F.embedding(i, torch.tanh(w)))
+    w = torch.randn(5, 3)
+    torch.testing.assert_close(
+        compiled(torch.tensor([[4, 0]]), w), F.embedding(torch.tensor([[4, 0]]), torch.tanh(w))
+    )
+    with pytest.raises(IndexError):
+        compiled(torch.tensor([[5, 0]]), w)
