@@ -48,3 +48,19 @@ def test_check_indices_option_is_known_and_typed():
     f = kiln.compile(_embed, options={"check_indices": False})
     w, i = torch.randn(10, 16), torch.randint(0, 10, (2, 3))
     torch.testing.assert_close(f(i, w), _embed(i, w))
+
+
+def _positions_and_ids(ids, w, x):
+    pos = torch.arange(ids.shape[1])
+    return F.embedding(pos, w) + F.embedding(ids, w), torch.gather(x, 1, ids.clamp(0, 15))
+
+
+def test_provably_in_range_indices_are_not_checked(tmp_path):
+    """arange positions and clamped ids need no check; the input ids do (one check)."""
+    w, x = torch.randn(16, 8), torch.randn(4, 16)
+    ids = torch.randint(0, 16, (4, 5))
+    f = kiln.compile(_positions_and_ids, options={"debug_dir": str(tmp_path)})
+    for got, want in zip(f(ids, w, x), _positions_and_ids(ids, w, x)):
+        torch.testing.assert_close(got, want)
+    sources = "".join(p.read_text() for p in tmp_path.rglob("kernel*.cpp"))
+    assert sources.count("kiln_index_fail(&kiln_err") == 1, sources[-3000:]

@@ -21,12 +21,14 @@ function keeps working after a bad call. ``KILN_CHECK_INDICES=0`` (or
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 
 from .config import read_config
@@ -71,11 +73,18 @@ def index_check(
     wrap: bool,
     error: type[Exception] = IndexError,
     message: str = OUT_OF_BOUNDS,
+    index: Any = None,
 ) -> IndexCheck | None:
     """The check of an indirect access made by the op being lowered now, or None when
-    checks are off (``KILN_CHECK_INDICES=0``)."""
+    checks are off (``KILN_CHECK_INDICES=0``) or when ``index`` (the index TensorValue) is
+    provably in range (positions from ``arange``, clamped values: ``value_range``)."""
     if not read_config().check_indices:
         return None
+    if index is not None and sympy.sympify(size).is_Integer:
+        bounds = value_range(index)
+        low = -int(size) if wrap else 0
+        if bounds is not None and low <= bounds[0] and bounds[1] < int(size):
+            return None
     from .lowering.context import current_node
 
     node = current_node()
@@ -143,3 +152,140 @@ def deferred_checks() -> Iterator[list[DeviceIndexErrors]]:
         yield found
     finally:
         _capture.deferred = saved
+
+
+# -- value ranges: indices no check is needed for ------------------------------------------
+
+
+class _Unknown(Exception):
+    pass
+
+
+_ANY = (-math.inf, math.inf)
+
+
+class _RangeHandler:
+    """Evaluates a body to the interval ``(low, high)`` of its values, for integer-valued
+    bodies: constants, index expressions (loop variables in their ranges), arithmetic,
+    casts, min/max (so clamps) and selects, and loads of computed buffers (their own bodies,
+    recursively); other loads are unbounded. An op that may make a value non-integral
+    (division, a fractional constant, transcendental functions) makes it unknown."""
+
+    def __init__(self, ranges: dict[sympy.Symbol, tuple[int, int]], buffers: dict, depth: int):
+        self.ranges, self.buffers, self.depth = ranges, buffers, depth
+
+    def constant(self, value: Any, dtype: Any) -> tuple[float, float]:
+        v = float(value)
+        if not v.is_integer():
+            raise _Unknown
+        return v, v
+
+    def index_expr(self, expr: Any, dtype: Any) -> tuple[float, float]:
+        expr = sympy.expand(sympy.sympify(expr))
+        low = high = 0
+        for term in sympy.Add.make_args(expr):
+            coeff, rest = term.as_coeff_Mul()
+            if rest == 1:
+                low, high = low + int(coeff), high + int(coeff)
+            elif rest in self.ranges and coeff.is_Integer:
+                a, b = (int(coeff) * v for v in self.ranges[rest])
+                low, high = low + min(a, b), high + max(a, b)
+            else:
+                raise _Unknown
+        return low, high
+
+    def load(self, name: str, index: Any) -> tuple[float, float]:
+        from .ir.nodes import ComputedBuffer, Pointwise
+
+        buf = self.buffers.get(name)
+        if isinstance(buf, ComputedBuffer) and isinstance(buf.body, Pointwise):
+            bounds = value_range(buf.body, self.buffers, self.depth + 1)
+            if bounds is not None:
+                return bounds
+        if buf is not None and (buf.dtype.is_floating_point or buf.dtype == torch.bool):
+            raise _Unknown  # may hold fractions
+        return _ANY
+
+    def to_dtype(
+        self, x: tuple[float, float], dtype: Any, src_dtype: Any = None
+    ) -> tuple[float, float]:
+        if dtype == torch.bool:
+            raise _Unknown
+        exact = 2.0**24 if dtype in (torch.float32,) else 2.0**53
+        if dtype in (torch.float16, torch.bfloat16):
+            exact = 2.0**8
+        if dtype.is_floating_point and max(abs(x[0]), abs(x[1])) > exact:
+            raise _Unknown  # no longer exact integers
+        if not dtype.is_floating_point:
+            info = torch.iinfo(dtype)
+            if x[0] < info.min or x[1] > info.max:
+                return (info.min, info.max)  # wraps around
+        return x
+
+    def add(self, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        return a[0] + b[0], a[1] + b[1]
+
+    def sub(self, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        return a[0] - b[1], a[1] - b[0]
+
+    def mul(self, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        products = [0.0 if 0 in (x, y) else x * y for x in a for y in b]
+        return min(products), max(products)
+
+    def neg(self, a: tuple[float, float]) -> tuple[float, float]:
+        return -a[1], -a[0]
+
+    def minimum(self, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        return min(a[0], b[0]), min(a[1], b[1])
+
+    def maximum(self, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        return max(a[0], b[0]), max(a[1], b[1])
+
+    def where(self, c: Any, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        return min(a[0], b[0]), max(a[1], b[1])
+
+    def remainder(self, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        if b[0] > 0:  # Python's (and torch's) sign: the divisor's
+            return (0, b[1] - 1) if a[0] < 0 or a[1] >= b[0] else a
+        raise _Unknown
+
+    def abs(self, a: tuple[float, float]) -> tuple[float, float]:
+        if a[0] >= 0:
+            return a
+        return (0 if a[1] >= 0 else -a[1]), max(-a[0], a[1])
+
+    def __getattr__(self, name: str) -> Any:
+        def other(*args: Any, **kwargs: Any) -> Any:
+            if name in ("lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or",
+                        "logical_not", "isnan"):  # fmt: skip
+                return (0, 1)  # a condition: only ``where`` reads it
+            raise _Unknown
+
+        return other
+
+
+def value_range(value: Any, buffers: dict | None = None, depth: int = 0) -> tuple[int, int] | None:
+    """The interval ``(low, high)`` every element of ``value`` (a TensorValue, or the body
+    of a computed buffer) lies in, or None when it cannot be shown."""
+    from .ir.ops import ops_handler
+    from .ir.symbols import index_vars
+
+    if depth > 8:
+        return None
+    if buffers is None:
+        from .lowering.context import current_graph
+
+        buffers = current_graph().ir.buffers
+    size = [sympy.sympify(s) for s in value.size]
+    if not all(s.is_Integer for s in size) or any(int(s) == 0 for s in size):
+        return None
+    ivars = index_vars("vr", len(size))
+    ranges = {v: (0, int(s) - 1) for v, s in zip(ivars, size)}
+    try:
+        with ops_handler(_RangeHandler(ranges, buffers, depth)):
+            out = value.make_loader()(list(ivars))
+    except _Unknown:
+        return None
+    if not isinstance(out, tuple) or not all(math.isfinite(v) for v in out):
+        return None
+    return int(out[0]), int(out[1])

@@ -274,7 +274,11 @@ def gather(x: TensorValue, dim: int, index: TensorValue, sparse_grad: bool = Fal
     xl, il = x.make_loader(), index.make_loader()
     if x.ndim and _static_empty(x.size[dim], index.size):
         raise unsupported("gather from an empty dimension (every index is out of bounds)")
-    check = index_check(dim, x.size[dim], wrap=False, error=RuntimeError) if x.ndim else None
+    check = (
+        index_check(dim, x.size[dim], wrap=False, error=RuntimeError, index=index)
+        if x.ndim
+        else None
+    )
 
     def inner(idx: Sequence[Expr]) -> Any:
         src = list(idx)
@@ -305,6 +309,7 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
             message="INDICES element is out of DATA bounds, id={index} axis_dim={size}"
             if dim1
             else "index out of range in self",
+            index=index,
         )
         if x.ndim
         else None
@@ -356,7 +361,11 @@ def _index(
     if any(_static_empty(x.size[d], size) for d in dims):
         raise unsupported("indexing into an empty dimension (every index is out of bounds)")
     loaders = [
-        (d, broadcast_loader(t, bshape), index_check(d, x.size[d], wrap=wrap, message=message))
+        (
+            d,
+            broadcast_loader(t, bshape),
+            index_check(d, x.size[d], wrap=wrap, message=message, index=t),
+        )
         for d, t in given
     ]
     xl = x.make_loader()
