@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("eager", "torch.compile", "kiln", "kiln-nocheck")
+VARIANTS = ["eager", "torch.compile", "kiln", "kiln-nocheck"]  # --no-torch-compile drops one
 
 
 def _compile(name: str, model):
@@ -141,8 +141,11 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=9)
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--out", default="")
+    p.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile column")
     p.add_argument("--worker", default="")
     a = p.parse_args()
+    if a.no_torch_compile:
+        VARIANTS.remove("torch.compile")
     if a.worker:
         res = worker(a.worker, a.device, a.dtype, a.size, a.calls, a.samples)
         print("RESULT " + json.dumps(res), flush=True)
@@ -155,7 +158,8 @@ def main() -> int:
     for k, name in enumerate(names, 1):
         print(f"[{k}/{len(names)}] {name} on {a.device} ({a.dtype}, {a.size})", flush=True)
         cmd = [sys.executable, __file__, "--worker", name, "--device", a.device, "--dtype", a.dtype,
-               "--size", a.size, "--calls", str(a.calls), "--samples", str(a.samples)]  # fmt: skip
+               "--size", a.size, "--calls", str(a.calls), "--samples", str(a.samples),
+               *(["--no-torch-compile"] if a.no_torch_compile else [])]  # fmt: skip
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -172,6 +176,7 @@ def main() -> int:
             continue
         c = r["check_cost"]
         ms = {v: r[v]["median_s"] * 1e3 for v in VARIANTS}
+        ms.setdefault("torch.compile", float("nan"))
         lines.append(
             f"{r['model']:12} {ms['eager']:9.3f} {ms['torch.compile']:8.3f} {ms['kiln']:8.3f} {ms['kiln-nocheck']:10.3f} "
             f"{c['median']:8.4f} [{c['min']:.3f}-{c['max']:.3f}] {r['kiln']['checked_kernels']:15d} "

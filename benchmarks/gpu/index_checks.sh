@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Index checks on the H200, in one call of the device tool (~8 min):
+#     run(command="bash benchmarks/gpu/index_checks.sh", timeout_s=600)
+# 1. kiln-triton's bad-index tests on the GPU (-m gpu: eager's exception type, the CUDA
+#    context alive afterwards, CUDA graph replays) and its other GPU tests;
+# 2. benchmarks/index_check_cost.py: kiln with checks vs without, bf16, back-to-back calls
+#    timed with CUDA events: large configs (GPU-bound) and small ones (launch-bound, where a
+#    per-call synchronization shows most).
+set -uo pipefail
+OUT=${OUT:-benchmarks/results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
+unset TRITON_INTERPRET
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+python3 -m pip install -q --no-build-isolation --no-deps -e packages/kiln-capture \
+    -e packages/kiln-aot -e packages/kiln-inductor -e packages/kiln-cpp \
+    -e packages/kiln-triton -e packages/kiln 2>&1 | tail -3
+python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+KILN_TRITON_TEST_GPU=1 timeout ${TEST_TIMEOUT:-200} python3 -m pytest \
+    packages/kiln-triton/tests/test_index_checks.py -m gpu -q -p no:cacheprovider -p no:warnings \
+    > "$OUT/index_checks_tests.log" 2>&1
+echo "index check GPU tests: $(tail -1 "$OUT/index_checks_tests.log")"
+KILN_TRITON_TEST_GPU=1 timeout ${TEST_TIMEOUT:-200} python3 -m pytest \
+    packages/kiln-triton/tests/test_gpu.py -q -p no:cacheprovider -p no:warnings -x \
+    > "$OUT/triton_gpu_tests.log" 2>&1
+echo "kiln-triton GPU tests: $(tail -1 "$OUT/triton_gpu_tests.log")"
+timeout ${BENCH_TIMEOUT:-330} python3 benchmarks/index_check_cost.py --device cuda \
+    --dtype bfloat16 --size large --models gpt2,bert,llama,t5,hf_vit --calls 20 --samples 7 \
+    --no-torch-compile --timeout 150 --out "$OUT/index_check_cost_cuda_large.json" \
+    2>&1 | tee "$OUT/index_check_cost_cuda_large.log" | tail -9
+timeout ${BENCH_SMALL_TIMEOUT:-150} python3 benchmarks/index_check_cost.py --device cuda \
+    --dtype bfloat16 --size small --models gpt2,llama --calls 50 --samples 7 \
+    --no-torch-compile --timeout 70 --out "$OUT/index_check_cost_cuda_small.json" \
+    2>&1 | tee "$OUT/index_check_cost_cuda_small.log" | tail -5
