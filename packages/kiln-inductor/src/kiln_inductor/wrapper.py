@@ -157,6 +157,11 @@ class WrapperCodegen:
     ) -> str:
         sources = sources or {}
         self.device_errors = self._device_errors(sources)
+        self.device_error_rows = {
+            name
+            for name, src in sources.items()
+            if src.meta.get("index_checks") and src.meta.get("index_report") == "tensor"
+        }
         ins = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.ir.inputs)]
         out = ["def call(args):"]
         body: list[str] = []
@@ -164,6 +169,12 @@ class WrapperCodegen:
             body.append(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
         for c in self.ir.constants:
             body.append(f"{c.name} = {self._global('const_', c.value)}")
+        # the error rows are read right after the last kernel that writes one (an embedding
+        # is a graph's first kernel): the host then waits for that kernel only, and queues
+        # the rest of the graph while the device runs it
+        last_checked = max(
+            (k for k, s in enumerate(self.steps) if s.name in self.device_error_rows), default=-1
+        )
         for k, step in enumerate(self.steps):
             for name, reuse, kind in self.plan.allocations.get(k, []):
                 body.append(self._alloc(name, reuse, kind))
@@ -174,11 +185,11 @@ class WrapperCodegen:
             freed = self.plan.frees.get(k, [])
             if freed:
                 body.append(f"del {', '.join(freed)}")
+            if k == last_checked:
+                body.append("index_errors.check()")
         outs = []
         for o in self.ir.outputs:
             outs.append(self.view_expr(o) if isinstance(o, StorageView) else self._arg(o))
-        if self.device_errors is not None:
-            body.append("index_errors.check()")
         body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         out.extend("    " + line for line in body)
         return "\n".join(out) + "\n"
