@@ -63,3 +63,21 @@ def test_fractions_and_float_inputs_are_unknown():
         )
         is None
     )
+
+
+def test_library_op_index_check_raises_the_cpu_kernels_exception():
+    """What the wrapper runs before a library op with indices on a GPU (here on CPU
+    tensors, which the wrapper leaves to ATen itself)."""
+    import pytest
+
+    from kiln_inductor.index_check import check_library_indices
+
+    aten = torch.ops.aten
+    y, v = torch.randn(6), torch.randn(2)
+    check_library_indices(aten.index_put.default, (y, [torch.tensor([1, -6])], v), {})
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        check_library_indices(aten.index_put.default, (y, [torch.tensor([1, 9])], v), {})
+    x = torch.randn(3, 4)
+    check_library_indices(aten.scatter_add.default, (x, 1, torch.tensor([[3]]), x), {})
+    with pytest.raises(RuntimeError):
+        check_library_indices(aten.scatter_add.default, (x, 1, torch.tensor([[-1]]), x), {})

@@ -289,3 +289,68 @@ def value_range(value: Any, buffers: dict | None = None, depth: int = 0) -> tupl
     if not isinstance(out, tuple) or not all(math.isfinite(v) for v in out):
         return None
     return int(out[0]), int(out[1])
+
+
+# -- library ops with indices, on devices whose kernels assert ------------------------------
+
+aten = torch.ops.aten
+# op packet -> (where its index tensors are, whether negative indices wrap): "list" for an
+# ``indices`` list (dimension k of self), an int for the position of one index tensor
+# (dimension ``dim``, the argument after self), "flat" for take (self's numel)
+LIBRARY_INDEX_OPS: dict[Any, tuple[Any, bool]] = {
+    aten.index: ("list", True),
+    aten.index_put: ("list", True),
+    aten._unsafe_index: ("list", True),
+    aten._unsafe_index_put: ("list", True),
+    aten.gather: (2, False),
+    aten.scatter: (2, False),
+    aten.scatter_add: (2, False),
+    aten.scatter_reduce: (2, False),
+    aten.index_select: (2, False),
+    aten.index_add: (2, False),
+    aten.index_copy: (2, False),
+    aten.index_fill: (2, False),
+    aten.index_reduce: (2, False),
+    aten.take: ("flat", True),
+}
+
+
+def library_op_checks_indices(op: Any, device: torch.device) -> bool:
+    """Whether the wrapper checks ``op``'s indices before calling it: on devices whose
+    kernels answer a bad index with a device-side assert (CUDA), which ends the process's
+    use of the device. CPU kernels raise eager's exception themselves."""
+    return device.type != "cpu" and getattr(op, "overloadpacket", None) in LIBRARY_INDEX_OPS
+
+
+def check_library_indices(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Check a library op's index tensors against their dimensions (one device
+    synchronization); a bad one raises the exception the op's CPU kernel raises."""
+    if not read_config().check_indices:
+        return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return  # a CUDA graph capture cannot read values (library ops are left unchecked)
+    where, wrap = LIBRARY_INDEX_OPS[op.overloadpacket]
+    self = args[0]
+    pairs: list[tuple[torch.Tensor, int]] = []
+    if where == "list":
+        pairs = [(t, self.shape[k]) for k, t in enumerate(args[1]) if t is not None]
+    elif where == "flat":
+        pairs = [(args[1], self.numel())]
+    else:
+        dim = args[1] % max(self.dim(), 1)
+        pairs = [(args[where], self.shape[dim] if self.dim() else 1)]
+    pairs = [(t, n) for t, n in pairs if t.numel() and t.dtype not in (torch.bool, torch.uint8)]
+    if not pairs:
+        return
+    bad = torch.stack([((t < (-n if wrap else 0)) | (t >= n)).any() for t, n in pairs]).any()
+    if bool(bad):
+        cpu = [
+            [x.cpu() if isinstance(x, torch.Tensor) else x for x in a]
+            if isinstance(a, (list, tuple))
+            else a.cpu()
+            if isinstance(a, torch.Tensor)
+            else a
+            for a in args
+        ]
+        op(*cpu, **kwargs)  # raises the CPU kernel's exception, with eager's message
+        raise IndexError(f"kiln: an index of {op} is out of range")

@@ -15,7 +15,12 @@ from typing import Any
 import torch
 
 from .backend import KernelBackend, KernelSource
-from .index_check import DeviceIndexErrors, raise_index_error
+from .index_check import (
+    DeviceIndexErrors,
+    check_library_indices,
+    library_op_checks_indices,
+    raise_index_error,
+)
 from .ir.nodes import Buffer, ExternKernel, GraphIR, Layout, StorageView
 from .log import log
 from .lowering.extern import ATTENTION_OPS
@@ -202,6 +207,14 @@ class WrapperCodegen:
             + [f"{k}={self._arg(v)}" for k, v in step.kwargs.items()]
         )
         lines = [f"{step.name} = {op}({args})  # {step.kind} {step.op}"]
+        device = next((a.layout.device for a in step.args if isinstance(a, StorageView)), None)
+        if device is not None and library_op_checks_indices(step.op, device):
+            # the library kernel would assert on the device: check its indices first
+            self.globals["check_library_indices"] = check_library_indices
+            raw = self._global("aten_", step.op)
+            pos = ", ".join(self._arg(a) for a in step.args)
+            kw = ", ".join(f"{k!r}: {self._arg(v)}" for k, v in step.kwargs.items())
+            lines.insert(0, f"check_library_indices({raw}, ({pos},), {{{kw}}})")
         for o in step.outputs:
             path = "".join(f"[{i}]" for i in o.path)
             lines.append(f"{o.name} = {step.name}{path}")
