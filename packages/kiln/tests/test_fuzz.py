@@ -94,3 +94,12 @@ def test_embedding_of_a_computed_table_and_bad_id():  # seeds 964, 978
     )
     with pytest.raises(IndexError):
         compiled(torch.tensor([[5, 0]]), w)
+
+
+def test_variance_of_one_element_after_recomputation_is_nan():  # seeds 102511, 107308
+    """var over a dim of size 1: 0/0 = NaN, as eager; the deviation x - mean of a
+    recomputed value (silu, computed again in var's second loop) was ~1 ulp, and var inf."""
+    _same_as_eager(
+        lambda x: (torch.erf(F.silu(x).var(1, keepdim=True)), F.silu(x)), torch.randn(8, 1)
+    )
+    _same_as_eager(lambda x: (x * x).var(-2, keepdim=True), torch.randn(1, 4))

@@ -43,7 +43,10 @@ def mean_all(x, *, dtype=None):
 def var_and_mean(x, dims, correction, keepdim):
     n = count(x, dims)
     m = aten.div.Tensor(aten.sum.dim_IntList(x, dims, True), n)
-    d = aten.sub.Tensor(x, m)
+    # one element per row: its deviation is exactly 0 (x * 0 keeps inf and NaN as NaN, as
+    # eager's Welford does). x - m would be ~1 ulp where a compiler recomputes x in the
+    # second loop with other rounding, and var's 0/0 = NaN would become inf.
+    d = aten.mul.Tensor(x, 0) if n == 1 else aten.sub.Tensor(x, m)
     ss = aten.sum.dim_IntList(aten.mul.Tensor(d, d), dims, keepdim)
     var = aten.div.Tensor(ss, max(n - correction, 0))
     if not keepdim:
