@@ -244,7 +244,11 @@ class Generator:
         y = self.fresh("v")
         dtype = self.rng.choice(DTYPES)
         if self._float(self.t(x)) and dtype in INTS:
-            self.try_lines([f"{y} = ({x} * 4).to({dtype})"], y)
+            # NaN, inf and out-of-range floats have no defined integer (eager's and C++'s
+            # conversions differ): cast only finite values in range
+            self.try_lines(
+                [f"{y} = torch.where({x} == {x}, {x} * 4, 0).clamp(-1000, 1000).to({dtype})"], y
+            )
         else:
             self.try_lines([f"{y} = {x}.to({dtype})"], y)
 
