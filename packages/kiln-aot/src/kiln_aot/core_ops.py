@@ -122,6 +122,18 @@ def is_allowed(target: object) -> bool:
     return target in CORE_ATEN_OPS or target in KEPT_OPS or target in GRAPH_HELPERS
 
 
+def is_library_callable(op: object) -> bool:
+    """Whether ``op`` may stay in a graph as an opaque library call: an OpOverload that
+    writes none of its arguments, returns only new tensors (no output aliases an input),
+    and whose output shapes do not depend on data."""
+    if not isinstance(op, torch._ops.OpOverload) or op in DATA_DEPENDENT_OPS:
+        return False
+    schema = op._schema
+    if schema.is_mutable or not schema.returns:
+        return False
+    return all(r.alias_info is None for r in schema.returns)
+
+
 def is_inplace(op: torch._ops.OpOverload) -> bool:
     """Whether ``op`` writes to any of its arguments (in-place or ``out=``)."""
     return op._schema.is_mutable

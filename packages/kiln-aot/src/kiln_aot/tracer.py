@@ -40,13 +40,15 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kiln_aot import config, core_ops, functionalize
+from kiln_aot import config, core_ops, functionalize, log
 from kiln_aot.argmap import iter_leaves, map_args
 from kiln_aot.decompositions import attention
 from kiln_aot.errors import Unsupported
 from kiln_aot.fake import FakeTensor, fake_like, run_on_meta
 from kiln_aot.redirects import redirect_mode
 from kiln_aot.state import StorageState, TensorState, ViewStep, bind_args
+
+_LIBRARY_LOGGED: set[Any] = set()  # library ops already logged (KILN_LOG=fallbacks)
 
 aten = torch.ops.aten
 
@@ -260,6 +262,33 @@ class Tracer:
             return self.wrap(out, args[0], ViewStep(func, bound[1:positional]))
         return self.wrap(out)
 
+    def emit_library_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An op with no decomposition that returns new tensors stays in the graph as it is
+        (``meta["kiln_library_op"]``): the compiler calls the library for it and fuses the
+        ops around it (DESIGN.md contract 3). Logged once per op under KILN_LOG=fallbacks."""
+        try:
+            out = self.emit_call(func, args, kwargs)
+        except (NotImplementedError, RuntimeError) as e:
+            if "meta" not in str(e).lower() and not isinstance(e, NotImplementedError):
+                raise
+            raise self.unsupported(
+                func,
+                f"it has no decomposition and no meta kernel to infer its outputs ({e})",
+                fix="add a decomposition to kiln_aot.decompositions, or a meta kernel with torch.library.register_fake",
+            ) from e
+        for n in reversed(self.graph.nodes):
+            if n.op == "call_function" and n.target is func:
+                n.meta["kiln_library_op"] = True
+                break
+        if func not in _LIBRARY_LOGGED:
+            _LIBRARY_LOGGED.add(func)
+            log.log(
+                "fallbacks",
+                f"{func} has no decomposition: it stays in the graph as a library call "
+                f"(at {self.source or user_source_line() or 'an unknown line'})",
+            )
+        return out
+
     # ---- dispatch ---------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if func is aten.index_put.default and _has_bool_index(func, args):
@@ -314,11 +343,14 @@ class Tracer:
                 out = func.decompose(*args, **kwargs)
         if out is NotImplemented and core_ops.is_allowed(func):
             return self.emit_call(func, args, kwargs)  # a kept op no decomposition serves
+        if out is NotImplemented and core_ops.is_library_callable(func):
+            return self.emit_library_call(func, args, kwargs)
         if out is NotImplemented:
             raise self.unsupported(
                 func,
-                "it is outside kiln's core ATen set and has no decomposition",
-                fix="add a decomposition to kiln_aot.decompositions (or list it in KEPT_OPS if kiln-inductor lowers it); the op runs eagerly meanwhile",
+                "it is outside kiln's core ATen set, has no decomposition, and its outputs "
+                "alias its inputs",
+                fix="add a decomposition to kiln_aot.decompositions (or list it in KEPT_OPS if kiln-inductor lowers it); the graph runs eagerly meanwhile",
             )
         if func not in core_ops.VIEW_OPS and not _is_view_schema(func):
             out = self._unalias_outputs(out, args)

@@ -16,12 +16,14 @@ class ContractViolation(KilnAotError):
 
 def verify_graph(gm: fx.GraphModule) -> None:
     """Raise ``ContractViolation`` unless every node targets a core/kept ATen overload (or
-    ``operator.getitem``), none writes to its arguments, and every value node has
+    ``operator.getitem``, or a library op kept whole: ``meta["kiln_library_op"]``), none writes to its arguments, and every value node has
     ``meta["val"]``; the graph must return a tuple."""
     problems = []
     for n in gm.graph.nodes:
         if n.op == "call_function":
-            if not core_ops.is_allowed(n.target):
+            if not core_ops.is_allowed(n.target) and not (
+                n.meta.get("kiln_library_op") and core_ops.is_library_callable(n.target)
+            ):
                 problems.append(f"{n.name}: {n.target} is not in the core set or KEPT_OPS")
             elif isinstance(n.target, torch._ops.OpOverload) and core_ops.is_inplace(n.target):
                 problems.append(f"{n.name}: {n.target} mutates its arguments")

@@ -152,6 +152,30 @@ _MATMULS = {
 }
 
 
+# the dtypes generated kernels compute in (complex, float8 and wide unsigned ints are
+# left to the library op)
+KERNEL_DTYPES = frozenset(
+    {
+        torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+        torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    }
+)  # fmt: skip
+
+
+def _kernel_unsupported_dtype(args: Any, kwargs: Any, val: Any) -> torch.dtype | None:
+    found: list[torch.dtype] = []
+
+    def visit(x: Any) -> None:
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+        elif isinstance(x, (TensorValue, torch.Tensor)) and x.dtype not in KERNEL_DTYPES:
+            found.append(x.dtype)
+
+    visit((args, tuple(kwargs.values()), val))
+    return found[0] if found else None
+
+
 class GraphLowering:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
         self.gm = gm
@@ -428,6 +452,9 @@ class GraphLowering:
         lowering = LOWERINGS.get(target)
         if lowering is None:
             return self.fallback(n, tuple(args), dict(kwargs), "kiln has no lowering for it")
+        odd = _kernel_unsupported_dtype(args, kwargs, n.meta.get("val"))
+        if odd is not None:
+            return self.fallback(n, tuple(args), dict(kwargs), f"kernels do not compute {odd}")
         try:
             out = lowering(*args, **kwargs)
         except _Unsupported as e:

@@ -1,0 +1,42 @@
+"""An op kiln cannot compile costs that op, not the graph: it runs as a library call
+inside the compiled graph and the ops around it still become kernels."""
+
+from __future__ import annotations
+
+import torch
+
+import kiln
+
+
+def _mixed(x, y):
+    a = torch.fmax(x, y).sin() * 2  # fmax: no decomposition, a library call
+    b = torch.special.digamma(x.abs() + 1).exp()
+    c = torch.fft.rfft(x, dim=1).abs().sum(1)  # complex values: library calls only
+    return a + b, c
+
+
+def test_library_ops_keep_the_graph_compiled(tmp_path):
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    kiln.reset()
+    f = kiln.compile(_mixed, options={"raise_on_error": True, "debug_dir": str(tmp_path)})
+    for got, want in zip(f(x, y), _mixed(x, y)):
+        torch.testing.assert_close(got, want)
+    assert kiln.stats()["graphs"] == 1 and kiln.stats()["fallbacks"] == 0
+    wrapper = next(tmp_path.rglob("wrapper.py")).read_text()
+    assert "# kernel" in wrapper and "fallback prims.fmax" in wrapper, wrapper
+
+
+def _loss(x, y):
+    return (torch.fmax(x, y) * torch.special.digamma(x.abs() + 1)).sum()
+
+
+def test_library_ops_in_training_give_eagers_gradients():
+    x, y = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    x2, y2 = (t.detach().clone().requires_grad_() for t in (x, y))
+    kiln.reset()
+    f = kiln.compile(_loss, options={"raise_on_error": True})
+    f(x, y).backward()
+    _loss(x2, y2).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(y.grad, y2.grad)
+    assert kiln.stats()["fallbacks"] == 0
