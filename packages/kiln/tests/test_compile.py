@@ -360,7 +360,13 @@ def test_stats_count_graphs_fallbacks_breaks_and_recompiles():
     compiled = kiln.compile(with_break, backend="eager")
     compiled(torch.randn(3))
     compiled(torch.randn(4))
-    assert kiln.stats() == {"graphs": 4, "fallbacks": 0, "breaks": 2, "recompiles": 2}
+    assert kiln.stats() == {
+        "graphs": 4,
+        "fallbacks": 0,
+        "breaks": 2,
+        "recompiles": 2,
+        "eager_frames": 0,
+    }
 
 
 # -- documented behaviours: graph breaks, shapes, grad mode, nesting --------------------

@@ -2,9 +2,10 @@
 
 Skip list (documented, by file): frames whose code lives in the standard library, in
 torch (except ``torch/nn/modules/*`` other than ``module.py``, so that a bare
-``nn.Linear`` can be optimized), in kiln_capture itself, in pytest/pluggy, or in
-generated code (``<...>`` file names) are never captured; they run normally, and the
-frames they call are still offered to the hook.
+``nn.Linear`` can be optimized), in kiln_capture itself, in pytest/pluggy, or in kiln's
+own generated code (``<kiln ...>`` file names) and frozen modules are never captured; they
+run normally, and the frames they call are still offered to the hook. Other generated
+code (``exec``, ``eval``, fx ``GraphModule.forward``) is captured like any file.
 """
 
 from __future__ import annotations
@@ -45,12 +46,16 @@ _KILN_DIR = _dir(os.path.dirname(__file__))
 _SITE_DIRS = tuple({_dir(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
 _STDLIB_DIRS = tuple({_dir(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")})
 _SKIP_PACKAGES = ("_pytest", "pytest", "pluggy", "pybind11", "typing_extensions")
+_SKIP_GENERATED = ("<kiln", "<frozen", "<__array_function__")
 
 
 def skipped_file(filename: str) -> bool:
     """True when frames of ``filename`` are never captured (see the module docstring)."""
     if filename.startswith("<"):
-        return True
+        # generated code is captured like any other (exec, eval, fx GraphModule.forward,
+        # dataclass and namedtuple methods), except kiln's own (wrappers, guards,
+        # trampolines) and frozen standard-library modules
+        return filename.startswith(_SKIP_GENERATED)
     path = os.path.realpath(filename)
     if path.startswith(_TORCH_NN_MODULES) and not path.endswith("module.py"):
         return False
@@ -119,7 +124,13 @@ def _callback(code: types.CodeType, func, args: tuple):
         reason = f"{code.co_qualname} hit the cache size limit ({config.cache_size_limit}); it now runs eagerly"
         log("recompiles", reason)
         _record_recompile(ctx, reason)
-        _eager_codes[key] = reason
+        _run_eagerly(
+            key,
+            code,
+            "cache size limit",
+            f"{reason} (each new input signature compiled again; raise "
+            "KILN_CACHE_SIZE_LIMIT, or mark varying sizes dynamic)",
+        )
         return RUN_DEFAULT
     if entries:
         why = entries[0].guard_set.first_failure(func, entries[0].params, args, entries[0].globals)
@@ -134,11 +145,13 @@ def _callback(code: types.CodeType, func, args: tuple):
     except Exception as e:  # a bug in kiln: never a wrong answer, run the frame as usual
         if config.raise_internal:
             raise
-        log(
-            "breaks",
-            f"internal error capturing {code.co_qualname}: {type(e).__name__}: {e}; running it eagerly",
+        _run_eagerly(
+            key,
+            code,
+            "internal error",
+            f"internal error capturing {code.co_qualname}: {type(e).__name__}: {e}; it runs "
+            "eagerly (a kiln bug: please report it; KILN_CAPTURE_RAISE_INTERNAL=1 raises it)",
         )
-        _eager_codes[key] = f"internal error: {e}"
         return RUN_DEFAULT
     backend_s = ctx.backend_seconds - backend_before
     log(
@@ -156,6 +169,24 @@ def _callback(code: types.CodeType, func, args: tuple):
     if code not in _trampolines:
         _trampolines[code] = make_trampoline(code)
     return result.run(func, *args)
+
+
+def _run_eagerly(key: tuple, code: types.CodeType, kind: str, message: str) -> None:
+    """From now on ``code`` runs eagerly: warned once (with its source line), counted in
+    ``stats()["eager_frames"]`` by ``kind``, and logged under KILN_LOG=breaks."""
+    import warnings
+
+    log("breaks", message)
+    _eager_codes[key] = message
+    counters.eager_frame(kind)
+    warnings.warn_explicit(
+        f"kiln: {message}",
+        RuntimeWarning,
+        code.co_filename,
+        code.co_firstlineno,
+        module="kiln_capture",
+        registry={},
+    )
 
 
 def _record_recompile(ctx: Context, reason: str) -> None:

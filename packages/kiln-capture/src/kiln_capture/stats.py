@@ -6,18 +6,32 @@ function, so that a benchmark or a facade can report graph and break counts.
 
 from __future__ import annotations
 
-COUNTERS: dict[str, int] = {"graphs": 0, "breaks": 0, "recompiles": 0}
+COUNTERS: dict[str, int] = {"graphs": 0, "breaks": 0, "recompiles": 0, "eager_frames": 0}
+# frames run eagerly by kiln's choice, by reason (cache size limit, internal error, ...)
+EAGER_REASONS: dict[str, int] = {}
 
 
 def bump(name: str) -> None:
     COUNTERS[name] += 1
 
 
+def eager_frame(reason: str) -> None:
+    COUNTERS["eager_frames"] += 1
+    EAGER_REASONS[reason] = EAGER_REASONS.get(reason, 0) + 1
+
+
 def clear() -> None:
     for key in COUNTERS:
         COUNTERS[key] = 0
+    EAGER_REASONS.clear()
 
 
 def stats() -> dict[str, int]:
-    """Graphs captured, graph breaks and recompiles since the last ``reset()``."""
+    """Graphs captured, graph breaks, recompiles and frames kiln chose to run eagerly
+    since the last ``reset()``."""
     return dict(COUNTERS)
+
+
+def eager_reasons() -> dict[str, int]:
+    """Why frames ran eagerly (``stats()["eager_frames"]``), with counts."""
+    return dict(EAGER_REASONS)

@@ -133,13 +133,15 @@ def reset() -> None:
 
 def stats() -> dict[str, int]:
     """Since the last reset: graphs compiled, graphs that fell back to eager, graph breaks,
-    recompiles."""
+    recompiles, and frames kiln chose to run eagerly (cache size limit, internal errors:
+    ``kiln_capture.stats.eager_reasons()`` says which)."""
     captured = kiln_capture.stats()
     return {
         "graphs": captured["graphs"],
         "fallbacks": backends.FALLBACKS[0],
         "breaks": captured["breaks"],
         "recompiles": captured["recompiles"],
+        "eager_frames": captured.get("eager_frames", 0),
     }
 
 
