@@ -54,3 +54,18 @@ def test_check_kernel_source_hoists_nothing_unsafe():
     src, checks = generate_cpp_kernel(group, ir.buffers)
     assert len(checks) == 1 and checks[0].error is IndexError
     assert "kiln_index_fail(&kiln_err, 1L" in src and "return kiln_err;" in src
+
+
+def test_library_op_whose_meta_dtype_differs_from_its_result():
+    """prims.signbit says float32 on meta and returns bool: the wrapper casts the result
+    to the meta's dtype, which kernels read it as (they read bool bytes as floats)."""
+    from kiln_inductor.testing import check_compiled
+
+    prims, aten = torch.ops.prims, torch.ops.aten
+
+    def f(x, y):
+        sign = aten._to_copy.default(prims.signbit.default(y), dtype=torch.bool)
+        return (aten.where.self(sign, aten.neg.default(x), x),)
+
+    compiled = check_compiled(f, [torch.randn(5), torch.tensor(-3.5)])
+    assert "redtype" in compiled.wrapper_source

@@ -40,3 +40,19 @@ def test_library_ops_in_training_give_eagers_gradients():
     torch.testing.assert_close(x.grad, x2.grad)
     torch.testing.assert_close(y.grad, y2.grad)
     assert kiln.stats()["fallbacks"] == 0
+
+
+def _entr_and_copysign(x, y):
+    return torch.special.entr(x), torch.copysign(x, y)
+
+
+def test_reference_decompositions_through_prims_are_right():
+    """OpInfo sweep findings: entr's where(x == 0, 0, -inf) typed its scalars as bool (-inf
+    became 1.0), and copysign read prims.signbit's bool result as floats."""
+    x = torch.tensor([-8.5, -1.5, 0.0, 0.5, 2.0])
+    y = torch.tensor(3.6)
+    kiln.reset()
+    f = kiln.compile(_entr_and_copysign, options={"raise_on_error": True})
+    for got, want in zip(f(x, y), _entr_and_copysign(x, y)):
+        torch.testing.assert_close(got, want)
+    assert kiln.stats()["fallbacks"] == 0

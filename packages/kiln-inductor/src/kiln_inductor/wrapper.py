@@ -218,6 +218,12 @@ class WrapperCodegen:
         for o in step.outputs:
             path = "".join(f"[{i}]" for i in o.path)
             lines.append(f"{o.name} = {step.name}{path}")
+            if step.kind == "fallback":
+                # a library op's meta kernel may say another dtype than its kernel returns
+                # (prims.signbit: float32 on meta, bool eagerly): kernels read the meta's
+                self.globals["redtype"] = _redtype
+                dtype = self._global("dtype_", o.layout.dtype)
+                lines.append(f"{o.name} = redtype({o.name}, {dtype}, {str(step.op)!r})")
             if o.check_strides:
                 self.globals["restride"] = _restride
                 lay = o.layout
@@ -229,6 +235,17 @@ class WrapperCodegen:
 
 
 _copied: set[str] = set()  # restride sites already logged
+
+
+def _redtype(t: torch.Tensor, dtype: torch.dtype, op: str) -> torch.Tensor:
+    """``t`` in the dtype kernels read it in (a cast where the library op's result and its
+    meta kernel disagree, logged once per op)."""
+    if t.dtype == dtype:
+        return t
+    if op not in _copied:
+        _copied.add(op)
+        log("fallbacks", f"{op} returned {t.dtype} where its meta kernel says {dtype}: cast")
+    return t.to(dtype)
 
 
 def _restride(t: torch.Tensor, stride: tuple[int, ...], site: str = "") -> torch.Tensor:
