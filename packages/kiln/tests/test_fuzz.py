@@ -103,3 +103,28 @@ def test_variance_of_one_element_after_recomputation_is_nan():  # seeds 102511, 
         lambda x: (torch.erf(F.silu(x).var(1, keepdim=True)), F.silu(x)), torch.randn(8, 1)
     )
     _same_as_eager(lambda x: (x * x).var(-2, keepdim=True), torch.randn(1, 4))
+
+
+@pytest.mark.parametrize(
+    "fn, inputs",
+    [
+        # OpInfo sweep findings: a reduction whose values were emitted inside the parallel
+        # region and read after it (C++ did not compile), max over dim 0 of a scalar,
+        # torch-level getitem taken for an ATen graph, fmax/fmin ignoring NaN
+        (
+            lambda x, y: torch.nn.functional.binary_cross_entropy_with_logits(x, y),
+            (torch.randn(()), torch.rand(())),
+        ),
+        (lambda x: torch.max(x, 0).values + torch.logsumexp(x, 0), (torch.randn(()),)),
+        (lambda x: x[[1, 2]] * 2, (torch.randn(5, 5, 5),)),
+        (
+            lambda a, b: (torch.fmax(a, b), torch.fmin(a, b)),
+            (
+                torch.tensor([1.0, float("nan"), 3.0, float("nan")]),
+                torch.tensor([float("nan"), 2.0, 1.0, float("nan")]),
+            ),
+        ),
+    ],
+)
+def test_opinfo_findings(fn, inputs):
+    _same_as_eager(fn, *inputs)

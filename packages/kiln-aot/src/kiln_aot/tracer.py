@@ -268,12 +268,13 @@ class Tracer:
         ops around it (DESIGN.md contract 3). Logged once per op under KILN_LOG=fallbacks."""
         try:
             out = self.emit_call(func, args, kwargs)
-        except (NotImplementedError, RuntimeError) as e:
-            if "meta" not in str(e).lower() and not isinstance(e, NotImplementedError):
-                raise
+        except Unsupported:
+            raise
+        except Exception as e:
             raise self.unsupported(
                 func,
-                f"it has no decomposition and no meta kernel to infer its outputs ({e})",
+                f"it has no decomposition and its meta kernel cannot infer its outputs "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
                 fix="add a decomposition to kiln_aot.decompositions, or a meta kernel with torch.library.register_fake",
             ) from e
         for n in reversed(self.graph.nodes):

@@ -335,6 +335,8 @@ class CppKernel:
             self.emit(f"#pragma omp parallel if({print_index(work)} >= {PARALLEL_WORK})")
             self.emit("{")
             self.depth += 1
+            # values emitted in the region are out of scope after it (scope() does this)
+            saved = (dict(self.h.cache), dict(self.h.forwarded_exprs))
         for a in accs:
             a.declare("")
         clauses = " ".join(c for a in accs for c in a.clauses())
@@ -366,6 +368,7 @@ class CppKernel:
                     a.combine()
             self.depth -= 1
             self.emit("}")
+            self.h.cache, self.h.forwarded_exprs = saved
         for a in accs:
             self.store(a.node, a.final("g" if parallel else ""), self.group.bound[a.node.name][2])
 
@@ -482,6 +485,7 @@ class CppKernel:
             self.emit(f"#pragma omp parallel if({print_index(work)} >= {PARALLEL_WORK})")
             self.emit("{")
             self.depth += 1
+            saved = (dict(self.h.cache), dict(self.h.forwarded_exprs))
         for u in uniq:
             m, m2, c = names[u]
             self.emit(f"{dt} {m} = 0; {dt} {m2} = 0; int64_t {c} = 0;")
@@ -520,6 +524,7 @@ class CppKernel:
                     self.emit(f"kiln_welford_merge<{dt}>(g{m}, g{m2}, g{c}, {m}, {m2}, {c});")
             self.depth -= 1
             self.emit("}")
+            self.h.cache, self.h.forwarded_exprs = saved
         for node, u in zip(nodes, keys):
             m, m2, _ = names[u]
             var = pre + (m if node.body.reduction_type == "welford_mean" else m2)  # type: ignore[union-attr]

@@ -99,11 +99,17 @@ def _format_schedule(steps: list[Any]) -> str:
 def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
     import operator
 
-    return all(
-        isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem
-        for n in gm.graph.nodes
-        if n.op == "call_function"
-    ) and not any(n.op in ("call_module", "call_method") for n in gm.graph.nodes)
+    def aten_node(n: torch.fx.Node) -> bool:
+        if isinstance(n.target, torch._ops.OpOverload):
+            return True
+        # getitem takes an output of a multi-output op; on a tensor it is torch-level
+        # indexing (``x[[1, 2]]``)
+        src = n.args[0] if n.target is operator.getitem and n.args else None
+        return isinstance(src, torch.fx.Node) and isinstance(src.meta.get("val"), (tuple, list))
+
+    return all(aten_node(n) for n in gm.graph.nodes if n.op == "call_function") and not any(
+        n.op in ("call_module", "call_method") for n in gm.graph.nodes
+    )
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:

@@ -191,6 +191,30 @@ def masked_fill(x, mask, value):
     return aten.where.self(mask, value, x)
 
 
+def _nan_ignoring(x, other, pick):
+    dtype = torch.result_type(x, other)
+    x, other = (
+        t if t.dtype == dtype else aten._to_copy.default(t, dtype=dtype) for t in (x, other)
+    )
+    best = pick(x, other)
+    if not dtype.is_floating_point:
+        return best
+    # fmax/fmin return the other operand where one is NaN (NaN only where both are)
+    return aten.where.self(
+        aten.isnan.default(other), x, aten.where.self(aten.isnan.default(x), other, best)
+    )
+
+
+@register(aten.fmax.default)
+def fmax(x, other):
+    return _nan_ignoring(x, other, aten.maximum.default)
+
+
+@register(aten.fmin.default)
+def fmin(x, other):
+    return _nan_ignoring(x, other, aten.minimum.default)
+
+
 @register(aten.clamp_min.default)
 def clamp_min(x, min):
     return aten.clamp.default(x, min, None)

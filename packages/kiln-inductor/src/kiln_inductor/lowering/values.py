@@ -169,6 +169,8 @@ def normalize_dim(dim: int, ndim: int) -> int:
 
 
 def normalize_dims(dims: Any, ndim: int) -> list[int]:
+    if ndim == 0:  # a scalar's dim 0 (or -1) is the scalar itself: nothing to loop over
+        return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(ndim))
     if isinstance(dims, int):
