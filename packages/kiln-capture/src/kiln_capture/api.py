@@ -108,6 +108,27 @@ class ExplainOutput:
     def break_count(self) -> int:
         return len(self.breaks)
 
+    # torch._dynamo.explain's names, for code written against it
+    @property
+    def graph_break_count(self) -> int:
+        return len(self.breaks)
+
+    @property
+    def break_reasons(self) -> list[GraphBreak]:
+        return self.breaks
+
+    @property
+    def out_guards(self) -> list[str]:
+        return self.guards
+
+    @property
+    def ops_per_graph(self) -> list[list[Any]]:
+        return [[n.target for n in gm.graph.nodes if n.op.startswith("call")] for gm in self.graphs]
+
+    @property
+    def op_count(self) -> int:
+        return sum(len(ops) for ops in self.ops_per_graph)
+
     def __str__(self) -> str:
         lines = [
             f"graphs: {self.graph_count}, graph breaks: {self.break_count}, recompiles: {len(self.recompiles)}"

@@ -226,12 +226,8 @@ class DictVar(Var):
             return self.getitem(tx, args[0])
         if name == "__contains__":
             return ConstVar(c[0] in self.items)
-        if name == "keys":
-            return ListVar([ConstVar(k) for k in self.items])
-        if name == "values":
-            return ListVar(list(self.items.values()))
-        if name == "items":
-            return ListVar([TupleVar([ConstVar(k), v]) for k, v in self.items.items()])
+        if name in ("keys", "values", "items"):
+            return DictViewVar(self, name)
         if name == "copy":
             return DictVar(self.items, cls=self.cls)
         if name in ("__setitem__", "setdefault", "pop", "update", "clear", "popitem"):
@@ -264,6 +260,61 @@ class DictVar(Var):
         if self.cls is dict:
             return "{" + body + "}"
         return f"{cg.const(self.cls)}({{{body}}})"
+
+
+_VIEW_TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+
+class DictViewVar(Var):
+    """``d.keys()``, ``d.values()``, ``d.items()``: live views, as in Python: reading one
+    after ``d`` changed sees the change (they were lists frozen at creation)."""
+
+    def __init__(self, d: DictVar, kind: str) -> None:
+        self.d, self.kind = d, kind
+
+    def __repr__(self) -> str:
+        return f"DictView({self.kind} of {self.d!r})"
+
+    def python_type(self) -> type:
+        return _VIEW_TYPES[self.kind]
+
+    def unpack(self, tx) -> list[Var]:
+        items = self.d.items
+        if self.kind == "keys":
+            return [ConstVar(k) for k in items]
+        if self.kind == "values":
+            return list(items.values())
+        return [TupleVar([ConstVar(k), v]) for k, v in items.items()]
+
+    def truth(self, tx) -> bool:
+        return bool(self.d.items)
+
+    def length(self, tx) -> int:
+        return len(self.d.items)
+
+    def children(self) -> list[Var]:
+        return [self.d]
+
+    def contains(self, tx, item: Var) -> bool:
+        from kiln_capture.variables.builtins import contains
+
+        if self.kind == "keys":
+            return item.as_const() in self.d.items
+        return contains(tx, item, ListVar(self.unpack(tx)))
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        if name == "__len__":
+            return ConstVar(len(self.d.items))
+        if name == "__contains__":
+            return ConstVar(self.contains(tx, args[0]))
+        if name == "__iter__":
+            from kiln_capture.variables.containers import IteratorVar
+
+            return IteratorVar(self.unpack(tx))
+        return ListVar(self.unpack(tx)).call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg) -> str:
+        return f"{cg.rebuild(self.d)}.{self.kind}()"
 
 
 class SetVar(Var):

@@ -158,6 +158,24 @@ class TensorVar(Var):
         return cg.tensor(self)
 
 
+_TYPE_NAMES = {
+    torch.float32: "FloatTensor", torch.float64: "DoubleTensor", torch.float16: "HalfTensor",
+    torch.bfloat16: "BFloat16Tensor", torch.int64: "LongTensor", torch.int32: "IntTensor",
+    torch.int16: "ShortTensor", torch.int8: "CharTensor", torch.uint8: "ByteTensor",
+    torch.bool: "BoolTensor", torch.complex64: "ComplexFloatTensor",
+    torch.complex128: "ComplexDoubleTensor",
+}  # fmt: skip
+
+
+def _type_name(dtype: torch.dtype, device: torch.device) -> str:
+    """``Tensor.type()`` as eager answers it: ``torch.FloatTensor``, ``torch.cuda.HalfTensor``."""
+    name = _TYPE_NAMES.get(dtype)
+    if name is None:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"Tensor.type() of a {dtype} tensor")
+    prefix = "torch." if device.type == "cpu" else f"torch.{device.type}."
+    return prefix + name
+
+
 def check_index(key: Var) -> None:
     """Boolean-mask indexing has a data-dependent output shape."""
     items = key.children() if not isinstance(key, TensorVar) else [key]
@@ -198,6 +216,9 @@ class TensorMethodVar(Var):
             return tx.out.wrap_value(value)
         if name == "get_device":
             return ConstVar(t.device.index if t.device.type != "cpu" else -1)
+        if name == "type" and not args and not kwargs:
+            # the type name of the real tensor (the meta one would say torch.meta.*)
+            return ConstVar(_type_name(t.meta.dtype, t.device))
         if name == "is_inference":  # not in the metadata: the input's own flag, guarded
             if t.node.op != "placeholder" or t.source is None:
                 raise Unsupported(
