@@ -262,6 +262,17 @@ class BoundMethodVar(Var):
         return f"__k_MethodType({cg.rebuild(self.fn)}, {cg.rebuild(self.obj)})"
 
 
+def _value_of(v: Var) -> object:
+    """The Python value of an argument a torch function reads and does not keep: constants,
+    and lists of them (``torch.tensor([], dtype=...)``, as HF's cache layers call it: a
+    list is mutable, so not a constant, but the call copies what it holds now)."""
+    from kiln_capture.variables.containers import ListVar
+
+    if isinstance(v, ListVar):
+        return [_value_of(i) for i in v.items]
+    return v.as_const()
+
+
 def contains_tensor(v: Var) -> bool:
     if isinstance(v, TensorVar):
         return True
@@ -360,8 +371,8 @@ class TorchFnVar(Var):
         ):
             return tx.out.tensor_op("call_function", fn, list(args), kwargs)
         try:
-            consts = [a.as_const() for a in args]
-            kw = {k: v.as_const() for k, v in kwargs.items()}
+            consts = [_value_of(a) for a in args]
+            kw = {k: _value_of(v) for k, v in kwargs.items()}
         except Unsupported:
             raise Unsupported(
                 breaks.UNKNOWN_CALLABLE, f"torch function {name} on non-constant Python values"
