@@ -4,6 +4,7 @@ objects created during the trace, and ``super()``."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 
@@ -174,6 +175,21 @@ class ObjectVar(Var):
         call = inspect.getattr_static(type(v), "__call__", None)
         if inspect.isfunction(call):
             return tx.out.wrap_value(call).call(tx, [self, *args], kwargs)
+        if type(v) is functools.partial and self.source is not None:
+            # partial(f, *a, **k)(*args, **kw) is f(*a, *args, **{**k, **kw}); its fields are
+            # read (and guarded) at their sources
+            from kiln_capture.sources import AttrSource, ItemSource
+
+            fn = self._child(tx, v.func, "func")
+            given = [
+                tx.out.wrap(a, ItemSource(AttrSource(self.source, "args"), i))
+                for i, a in enumerate(v.args)
+            ]
+            keywords = {
+                k: tx.out.wrap(a, ItemSource(AttrSource(self.source, "keywords"), k))
+                for k, a in v.keywords.items()
+            }
+            return fn.call(tx, [*given, *args], {**keywords, **kwargs})
         raise Unsupported(breaks.UNKNOWN_CALLABLE, f"call of a {type(v).__name__} object")
 
     def getitem(self, tx, key):
@@ -458,6 +474,15 @@ class SuperVar(Var):
                 if klass is object and name == "__init__":
                     return _NoopVar()
                 if (
+                    klass is object
+                    and name == "__getattribute__"
+                    and isinstance(self.obj, ObjectVar)
+                    and self.obj.source is not None
+                ):
+                    # a __getattribute__ override reading through the default one (HF's
+                    # configs: super().__getattribute__("__dict__"))
+                    return _DefaultGetattributeVar(self.obj)
+                if (
                     klass in (dict, list, tuple)
                     and name in _READ_ONLY_METHODS
                     and isinstance(self.obj, ObjectVar)
@@ -467,6 +492,24 @@ class SuperVar(Var):
                     breaks.UNSUPPORTED_VALUE, f"super().{name} ({type(attr).__name__})"
                 )
         raise AttributeError(name)
+
+
+class _DefaultGetattributeVar(Var):
+    """``object.__getattribute__`` bound to a real object: reads the attribute without the
+    class's override (the value is guarded at its source like any attribute read)."""
+
+    def __init__(self, obj: ObjectVar) -> None:
+        self.obj = obj
+
+    def call(self, tx, args, kwargs):
+        if kwargs or len(args) != 1 or not args[0].is_const():
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "object.__getattribute__ on non-constants")
+        name = args[0].as_const()
+        try:
+            value = object.__getattribute__(self.obj.value, name)
+        except AttributeError as e:
+            raise Unsupported(breaks.EXCEPTION, f"AttributeError: {e}") from e
+        return self.obj._child(tx, value, name)
 
 
 _READ_ONLY_METHODS = frozenset(
