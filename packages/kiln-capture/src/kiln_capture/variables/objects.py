@@ -505,10 +505,8 @@ class _DefaultGetattributeVar(Var):
         if kwargs or len(args) != 1 or not args[0].is_const():
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "object.__getattribute__ on non-constants")
         name = args[0].as_const()
-        try:
-            value = object.__getattribute__(self.obj.value, name)
-        except AttributeError as e:
-            raise Unsupported(breaks.EXCEPTION, f"AttributeError: {e}") from e
+        # an AttributeError propagates as Python's would (to getattr(obj, name, default))
+        value = object.__getattribute__(self.obj.value, name)
         return self.obj._child(tx, value, name)
 
 
