@@ -14,16 +14,7 @@
 # To run exactly a commit while the working tree has other edits, export it first:
 #     git archive HEAD | tar -x -C benchmarks/results/devtree   (ignored; carry it)
 # and run `cd benchmarks/results/devtree && bash benchmarks/gpu/final.sh`.
-set -uo pipefail
-OUT=${OUT:-benchmarks/results/gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
-unset TRITON_INTERPRET
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-python3 -m pip install -q --no-build-isolation --no-deps -e packages/kiln-capture \
-    -e packages/kiln-aot -e packages/kiln-inductor -e packages/kiln-cpp \
-    -e packages/kiln-triton -e packages/kiln 2>&1 | tail -3
-python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+source "$(dirname "$0")/setup.sh"
 # kiln-triton's C launcher (kiln_triton._launch) must launch correctly before anything is
 # timed with it: if its GPU tests fail, everything below runs with Triton's launcher
 if ! KILN_TRITON_TEST_GPU=1 timeout 150 python3 -m pytest packages/kiln-triton/tests/test_gpu.py \

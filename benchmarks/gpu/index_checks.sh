@@ -6,16 +6,7 @@
 # 2. benchmarks/index_check_cost.py: kiln with checks vs without, bf16, back-to-back calls
 #    timed with CUDA events: large configs (GPU-bound) and small ones (launch-bound, where a
 #    per-call synchronization shows most).
-set -uo pipefail
-OUT=${OUT:-benchmarks/results/gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
-unset TRITON_INTERPRET
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-python3 -m pip install -q --no-build-isolation --no-deps -e packages/kiln-capture \
-    -e packages/kiln-aot -e packages/kiln-inductor -e packages/kiln-cpp \
-    -e packages/kiln-triton -e packages/kiln 2>&1 | tail -3
-python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+source "$(dirname "$0")/setup.sh"
 KILN_TRITON_TEST_GPU=1 timeout ${TEST_TIMEOUT:-200} python3 -m pytest \
     packages/kiln-triton/tests/test_index_checks.py -m gpu -q -p no:cacheprovider -p no:warnings \
     > "$OUT/index_checks_tests.log" 2>&1
