@@ -174,6 +174,8 @@ def worker(compiler: str, names: list[str], samples: int) -> None:
                 if bad and bad.startswith(("no graph", "a graph fell")):
                     res["status"] = "eager"
             except Exception as e:
+                while getattr(e, "inner_exception", None) or e.__cause__:  # torch wraps errors
+                    e = getattr(e, "inner_exception", None) or e.__cause__
                 tb = traceback.extract_tb(e.__traceback__)
                 where = next(
                     (

@@ -128,3 +128,8 @@ def test_variance_of_one_element_after_recomputation_is_nan():  # seeds 102511, 
 )
 def test_opinfo_findings(fn, inputs):
     _same_as_eager(fn, *inputs)
+
+
+def test_conj_and_safe_softmax_compile():  # OpInfo sweep: _conj (fft.hfft), _safe_softmax
+    _same_as_eager(lambda x: torch.fft.hfft(x * 2), torch.randn(6, dtype=torch.complex64))
+    _same_as_eager(lambda x: torch.ops.aten._safe_softmax.default(x, -1) + 1, torch.randn(3, 5))

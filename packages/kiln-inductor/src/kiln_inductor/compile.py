@@ -170,6 +170,20 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     return compiled
 
 
+def _core_only(gm: torch.fx.GraphModule) -> bool:
+    """An ATen graph of kiln's core ops only goes straight to lowering; other ATen ops
+    (``_safe_softmax``, ops torch's capture leaves whole) are decomposed by kiln_aot first."""
+    try:
+        from kiln_aot import core_ops
+    except ImportError:
+        return True
+    return all(
+        core_ops.is_allowed(n.target) or n.meta.get("kiln_library_op")
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    )
+
+
 def compile_fx(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -184,7 +198,7 @@ def compile_fx(
     this way). Any callable (an ``nn.Module`` too) is accepted the same way: kiln_aot
     traces it."""
     compile_graph = compile_graph or compile_aten_graph
-    if isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm):
+    if isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm) and _core_only(gm):
         return compile_graph(gm, list(example_inputs))
     import kiln_aot
 

@@ -205,6 +205,15 @@ def _nan_ignoring(x, other, pick):
     )
 
 
+@register(aten._conj.default)
+def conj(x):
+    # the lazy conjugate view, materialized: graphs are functional, so the copy holds the
+    # same values (a real tensor is its own conjugate)
+    if not x.is_complex():
+        return x
+    return aten.conj_physical.default(x)
+
+
 @register(aten.fmax.default)
 def fmax(x, other):
     return _nan_ignoring(x, other, aten.maximum.default)
