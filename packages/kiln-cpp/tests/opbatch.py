@@ -15,7 +15,7 @@ import torch
 import torch.fx
 
 from kiln_inductor import compile_aten_graph
-from kiln_inductor.graph import fill_meta
+from kiln_inductor.passes import fill_meta
 
 
 @dataclass(frozen=True)

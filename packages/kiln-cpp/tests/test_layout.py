@@ -1,4 +1,4 @@
-"""Channels-last layout for convolution graphs (kiln_inductor.layout), run through the CPU
+"""Channels-last layout for convolution graphs (kiln_inductor.passes.layout), run through the CPU
 backend with KILN_CHANNELS_LAST=cpu (off by default): results match eager,
 the kernels between convolutions write channels-last, outputs keep eager's strides."""
 

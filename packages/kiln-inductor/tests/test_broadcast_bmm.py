@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln_inductor.broadcast_bmm import fold_broadcast_bmm
+from kiln_inductor.passes.broadcast_bmm import fold_broadcast_bmm
 from kiln_inductor.testing import aten_graph
 
 aten = torch.ops.aten

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln_inductor.cse import eliminate_common_subexpressions
+from kiln_inductor.passes.cse import eliminate_common_subexpressions
 from kiln_inductor.testing import aten_graph
 
 aten = torch.ops.aten

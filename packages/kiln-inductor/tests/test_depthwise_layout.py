@@ -7,7 +7,7 @@ import operator
 
 import torch
 
-from kiln_inductor.depthwise_layout import depthwise_channels_last
+from kiln_inductor.passes.depthwise_layout import depthwise_channels_last
 from kiln_inductor.testing import aten_graph
 
 aten = torch.ops.aten

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from kiln_inductor.graph import GraphLowering, fill_meta
+from kiln_inductor.graph import GraphLowering
 from kiln_inductor.ir.nodes import ExternKernel
-from kiln_inductor.matmul_bias import fold_matmul_bias
+from kiln_inductor.passes import fill_meta
+from kiln_inductor.passes.matmul_bias import fold_matmul_bias
 from kiln_inductor.scheduler.fuse import FusedGroup, fuse_nodes
 from kiln_inductor.testing import aten_graph
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln_inductor.patch_conv import rewrite_patch_convolutions
+from kiln_inductor.passes.patch_conv import rewrite_patch_convolutions
 from kiln_inductor.testing import aten_graph
 
 aten = torch.ops.aten

@@ -1,4 +1,4 @@
-"""Channels-last graphs (KILN_CHANNELS_LAST, kiln_inductor.layout) through the Triton
+"""Channels-last graphs (KILN_CHANNELS_LAST, kiln_inductor.passes.layout) through the Triton
 backend under the interpreter: results match eager, and the kernel of an NHWC pointwise op
 walks memory with C fastest (its loops follow its output's strides,
 kiln_inductor.scheduler.access.loop_order)."""

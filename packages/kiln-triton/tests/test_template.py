@@ -13,7 +13,7 @@ import torch.fx
 from batch import make
 
 from kiln_inductor import compile_aten_graph
-from kiln_inductor.graph import fill_meta
+from kiln_inductor.passes import fill_meta
 from kiln_triton.config import settings_scope
 from kiln_triton.runtime.template import CUBLAS, TemplateLauncher
 from kiln_triton.testing import use_triton_for_cpu

@@ -119,7 +119,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     debug = Path(cfg.debug_dir) / f"graph{gid}" if cfg.debug_dir else None
     t0 = time.perf_counter()
     _dump(debug, "aten.py", gm.code)
-    lowering = GraphLowering(gm, example_inputs)
+    lowering = GraphLowering(gm, example_inputs, debug)
     ir = lowering.run()
     _dump(debug, "ir", print_ir(ir))
     steps = fuse_nodes(ir)

@@ -83,6 +83,17 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
+# torch.compile's modes and the options each sets: one table, read by kiln.compile and
+# kiln_triton.compile_fx alike
+MODES: dict[str | None, dict[str, bool]] = {
+    None: {},
+    "default": {},
+    "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True},
+}
+
+
 def _parse(setting: Setting, raw: str) -> object:
     if isinstance(setting.default, bool):
         return raw.lower() not in ("0", "false", "no", "off", "")

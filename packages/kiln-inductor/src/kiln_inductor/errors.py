@@ -31,6 +31,10 @@ class LoweringError(KilnInductorError):
         self.op = op
 
 
+class LoweringUnsupported(Exception):
+    """Raised by a lowering for a case it does not handle: the op runs as a library call."""
+
+
 class NoBackendError(KilnInductorError):
     def __init__(self, device_type: str):
         hint = {
@@ -40,10 +44,6 @@ class NoBackendError(KilnInductorError):
         super().__init__(
             f"no kernel backend registered for device type {device_type!r}\n  fix: {hint}"
         )
-
-
-class CacheCorruptionError(KilnInductorError):
-    """An on-disk cache entry failed its checksum; the cache removes and rebuilds it."""
 
 
 class AotUnavailableError(KilnInductorError):

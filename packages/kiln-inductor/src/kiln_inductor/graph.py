@@ -9,7 +9,8 @@ realized ``StorageView``s (or constants).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import sympy
@@ -17,13 +18,9 @@ import torch
 import torch.fx
 
 from . import log
-from .broadcast_bmm import fold_broadcast_bmm
 from .config import read_config
-from .cse import eliminate_common_subexpressions
-from .depthwise_layout import depthwise_channels_last
-from .errors import LoweringError, source_line
+from .errors import LoweringError, LoweringUnsupported, source_line
 from .ir.nodes import (
-    Buffer,
     ComputedBuffer,
     ConstantBuffer,
     ExternKernel,
@@ -40,59 +37,9 @@ from .ir.nodes import (
 )
 from .ir.ops import CountingHandler, ops_handler
 from .ir.symbols import coefficients, index_vars, sym
-from .layout import is_channels_last, to_channels_last
 from .lowering.context import lowering_context
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
-from .matmul_bias import fold_matmul_bias
-from .patch_conv import rewrite_patch_convolutions
-
-
-def fill_meta(
-    gm: torch.fx.GraphModule,
-    recompute: bool = False,
-    adjust: Callable[[torch.fx.Node, Any], Any] | None = None,
-) -> None:
-    """Give every node a ``meta['val']`` by running the graph on the meta device
-    (``recompute``: every computed node's, after a pass changed the graph; ``adjust`` may
-    replace a node's result, where the real kernel's strides differ from the meta one's)."""
-    if not recompute and all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
-        return
-    env: dict[torch.fx.Node, Any] = {}
-
-    def to_meta(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.device.type != "meta":
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-        return x
-
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            if "val" not in n.meta:
-                raise LoweringError(
-                    f"placeholder {n.name}",
-                    "it has no meta['val'] and no example input was given",
-                    "pass example_inputs to compile_aten_graph",
-                    n,
-                )
-            env[n] = to_meta(n.meta["val"])
-        elif n.op == "get_attr":
-            env[n] = to_meta(getattr(gm, n.target))
-            n.meta.setdefault("val", env[n])
-        elif n.op == "call_function":
-            args = torch.fx.node.map_arg(n.args, lambda a: env[a])
-            kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
-            schema = getattr(n.target, "_schema", None)
-            if schema is not None and any(a.name == "device" for a in schema.arguments):
-                kwargs = {**kwargs, "device": "meta"}  # factories: compute metadata only
-            out = n.target(*args, **kwargs)
-            if adjust is not None:
-                out = adjust(n, out)
-            env[n] = out
-            if recompute:
-                n.meta["val"] = out
-            else:
-                n.meta.setdefault("val", out)
-    # device of factory outputs: the device of the inputs
-    return
+from .passes import is_channels_last, run_passes
 
 
 def _layout_of(val: torch.Tensor, device: torch.device | None = None) -> Layout:
@@ -177,8 +124,14 @@ def _kernel_unsupported_dtype(args: Any, kwargs: Any, val: Any) -> torch.dtype |
 
 
 class GraphLowering:
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        debug_dir: Path | None = None,
+    ):
         self.gm = gm
+        self.debug_dir = debug_dir  # where run_passes writes the graph after each pass
         self.example_inputs = list(example_inputs)
         self.ir = GraphIR()
         self.current_node: torch.fx.Node | None = None
@@ -379,13 +332,8 @@ class GraphLowering:
 
     # -- the graph -------------------------------------------------------------------------
     def run(self) -> GraphIR:
-        fill_meta(self.gm)
-        eliminate_common_subexpressions(self.gm)
-        fold_broadcast_bmm(self.gm)
-        rewrite_patch_convolutions(self.gm, self.device)
-        depthwise_channels_last(self.gm, self.device)
-        fold_matmul_bias(self.gm)
-        self.channels_last = to_channels_last(self.gm, self.device)
+        # the graph passes (passes/__init__.py's registry), then lowering alone
+        self.channels_last = bool(run_passes(self.gm, self.device, self.debug_dir)["layout"])
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         with lowering_context(self):
@@ -457,7 +405,7 @@ class GraphLowering:
             return self.fallback(n, tuple(args), dict(kwargs), f"kernels do not compute {odd}")
         try:
             out = lowering(*args, **kwargs)
-        except _Unsupported as e:
+        except LoweringUnsupported as e:
             return self.fallback(n, tuple(args), dict(kwargs), str(e))
         # an explicit clone to channels-last (depthwise_layout.py) is realized so
         if self.channels_last or (
@@ -496,13 +444,6 @@ class GraphLowering:
         self.ir.outputs.append(strided or self.realize(value, layout))
 
 
-class _Unsupported(Exception):
-    """Raised by a lowering for a case it does not handle; the op falls back to eager."""
-
-
-Unsupported = _Unsupported
-
-
 class _Load:
     def __init__(self, name: str, index: Any):
         self.name, self.index = name, index
@@ -526,7 +467,3 @@ class _LoadRecorder:
 
     def __getattr__(self, name: str) -> Any:
         return lambda *a, **k: object()
-
-
-def buffer_of(value: Any) -> Buffer | None:
-    return value.buffer if isinstance(value, StorageView) else None

@@ -17,7 +17,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from .compile import compile_aten_graph
-from .graph import fill_meta
+from .passes import fill_meta
 
 
 def aten_graph(fn: Callable[..., Any], inputs: Sequence[Any]) -> torch.fx.GraphModule:

@@ -15,17 +15,11 @@ from typing import Any
 import torch.fx
 
 import kiln_inductor
+from kiln_inductor.config import MODES  # the one table of modes
 
 from .config import settings_scope
 from .cudagraphs import CudaGraphRunner
 
-MODES: dict[str | None, dict[str, bool]] = {
-    None: {},
-    "default": {},
-    "reduce-overhead": {"triton.cudagraphs": True},
-    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
-    "max-autotune-no-cudagraphs": {"max_autotune": True},
-}
 OPTIONS = ("triton.cudagraphs", "max_autotune")
 _ids = itertools.count()
 

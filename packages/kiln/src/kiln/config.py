@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.errors import InvalidOption
+from kiln_inductor.config import MODES  # the one table of modes
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,6 @@ OPTIONS: dict[str, Option] = {
             True,
         ),
     )
-}
-
-MODES: dict[str | None, dict[str, Any]] = {
-    None: {},
-    "default": {},
-    "reduce-overhead": {"triton.cudagraphs": True},
-    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
-    "max-autotune-no-cudagraphs": {"max_autotune": True},
 }
 
 

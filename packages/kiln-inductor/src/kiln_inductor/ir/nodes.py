@@ -103,16 +103,6 @@ class ComputedBuffer(Buffer):
     body: Pointwise | Reduction | Scan | None = None
     origin: str = ""  # the ATen op(s) it came from, for logs and dumps
 
-    def loop_ranges(self) -> tuple[tuple[Expr, ...], tuple[Expr, ...]]:
-        """(ranges, reduction ranges) of the loops that compute it."""
-        assert self.body is not None
-        if isinstance(self.body, Reduction):
-            return self.body.size, self.body.reduction_ranges
-        if isinstance(self.body, Scan):
-            size = self.body.size
-            return size[: self.body.axis] + size[self.body.axis + 1 :], (size[self.body.axis],)
-        return self.body.size, ()
-
 
 @dataclass(frozen=True, eq=False)
 class ExternOutput(Buffer):

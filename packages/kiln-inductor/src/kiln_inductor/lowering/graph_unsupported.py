@@ -1,9 +1,9 @@
-"""How a lowering declines a case: the op then runs eagerly as a fallback kernel."""
+"""How a lowering declines a case: the op then runs as a library call (a fallback kernel)."""
 
 from __future__ import annotations
 
+from ..errors import LoweringUnsupported
+
 
 def unsupported(why: str) -> Exception:
-    from ..graph import Unsupported
-
-    return Unsupported(why)
+    return LoweringUnsupported(why)

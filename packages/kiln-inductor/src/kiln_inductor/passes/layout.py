@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import log
+from .. import log
 
 aten = torch.ops.aten
 
@@ -75,8 +75,8 @@ def _conv_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def to_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
     """Rewrite ``gm`` in place for channels-last convolutions; True if it did."""
-    from .config import read_config
-    from .graph import fill_meta
+    from ..config import read_config
+    from .meta import fill_meta
 
     if device.type not in read_config().channels_last_devices.split(","):
         return False

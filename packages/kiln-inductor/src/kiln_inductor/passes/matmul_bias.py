@@ -22,9 +22,9 @@ import operator
 import torch
 import torch.fx
 
-from . import log
-from .lowering.extern import ATTENTION_OPS
-from .lowering.registry import EXTERN_OPS
+from .. import log
+from ..lowering.extern import ATTENTION_OPS
+from ..lowering.registry import EXTERN_OPS
 
 aten = torch.ops.aten
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import log
+from .. import log
 
 aten = torch.ops.aten
 
