@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import tempfile
 
+# the IR verifier (kiln_inductor.verify) checks every graph the tests compile
+os.environ.setdefault("KILN_VERIFY", "1")
+
 # a persistent per-user cache keeps re-runs fast; KILN_CACHE_DIR set by the caller wins
 os.environ.setdefault("KILN_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kiln-cpp-test-cache"))
 

@@ -7,6 +7,9 @@ import os
 import sys
 import tempfile
 
+# the IR verifier (kiln_inductor.verify) checks every graph the tests compile
+os.environ.setdefault("KILN_VERIFY", "1")
+
 import pytest
 
 # before triton is imported anywhere: run kernels on CPU tensors through the interpreter,

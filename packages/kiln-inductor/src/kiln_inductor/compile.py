@@ -27,6 +27,7 @@ from .ir.printer import print_ir
 from .scheduler.fuse import FusedGroup, fuse_nodes
 from .scheduler.memory import plan_memory
 from .scheduler.templates import TemplateGroup, fuse_templates
+from .verify import verify_ir, verify_schedule
 from .wrapper import WrapperCodegen
 
 _graph_ids = itertools.count()
@@ -122,6 +123,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     lowering = GraphLowering(gm, example_inputs, debug)
     ir = lowering.run()
     _dump(debug, "ir", print_ir(ir))
+    if cfg.verify:
+        verify_ir(ir)
     steps = fuse_nodes(ir)
     groups = [s for s in steps if isinstance(s, FusedGroup)]
     backend = get_backend(lowering.device.type) if groups else None
@@ -129,6 +132,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     if accepts is not None:
         steps = fuse_templates(steps, ir, accepts)
         groups = [s for s in steps if isinstance(s, FusedGroup)]
+    if cfg.verify:
+        verify_schedule(ir, steps)
     plan = plan_memory(steps, ir)
     _dump(debug, "sched", _format_schedule(steps))
     t1 = time.perf_counter()

@@ -77,6 +77,13 @@ SETTINGS: dict[str, Setting] = {
         "bad index then reads or writes outside the tensor, as unchecked C++ would",
         True,
     ),
+    "verify": Setting(
+        "KILN_VERIFY",
+        False,
+        "check the IR after lowering and the schedule after fusion (verify.py); the test "
+        "suites turn it on",
+        False,
+    ),
     "fallback_unlowered": Setting(
         "KILN_FALLBACK", True, "run ATen ops without a lowering eagerly (else raise)", False
     ),
@@ -112,6 +119,7 @@ class Config:
     max_inline_ops: int = 120
     channels_last_devices: str = ""
     check_indices: bool = True
+    verify: bool = False
     fallback_unlowered: bool = True
 
     @property
