@@ -68,8 +68,8 @@ from kiln_aot.core_ops import CORE_ATEN_OPS, KEPT_OPS
 from kiln_aot.decompositions import default_decompositions
 from kiln_aot.errors import DoubleBackwardError, KilnAotError, PartitionError, Unsupported
 from kiln_aot.fake import FakeTensor, fake_like
+from kiln_aot.graph_trace import OutputInfo, TraceInfo, trace
 from kiln_aot.partition import min_cut_partition, save_all_partition
-from kiln_aot.tracing import OutputInfo, TraceInfo, trace
 from kiln_aot.verify import ContractViolation, verify_graph
 
 __version__: str = _version("kiln-aot")

@@ -41,12 +41,12 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln_aot.debug_dump import DebugDump, partition_report
+from kiln_aot.graph_trace import TraceInfo, trace
 from kiln_aot.joint import trace_joint
 from kiln_aot.log import log
 from kiln_aot.module_state import call_module, state_names, state_tensors, swapped_state
 from kiln_aot.partition import min_cut_partition
 from kiln_aot.runtime import InferencePlan, TrainingPlan
-from kiln_aot.tracing import TraceInfo, trace
 
 Compiler = Callable[[fx.GraphModule, list], Callable]
 

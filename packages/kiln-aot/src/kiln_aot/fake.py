@@ -7,7 +7,7 @@ A ``FakeTensor`` is a wrapper tensor subclass whose TensorImpl reports the real 
 runs shape inference: every ATen op on fakes runs on the meta tensors, so nothing is
 computed. Outside a trace, ops on fakes simply return new fakes (so a compiler may run
 shape computations on a node's ``meta["val"]``); inside ``kiln_aot.trace`` the tracer
-(``kiln_aot.tracer``) intercepts them and records graph nodes.
+(``kiln_aot.op_tracer``) intercepts them and records graph nodes.
 """
 
 from __future__ import annotations

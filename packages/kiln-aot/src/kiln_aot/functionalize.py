@@ -27,7 +27,7 @@ from kiln_aot.fake import FakeTensor
 from kiln_aot.state import ViewStep, bind_args
 
 if TYPE_CHECKING:
-    from kiln_aot.tracer import Tracer
+    from kiln_aot.op_tracer import Tracer
 
 aten = torch.ops.aten
 

@@ -22,8 +22,14 @@ from torch import fx
 
 from kiln_aot.decompositions import with_overrides
 from kiln_aot.fake import contiguous_fake
-from kiln_aot.tracer import Tracer
-from kiln_aot.tracing import TraceInfo, build_module, collect_outputs, make_inputs, mutated_inputs
+from kiln_aot.graph_trace import (
+    TraceInfo,
+    build_module,
+    collect_outputs,
+    make_inputs,
+    mutated_inputs,
+)
+from kiln_aot.op_tracer import Tracer
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ class SourceTrackingInterpreter(torch.fx.Interpreter):
     line (``meta["stack_trace"]``, set by graph capture) each ATen op comes from."""
 
     def run_node(self, n: torch.fx.Node):
-        from kiln_aot.tracer import current_tracer, format_stack_trace
+        from kiln_aot.op_tracer import current_tracer, format_stack_trace
 
         tracer = current_tracer()
         if tracer is not None:
@@ -76,7 +76,7 @@ def call_module(module: torch.nn.Module, args: Sequence) -> object:
     """``module(*args)``; GraphModules run through ``SourceTrackingInterpreter``."""
     if not isinstance(module, torch.fx.GraphModule):
         return module(*args)
-    from kiln_aot.tracer import current_tracer
+    from kiln_aot.op_tracer import current_tracer
 
     try:
         return SourceTrackingInterpreter(module).run(*args)

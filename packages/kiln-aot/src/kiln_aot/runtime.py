@@ -23,7 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from kiln_aot.errors import DoubleBackwardError
-from kiln_aot.tracing import OutputInfo, TraceInfo
+from kiln_aot.graph_trace import OutputInfo, TraceInfo
 
 
 def _as_tuple(out: Any) -> tuple:

@@ -21,7 +21,7 @@ from torch import fx
 
 if TYPE_CHECKING:
     from kiln_aot.fake import FakeTensor
-    from kiln_aot.tracer import Tracer
+    from kiln_aot.op_tracer import Tracer
 
 
 @dataclass(frozen=True)

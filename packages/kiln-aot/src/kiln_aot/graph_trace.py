@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from kiln_aot.decompositions import with_overrides
 from kiln_aot.fake import FakeTensor
 from kiln_aot.module_state import state_names, state_tensors, swapped_state
-from kiln_aot.tracer import Tracer
+from kiln_aot.op_tracer import Tracer
 
 
 @dataclass(frozen=True)
