@@ -204,7 +204,12 @@ def _graph_counts(name: str) -> dict:
     import kiln
 
     stats = kiln.stats()
-    return {"graphs": stats["graphs"], "breaks": stats["breaks"], "fallbacks": stats["fallbacks"]}
+    return {
+        "graphs": stats["graphs"],
+        "breaks": stats["breaks"],
+        "fallbacks": stats["fallbacks"],
+        "eager_frames": stats.get("eager_frames", 0),
+    }
 
 
 def worker(
@@ -288,11 +293,23 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
+def compiled_for_real(e: dict) -> bool:
+    """A compiler's row counts as compiled only if it is correct, built a graph and no graph
+    of it fell back to eager (kiln's ``fallbacks`` and ``eager_frames``)."""
+    return (
+        bool(e.get("correct"))
+        and "speedup" in e
+        and e.get("graphs") != 0
+        and not e.get("fallbacks")
+        and not e.get("eager_frames")
+    )
+
+
 def print_table(results: list[dict]) -> str:
     head = (
         f"{'model':<22}{'task':<10}"
         + "".join(
-            f"{c + ' ok':>16}{'speedup':>9}{'compile s':>11}{'warm s':>8}{'gr/brk':>7}{'peak MB':>9}"
+            f"{c + ' ok':>16}{'speedup':>9}{'compile s':>11}{'warm s':>8}{'gr/brk/fb':>10}{'peak MB':>9}"
             for c in COMPILERS
         )
         + f"{'eager ms':>10}{'eager MB':>9}"
@@ -306,31 +323,42 @@ def print_table(results: list[dict]) -> str:
         for c in COMPILERS:
             e = r.get(c, {})
             if "error" in e:
-                row += f"{'ERROR':>16}{'':>9}{'':>11}{'':>8}{'':>7}{'':>9}"
+                row += f"{'ERROR':>16}{'':>9}{'':>11}{'':>8}{'':>10}{'':>9}"
                 continue
-            # a compiler that captured no graph ran the model eagerly: not a real result
+            # a compiler that captured no graph, or whose graphs fell back, ran the model
+            # (partly) eagerly: not a compiled result
             verdict = "yes" if e.get("correct") else "NO"
             if e.get("graphs") == 0:
                 verdict += " (eager)"
+            elif e.get("fallbacks") or e.get("eager_frames"):
+                verdict += " (fallback)"
+            counts = f"{e.get('graphs', '?')}/{e.get('breaks', '?')}/{e.get('fallbacks', '-')}"
             row += (
                 f"{verdict:>16}{e.get('speedup', float('nan')):>8.2f}x"
                 f"{e.get('compile_s', float('nan')):>11.1f}{e.get('warm_compile_s', float('nan')):>8.1f}"
-                f"{str(e.get('graphs', '?')) + '/' + str(e.get('breaks', '?')):>7}"
+                f"{counts:>10}"
                 f"{e.get('peak_mb', float('nan')):>9.0f}"
             )
         row += f"{r['eager']['latency_s'] * 1e3:>10.2f}{r['eager']['peak_mb']:>9.0f}"
         lines.append(row)
     lines.append("-" * len(head))
+    # every compiler's geomean over the same models: a model a compiler did not compile for
+    # real (error, wrong, eager, fallback) counts 1.0x for it and is listed
+    rows = [r for r in results if "eager" in r]
     for c in COMPILERS:
-        speed = [
-            r[c]["speedup"]
-            for r in results
-            if c in r and r[c].get("correct") and "speedup" in r[c] and r[c].get("graphs") != 0
-        ]
-        correct = sum(1 for r in results if r.get(c, {}).get("correct"))
-        total = sum(1 for r in results if "eager" in r)
+        speed, missed = [], []
+        for r in rows:
+            e = r.get(c, {})
+            if compiled_for_real(e):
+                speed.append(e["speedup"])
+            else:
+                speed.append(1.0)
+                missed.append(r["model"] + ("" if r["task"] == "inference" else f"/{r['task']}"))
+        correct = sum(1 for r in rows if r.get(c, {}).get("correct"))
         lines.append(
-            f"{c:<14} correct {correct}/{total}   geomean speed-up over eager {geomean(speed):.2f}x (correct, compiled models)"
+            f"{c:<14} correct {correct}/{len(rows)}   geomean speed-up over eager "
+            f"{geomean(speed):.2f}x over all {len(rows)} rows"
+            + (f" (1.0x for {', '.join(missed)}: not compiled)" if missed else "")
         )
     text = "\n".join(lines)
     print(text)
