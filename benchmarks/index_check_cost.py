@@ -20,6 +20,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -150,9 +151,13 @@ def main() -> int:
         res = worker(a.worker, a.device, a.dtype, a.size, a.calls, a.samples)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
-    ).stdout.strip()
+    # KILN_COMMIT where the checkout's git is not the source's (the device tool's copy)
+    commit = (
+        os.environ.get("KILN_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+        ).stdout.strip()
+    )
     results = []
     names = [n for n in a.models.split(",") if n]
     for k, name in enumerate(names, 1):
