@@ -54,6 +54,9 @@ def test_check_kernel_source_hoists_nothing_unsafe():
     src, checks = generate_cpp_kernel(group, ir.buffers)
     assert len(checks) == 1 and checks[0].error is IndexError
     assert "kiln_index_fail(&kiln_err, 1L" in src and "return kiln_err;" in src
+    # the id is the same along the row: checked once per row, before the row's loop
+    body = src[src.index('extern "C" int64_t kernel') :]
+    assert body.index("kiln_index_fail(&kiln_err") < body.index("#pragma omp simd"), body
 
 
 def test_library_op_whose_meta_dtype_differs_from_its_result():

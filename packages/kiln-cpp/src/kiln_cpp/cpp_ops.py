@@ -143,6 +143,7 @@ class CppOpsHandler:
         self.forwarded: dict[tuple[str, str], CppValue] = {}  # (buffer, index) -> stored value
         self.count = 0
         self.checks: list[Any] = []  # the kernel's index checks (kiln_inductor.index_check)
+        self.defs: dict[str, str] = {}  # value name -> the expression it was defined by
 
     def fresh(self, prefix: str = "tmp") -> str:
         self.count += 1
@@ -156,6 +157,7 @@ class CppOpsHandler:
         self.emit(f"const {ctype(dtype)} {name} = {expr};")
         v = CppValue(name, dtype)
         self.cache[key] = v
+        self.defs[name] = expr
         return v
 
     # -- memory ------------------------------------------------------------------------------

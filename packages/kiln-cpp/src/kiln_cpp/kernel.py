@@ -190,8 +190,22 @@ class CppKernel:
         def body() -> None:
             self.scratch_declarations()
             self.prefetch_next_rows()
-            for b in g.blocks:
-                self.block(b, parallel=False)
+            # index checks invariant in every block's loops are emitted here, once per
+            # outer iteration (row_values.KernelOpsHandler.indirect_indexing)
+            at, indent = len(self.lines), "  " * self.depth
+            inserted = []
+
+            def hoist(lines: list[str]) -> None:
+                pos = at + len(inserted)
+                self.lines[pos:pos] = [indent + ln for ln in lines]
+                inserted.extend(lines)
+
+            self.h.hoist, self.h.hoisted = hoist, {}
+            try:
+                for b in g.blocks:
+                    self.block(b, parallel=False)
+            finally:
+                self.h.hoist = None
 
         self._nest(loops, pragmas, body)
 

@@ -31,7 +31,7 @@ import torch
 
 from kiln_inductor.ir.symbols import simplify_index
 
-from .cpp_ops import CppOpsHandler, CppValue, ctype, literal
+from .cpp_ops import CppOpsHandler, CppValue, ctype, literal, print_index
 from .prelude import SIMD_MATH_BINARY, SIMD_MATH_DOUBLE, SIMD_MATH_FLOAT
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -85,6 +85,10 @@ class KernelOpsHandler(CppOpsHandler):
         self.variant: set[str] = set()  # names that change along the innermost loop
         self.masked_depth = 0
         self.literals: set[str] = set()  # names of compile-time constants
+        # where index checks invariant in a block's loops go (CppKernel sets it inside the
+        # outer loops' body), and those already emitted there
+        self.hoist: Any = None
+        self.hoisted: dict[tuple, str] = {}
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
         v = super().constant(value, dtype)
@@ -97,6 +101,69 @@ class KernelOpsHandler(CppOpsHandler):
         if key in self.forwarded_exprs:
             return self.forwarded_exprs[key]
         return super().load(name, index)
+
+    # -- index checks hoisted out of a block's loops ----------------------------------------
+    def indirect_indexing(self, value: CppValue, size: Any, check: Any = None) -> sympy.Symbol:
+        """A checked index that does not change along the block's loops (an embedding's id,
+        read once per row) is checked once per outer iteration, before the loops: in the
+        innermost loop the check's branch kept GCC from vectorizing the row as well."""
+        hoist = self.hoist
+        if (
+            check is None
+            or hoist is None
+            or self.scope is None
+            or self.masked_depth
+            or self._is_variant(value.name)
+        ):
+            return super().indirect_indexing(value, size, check)
+        expr = self._inline(value.name)
+        if expr is None:
+            return super().indirect_indexing(value, size, check)
+        size_s = print_index(size)
+        key = (expr, size_s, check.wrap, self.check_code(check))
+        name = self.hoisted.get(key)
+        if name is None:
+            name = f"hk{len(self.hoisted)}"
+            code = key[3]
+            w = f"({name}_v < 0 ? {name}_v + {size_s} : {name}_v)" if check.wrap else f"{name}_v"
+            hoist(
+                [
+                    f"const int64_t {name}_v = static_cast<int64_t>({expr});",
+                    f"const int64_t {name}_w = {w};",
+                    f"const bool {name}_b = static_cast<uint64_t>({name}_w) >= static_cast<uint64_t>({size_s});",
+                    f"if (__builtin_expect({name}_b, 0)) kiln_index_fail(&kiln_err, {code}L, {name}_v);",
+                    f"const int64_t {name} = {name}_b ? 0L : {name}_w;",
+                ]
+            )
+            self.hoisted[key] = name
+        return sympy.Symbol(name, integer=True, nonnegative=True)
+
+    def _inline(self, name: str, depth: int = 0) -> str | None:
+        """The expression of ``name`` with every value it uses written out (so it can be
+        computed before the loops that emitted it), or None when it reads something a loop
+        defines (a scratch array, an accumulator)."""
+        expr = self.defs.get(name)
+        if expr is None or depth > 32 or "[" in expr and "scr" in expr:
+            return None
+        out = []
+        pos = 0
+        for m in _IDENT.finditer(expr):
+            ident = m.group()
+            out.append(expr[pos : m.start()])
+            pos = m.end()
+            if ident in self.defs:
+                inner = self._inline(ident, depth + 1)
+                if inner is None:
+                    return None
+                out.append(f"({inner})")
+            elif (
+                ident.startswith(("acc", "scr", "wm", "q", "s", "d", "cm")) and ident[-1:].isdigit()
+            ):
+                return None  # a loop's own variable
+            else:
+                out.append(ident)
+        out.append(expr[pos:])
+        return "".join(out)
 
     def masked(self, mask: CppValue, body: Any, other: Any) -> CppValue:
         self.masked_depth += 1
