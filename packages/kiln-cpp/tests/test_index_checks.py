@@ -40,22 +40,30 @@ def test_checks_off_generate_no_check(monkeypatch):
 
 
 def test_check_kernel_source_hoists_nothing_unsafe():
-    """The bad lane reads element 0 (the select comes before the load's address)."""
+    """The bad lane reads element 0 (the select comes before the load's address); an id
+    read by a row reduction (an embedding then a norm, as in every HF model) is checked
+    once per row, before the row's loop, not in it."""
     from kiln_cpp.kernel import generate_cpp_kernel
     from kiln_inductor.graph import GraphLowering
     from kiln_inductor.scheduler.fuse import FusedGroup, fuse_nodes
     from kiln_inductor.testing import aten_graph
 
     aten = torch.ops.aten
+
+    def f(w, i):
+        e = aten.embedding.default(w, i)
+        return (aten.div.Tensor(e, aten.sum.dim_IntList(aten.mul.Tensor(e, e), [-1], True)),)
+
     inputs = [torch.randn(10, 16), torch.randint(0, 10, (4, 5))]
-    gm = aten_graph(lambda w, i: (aten.embedding.default(w, i),), inputs)
+    gm = aten_graph(f, inputs)
     ir = GraphLowering(gm, inputs).run()
     (group,) = [s for s in fuse_nodes(ir) if isinstance(s, FusedGroup)]
     src, checks = generate_cpp_kernel(group, ir.buffers)
     assert len(checks) == 1 and checks[0].error is IndexError
     assert "kiln_index_fail(&kiln_err, 1L" in src and "return kiln_err;" in src
-    # the id is the same along the row: checked once per row, before the row's loop
+    assert "tmp" in src and "? 0L :" in src  # the clamped index
     body = src[src.index('extern "C" int64_t kernel') :]
+    assert body.count("kiln_index_fail(&kiln_err") == 1
     assert body.index("kiln_index_fail(&kiln_err") < body.index("#pragma omp simd"), body
 
 
