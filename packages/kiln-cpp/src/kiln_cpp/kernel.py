@@ -187,27 +187,48 @@ class CppKernel:
         else:
             pragmas = [f"#pragma omp parallel for collapse({n}) {cond}"] + [None] * (n - 1)
 
+        def blocks() -> None:
+            for b in g.blocks:
+                self.block(b, parallel=False)
+
         def body() -> None:
             self.scratch_declarations()
             self.prefetch_next_rows()
-            # index checks invariant in every block's loops are emitted here, once per
-            # outer iteration (row_values.KernelOpsHandler.indirect_indexing)
-            at, indent = len(self.lines), "  " * self.depth
-            inserted = []
+            # index checks invariant in every block's loops go here, once per outer
+            # iteration (row_values.KernelOpsHandler.indirect_indexing)
+            inner = {str(v) for b in g.blocks for v in (*b.vars, *b.rvars)}
+            self.hoisting(inner, blocks)
 
-            def hoist(lines: list[str]) -> None:
-                pos = at + len(inserted)
-                self.lines[pos:pos] = [indent + ln for ln in lines]
-                inserted.extend(lines)
+        if flat and n > 1:
+            # the last outer loop is the simd loop: checks invariant in it go before it
+            last = str(g.outer_vars[-1])
 
-            self.h.hoist, self.h.hoisted = hoist, {}
-            try:
-                for b in g.blocks:
-                    self.block(b, parallel=False)
-            finally:
-                self.h.hoist = None
+            def outer_body() -> None:
+                self.hoisting(
+                    {last}, lambda: self._nest(loops[-1:], pragmas[-1:], lambda: blocks())
+                )
 
+            self._nest(loops[:-1], pragmas[:-1], outer_body)
+            return
         self._nest(loops, pragmas, body)
+
+    def hoisting(self, loop_names: set[str], emit: Any) -> None:
+        """Run ``emit`` with index checks that do not depend on ``loop_names`` (the loops
+        ``emit`` opens) emitted here, before them (KernelOpsHandler.indirect_indexing)."""
+        at, indent = len(self.lines), "  " * self.depth
+        inserted: list[str] = []
+
+        def hoist(lines: list[str]) -> None:
+            pos = at + len(inserted)
+            self.lines[pos:pos] = [indent + ln for ln in lines]
+            inserted.extend(lines)
+
+        saved = (self.h.hoist, self.h.hoisted, self.h.hoist_loops)
+        self.h.hoist, self.h.hoisted, self.h.hoist_loops = hoist, {}, frozenset(loop_names)
+        try:
+            emit()
+        finally:
+            self.h.hoist, self.h.hoisted, self.h.hoist_loops = saved
 
     def _nest(self, loops: list[str], pragmas: list[str | None], body: Any) -> None:
         if not loops:

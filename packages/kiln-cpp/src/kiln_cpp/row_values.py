@@ -35,6 +35,7 @@ from .cpp_ops import CppOpsHandler, CppValue, ctype, literal, print_index
 from .prelude import SIMD_MATH_BINARY, SIMD_MATH_DOUBLE, SIMD_MATH_FLOAT
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+_TEMP = re.compile(r"tmp\d+")  # a generated value (defs holds those defined by an expression)
 _CALL = re.compile(r"^([A-Za-z_]\w*)\(")
 EXPENSIVE_CALLS = frozenset(
     SIMD_MATH_FLOAT + SIMD_MATH_DOUBLE + list(SIMD_MATH_BINARY) + ["kiln_expf"]
@@ -89,6 +90,7 @@ class KernelOpsHandler(CppOpsHandler):
         # outer loops' body), and those already emitted there
         self.hoist: Any = None
         self.hoisted: dict[tuple, str] = {}
+        self.hoist_loops: frozenset[str] = frozenset()  # loop variables below the hoist point
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
         v = super().constant(value, dtype)
@@ -108,16 +110,10 @@ class KernelOpsHandler(CppOpsHandler):
         read once per row) is checked once per outer iteration, before the loops: in the
         innermost loop the check's branch kept GCC from vectorizing the row as well."""
         hoist = self.hoist
-        if (
-            check is None
-            or hoist is None
-            or self.scope is None
-            or self.masked_depth
-            or self._is_variant(value.name)
-        ):
+        if check is None or hoist is None or self.masked_depth:
             return super().indirect_indexing(value, size, check)
         expr = self._inline(value.name)
-        if expr is None:
+        if expr is None or set(_IDENT.findall(expr)) & self.hoist_loops:
             return super().indirect_indexing(value, size, check)
         size_s = print_index(size)
         key = (expr, size_s, check.wrap, self.check_code(check))
@@ -143,7 +139,7 @@ class KernelOpsHandler(CppOpsHandler):
         computed before the loops that emitted it), or None when it reads something a loop
         defines (a scratch array, an accumulator)."""
         expr = self.defs.get(name)
-        if expr is None or depth > 32 or "[" in expr and "scr" in expr:
+        if expr is None or depth > 32:
             return None
         out = []
         pos = 0
@@ -157,9 +153,13 @@ class KernelOpsHandler(CppOpsHandler):
                     return None
                 out.append(f"({inner})")
             elif (
-                ident.startswith(("acc", "scr", "wm", "q", "s", "d", "cm")) and ident[-1:].isdigit()
+                ident in self.variant
+                or ident.startswith(("acc", "scr", "wm", "wn", "cm"))
+                or _TEMP.fullmatch(ident)
             ):
-                return None  # a loop's own variable
+                # a value a loop defines (an accumulator, a scratch array, a masked
+                # value's variable): not computable before the loops
+                return None
             else:
                 out.append(ident)
         out.append(expr[pos:])
