@@ -296,7 +296,11 @@ def main() -> int:
         (out_dir / f"opinfo_{c.replace('@', '_at_')}.json").write_text(
             json.dumps({"summary": summaries[c], "results": res}, indent=1)
         )
-    ref = {r["case"] for r in all_results.get("torch.compile", []) if r["status"] == "pass"}
+    reference = all_results.get("torch.compile")
+    tc_file = out_dir / "opinfo_torch.compile.json"
+    if reference is None and tc_file.exists():  # torch.compile's results from an earlier run
+        reference = json.loads(tc_file.read_text())["results"]
+    ref = {r["case"] for r in reference or [] if r["status"] == "pass"}
     print(
         f"{'compiler':20} {'cases':>6} {'pass':>6} {'rate':>7} {'wrong':>6} {'error':>6} {'eager':>6} {'of tc passes':>13}"
     )
