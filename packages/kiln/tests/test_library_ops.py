@@ -3,6 +3,7 @@ inside the compiled graph and the ops around it still become kernels."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import kiln
@@ -56,3 +57,21 @@ def test_reference_decompositions_through_prims_are_right():
     for got, want in zip(f(x, y), _entr_and_copysign(x, y)):
         torch.testing.assert_close(got, want)
     assert kiln.stats()["fallbacks"] == 0
+
+
+def _cholesky(a):
+    return torch.linalg.cholesky(a) * 2
+
+
+def test_a_library_check_that_returns_nothing_is_kept():
+    """linalg.cholesky traces to the factorization and ``_linalg_check_errors`` (no
+    outputs): kept as a library call, so a matrix that is not positive-definite raises
+    eager's error from the compiled graph too."""
+    a = torch.randn(4, 4)
+    a = a @ a.T + 4 * torch.eye(4)
+    kiln.reset()
+    f = kiln.compile(_cholesky, options={"raise_on_error": True})
+    torch.testing.assert_close(f(a), _cholesky(a))
+    assert kiln.stats()["graphs"] == 1 and kiln.stats()["fallbacks"] == 0
+    with pytest.raises(torch.linalg.LinAlgError):
+        f(-torch.eye(4))

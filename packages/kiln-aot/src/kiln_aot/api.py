@@ -40,6 +40,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from kiln_aot import core_ops
 from kiln_aot.debug_dump import DebugDump, partition_report
 from kiln_aot.graph_trace import TraceInfo, trace
 from kiln_aot.joint import trace_joint
@@ -88,7 +89,7 @@ def drop_alias_outputs(gm: fx.GraphModule, info: TraceInfo) -> fx.GraphModule:
     tensor_kinds = [o.kind for o in info.outputs if o.kind != "constant"]
     keep = [v for v, k in zip(values, tensor_kinds) if k == "tensor"] + values[len(tensor_kinds) :]
     out_node.args = (tuple(keep),)
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=core_ops.is_kept_for_effect)
     gm.recompile()
     return gm
 

@@ -129,9 +129,24 @@ def is_library_callable(op: object) -> bool:
     if not isinstance(op, torch._ops.OpOverload) or op in DATA_DEPENDENT_OPS:
         return False
     schema = op._schema
-    if schema.is_mutable or not schema.returns:
+    if schema.is_mutable:
         return False
+    # no outputs: a check that raises eager's error (``_linalg_check_errors``), kept
+    # whole by ``is_kept_for_effect`` below
     return all(r.alias_info is None for r in schema.returns)
+
+
+def is_kept_for_effect(node: object) -> bool:
+    """Whether dead-code elimination keeps ``node`` though nothing reads it: FX's own rule,
+    and library ops that return nothing (checks that raise eager's error)."""
+    if node.is_impure():  # type: ignore[attr-defined]
+        return True
+    target = getattr(node, "target", None)
+    return bool(
+        node.meta.get("kiln_library_op")  # type: ignore[attr-defined]
+        and isinstance(target, torch._ops.OpOverload)
+        and not target._schema.returns
+    )
 
 
 def is_inplace(op: torch._ops.OpOverload) -> bool:

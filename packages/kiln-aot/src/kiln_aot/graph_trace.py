@@ -22,6 +22,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from kiln_aot import core_ops
 from kiln_aot.decompositions import with_overrides
 from kiln_aot.fake import FakeTensor
 from kiln_aot.module_state import state_names, state_tensors, swapped_state
@@ -132,7 +133,7 @@ def build_module(tracer: Tracer, info: TraceInfo | None = None) -> fx.GraphModul
     root = torch.nn.Module()
     for name, t in tracer.constants.items():
         setattr(root, name, t)
-    tracer.graph.eliminate_dead_code()
+    tracer.graph.eliminate_dead_code(is_impure_node=core_ops.is_kept_for_effect)
     tracer.graph.lint()
     gm = fx.GraphModule(root, tracer.graph)
     if info is not None:

@@ -219,6 +219,9 @@ class Tracer:
         if isinstance(out, torch.Tensor):
             node.meta["val"] = out
             return node
+        if out is None:  # an op returning nothing (a check that raises eager's error)
+            node.meta["val"] = None
+            return node
         node.meta["val"] = tuple(out)
         items = []
         for i, o in enumerate(out):
@@ -247,6 +250,8 @@ class Tracer:
     def emit_call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Record a core/kept op called on fakes and return fakes for its outputs."""
         out = self.emit_node(func, self.graph_args(args), self.graph_args(kwargs))
+        if isinstance(out, fx.Node) and out.meta["val"] is None:
+            return None
         if func is aten.bernoulli.p and out.meta["val"].dtype != torch.bool:
             # Draws are exactly 0 or 1: keep them as a bool mask converted back, so a
             # partitioner can save 1 byte per element (the mask) instead of the floats.
@@ -277,7 +282,7 @@ class Tracer:
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
                 fix="add a decomposition to kiln_aot.decompositions, or a meta kernel with torch.library.register_fake",
             ) from e
-        for n in reversed(self.graph.nodes):
+        for n in reversed(self.graph.nodes):  # the node emit_call made (maybe with getitems)
             if n.op == "call_function" and n.target is func:
                 n.meta["kiln_library_op"] = True
                 break
