@@ -332,6 +332,12 @@ class GraphLowering:
 
     # -- the graph -------------------------------------------------------------------------
     def run(self) -> GraphIR:
+        # placeholders of a graph from another capture may carry their example only as
+        # the inputs given (torch's Dynamo puts it in meta["example_value"])
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for n, x in zip(placeholders, self.example_inputs):
+            if "val" not in n.meta and isinstance(x, torch.Tensor):
+                n.meta["val"] = x
         # the graph passes (passes/__init__.py's registry), then lowering alone
         self.channels_last = bool(run_passes(self.gm, self.device, self.debug_dir)["layout"])
         env: dict[torch.fx.Node, Any] = {}
