@@ -25,9 +25,27 @@ def _chain(first: Callable, second: Callable) -> Callable:
     return run
 
 
+# ops whose torch decomposition only reaches a prim of the same name (nothing to fuse), and
+# whose prims' meta kernels do not broadcast: kept whole, as library calls
+_LIBRARY_PREFERRED = frozenset(
+    getattr(getattr(torch.ops.aten, name), overload)
+    for name, overload in (
+        ("nextafter", "default"),
+        ("igamma", "default"),
+        ("igammac", "default"),
+        ("special_zeta", "default"),
+    )
+    if hasattr(torch.ops.aten, name)
+)
+
+
 @functools.cache
 def _defaults() -> dict[Any, Callable]:
-    table: dict[Any, Callable] = dict(torch._decomp.decomposition_table)
+    table: dict[Any, Callable] = {
+        op: fn
+        for op, fn in torch._decomp.decomposition_table.items()
+        if op not in _LIBRARY_PREFERRED
+    }
     for op, fn in KILN_DECOMPOSITIONS.items():
         table[op] = _chain(fn, table[op]) if op in table else fn
     return table
