@@ -19,7 +19,8 @@ Every OpInfo with float32 CPU support, up to ``--samples`` sample inputs each; a
 A case is ``pass`` (matches eager: values with torch's default tolerances, NaNs equal,
 dtypes and shapes), ``wrong`` (a result that does not match), ``error`` (the compiler
 raised), ``eager`` (kiln built no graph, or a graph fell back), ``eager-error`` (eager itself
-raised) and ``random`` (eager's result depends on the RNG): the last two are not counted. Each compiler runs in worker
+raised) and ``random`` (eager's result depends on the RNG, or is uninitialized memory:
+``empty*``): the last two are not counted. Each compiler runs in worker
 processes (chunks of ops; a crash is recorded for its case and the run goes on). The
 table gives pass rates over the cases eager runs, and kiln's rate relative to the cases
 torch.compile passes; JSON with every failure goes to benchmarks/results/opinfo_<compiler>.json.
@@ -148,6 +149,10 @@ def worker(compiler: str, names: list[str], samples: int) -> None:
                 again = fn(*[t.clone() for t in tensors])
             except Exception as e:
                 res.update(status="eager-error", detail=f"{type(e).__name__}: {e}"[:200])
+                print("RESULT " + json.dumps(res), flush=True)
+                continue
+            if op.name.startswith(("empty", "new_empty")):  # uninitialized memory
+                res.update(status="random", detail="the op returns uninitialized memory")
                 print("RESULT " + json.dumps(res), flush=True)
                 continue
             if _compare(again, want) is not None:  # random values: nothing to compare
