@@ -54,14 +54,11 @@ def worker(name: str, device: str, dtype_name: str, size: str, calls: int, sampl
     import kiln_inductor.compile as kc
 
     sys.path.insert(0, str(HERE))
-    from zoo import ZOO
+    from zoo import build_model
 
-    dtype = getattr(torch, dtype_name)
-    source, build = ZOO[name]
-    try:
-        model, args = build(device, dtype, size)
-    except ImportError as e:
-        return {"model": name, "skipped": str(e)}
+    source, model, args = build_model(name, device, dtype_name, size)
+    if model is None:
+        return {"model": name, "skipped": args}
     model.eval()
     out: dict = {"model": name, "source": source}
     runs = {}

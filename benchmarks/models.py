@@ -218,14 +218,12 @@ def worker(
     import torch
 
     sys.path.insert(0, str(HERE))
-    from zoo import ZOO
+    from zoo import build_model
 
     dtype = getattr(torch, dtype_name)
-    source, build = ZOO[name]
-    try:
-        model, args = build(device, dtype, size)
-    except ImportError as e:
-        return {"model": name, "source": source, "skipped": f"{e}"}
+    source, model, args = build_model(name, device, dtype_name, size)
+    if model is None:
+        return {"model": name, "source": source, "skipped": args}
     model.train(train)
     runner = Runner(device, train, runs)
     result = {"model": name, "source": source, "task": "training" if train else "inference"}

@@ -17,6 +17,17 @@ Builder = Callable[[str, torch.dtype, str], tuple[nn.Module, tuple]]
 ZOO: dict[str, tuple[str, Builder]] = {}  # name -> (source, builder)
 
 
+def build_model(name: str, device: str, dtype_name: str, size: str):
+    """``(source, model, args)`` of a zoo model, or ``(source, None, reason)`` when what it
+    needs is not installed (timm on the CPU machine)."""
+    source, build = ZOO[name]
+    try:
+        model_, args = build(device, getattr(torch, dtype_name), size)
+    except ImportError as e:
+        return source, None, str(e)
+    return source, model_, args
+
+
 def model(name: str, source: str):
     def register(builder: Builder) -> Builder:
         ZOO[name] = (source, builder)
