@@ -28,13 +28,14 @@ def prod_combine(a, b):
 
 @triton.jit
 def max_nan(a, b):
-    # NaN wins, as in eager max/amax
-    return tl.where((a > b) | (a != a), a, b)
+    # NaN wins, as in eager max/amax (nested selects, not `|`: Triton's interpreter has no
+    # bitwise or of the 0-d booleans a 0-d reduction combines)
+    return tl.where(a != a, a, tl.where(a > b, a, b))
 
 
 @triton.jit
 def min_nan(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.where(a != a, a, tl.where(a < b, a, b))
 
 
 @triton.jit
