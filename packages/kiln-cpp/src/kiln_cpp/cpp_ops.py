@@ -15,6 +15,7 @@ from typing import Any
 import sympy
 import torch
 
+from kiln_inductor.index_check import check_number
 from kiln_inductor.ir.symbols import FloorDiv, ModIndex
 
 from .prelude import SIMD_MATH_BINARY
@@ -206,10 +207,7 @@ class CppOpsHandler:
         return sympy.Symbol(ok.name, integer=True, nonnegative=True)
 
     def check_code(self, check: Any) -> int:
-        """The 1-based number of ``check`` among this kernel's index checks."""
-        if check not in self.checks:
-            self.checks.append(check)
-        return self.checks.index(check) + 1
+        return check_number(self.checks, check)
 
     def masked(self, mask: CppValue, body: Callable[[], CppValue], other: Any) -> CppValue:
         saved_cache, saved_emit = dict(self.cache), self.emit

@@ -178,10 +178,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
 def _core_only(gm: torch.fx.GraphModule) -> bool:
     """An ATen graph of kiln's core ops only goes straight to lowering; other ATen ops
     (``_safe_softmax``, ops torch's capture leaves whole) are decomposed by kiln_aot first."""
-    try:
-        from kiln_aot import core_ops
-    except ImportError:
-        return True
+    from kiln_aot import core_ops
+
     return all(
         core_ops.is_allowed(n.target) or n.meta.get("kiln_library_op")
         for n in gm.graph.nodes

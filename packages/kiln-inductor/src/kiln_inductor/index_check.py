@@ -61,10 +61,6 @@ class IndexCheck:
             text += f"\n  {note}"
         return self.error(text)
 
-    def cache_text(self) -> str:
-        """What kernel source depends on (not the source line: kernels are shared)."""
-        return f"{self.dim}:{self.size}:{int(self.wrap)}"
-
 
 def index_check(
     dim: int,
@@ -92,6 +88,14 @@ def index_check(
     return IndexCheck(op, dim, size, wrap, error, message, source_line(node))
 
 
+def check_number(checks: list[IndexCheck], check: IndexCheck) -> int:
+    """The 1-based number of ``check`` among a kernel's ``checks`` (appended if new): what a
+    failing kernel reports and ``raise_index_error`` looks up."""
+    if check not in checks:
+        checks.append(check)
+    return checks.index(check) + 1
+
+
 def raise_index_error(
     sites: Sequence[IndexCheck], code: int, value: int | None, written: Sequence[str] = ()
 ) -> None:
@@ -114,8 +118,9 @@ class DeviceIndexErrors:
     """The error slots of a graph's GPU kernels that check indices: one row ``[check number,
     bad index]`` (int64, on the device) per such kernel, which the kernel receives as its
     last argument. A failing lane writes its row (atomic max of the check number, so the
-    report does not depend on timing); the wrapper reads all rows once at the end of each
-    call (one device synchronization, only in graphs with checked accesses). During CUDA
+    report does not depend on timing); the wrapper reads all rows once per call, right
+    after the last kernel that writes one (one device synchronization, only in graphs with
+    checked accesses). During CUDA
     graph capture the read is skipped; the runner calls ``check()`` after each replay."""
 
     def __init__(
@@ -324,13 +329,12 @@ def library_op_checks_indices(op: Any, device: torch.device) -> bool:
 
 def check_library_indices(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Check a library op's index tensors against their dimensions (one device
-    synchronization); a bad one raises the exception the op's CPU kernel raises."""
-    if not read_config().check_indices:
-        return
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    synchronization); a bad one raises the exception the op's CPU kernel raises. The
+    wrapper calls it only where checks were on when it was generated."""
+    self = args[0]
+    if self.is_cuda and torch.cuda.is_current_stream_capturing():
         return  # a CUDA graph capture cannot read values (library ops are left unchecked)
     where, wrap = LIBRARY_INDEX_OPS[op.overloadpacket]
-    self = args[0]
     pairs: list[tuple[torch.Tensor, int]] = []
     if where == "list":
         pairs = [(t, self.shape[k]) for k, t in enumerate(args[1]) if t is not None]

@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import read_config
 from .errors import KilnInductorError
-from .ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Reduction, Scan, StorageView
+from .ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Scan, StorageView
 from .scheduler.access import node_access
 
 
@@ -64,7 +64,7 @@ def verify_ir(ir: GraphIR, stage: str = "lowering") -> None:
             if body is None:
                 problems.append(f"{node.name}: a computed buffer without a body")
                 continue
-            rank = len(body.size) if not isinstance(body, Reduction) else len(body.size)
+            rank = len(body.size)
             if not isinstance(body, Scan) and rank != len(node.layout.size):
                 problems.append(
                     f"{node.name}: body of rank {rank} stored into a layout of rank "

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .backend import KernelBackend, KernelSource
+from .config import read_config
 from .index_check import (
     DeviceIndexErrors,
     check_library_indices,
@@ -115,13 +116,8 @@ class WrapperCodegen:
             return f"float('{a}')"
         return repr(a)
 
-    def _device_errors(self, sources: dict[str, KernelSource]) -> DeviceIndexErrors | None:
+    def _device_errors(self, rows: list[tuple[str, KernelSource]]) -> DeviceIndexErrors | None:
         """The error rows of the kernels that report failed index checks into a tensor."""
-        rows = [
-            (name, src)
-            for name, src in sources.items()
-            if src.meta.get("index_checks") and src.meta.get("index_report") == "tensor"
-        ]
         if not rows:
             return None
         device = self.ir.buffers[rows[0][1].arg_names[0]].layout.device
@@ -161,12 +157,13 @@ class WrapperCodegen:
         self, kernels: dict[str, str], sources: dict[str, KernelSource] | None = None
     ) -> str:
         sources = sources or {}
-        self.device_errors = self._device_errors(sources)
-        self.device_error_rows = {
-            name
+        rows = [
+            (name, src)
             for name, src in sources.items()
             if src.meta.get("index_checks") and src.meta.get("index_report") == "tensor"
-        }
+        ]
+        self.device_errors = self._device_errors(rows)
+        with_rows = {name for name, _ in rows}
         ins = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.ir.inputs)]
         out = ["def call(args):"]
         body: list[str] = []
@@ -177,9 +174,7 @@ class WrapperCodegen:
         # the error rows are read right after the last kernel that writes one (an embedding
         # is a graph's first kernel): the host then waits for that kernel only, and queues
         # the rest of the graph while the device runs it
-        last_checked = max(
-            (k for k, s in enumerate(self.steps) if s.name in self.device_error_rows), default=-1
-        )
+        last_checked = max((k for k, s in enumerate(self.steps) if s.name in with_rows), default=-1)
         for k, step in enumerate(self.steps):
             for name, reuse, kind in self.plan.allocations.get(k, []):
                 body.append(self._alloc(name, reuse, kind))
@@ -208,7 +203,11 @@ class WrapperCodegen:
         )
         lines = [f"{step.name} = {op}({args})  # {step.kind} {step.op}"]
         device = next((a.layout.device for a in step.args if isinstance(a, StorageView)), None)
-        if device is not None and library_op_checks_indices(step.op, device):
+        if (
+            device is not None
+            and read_config().check_indices
+            and library_op_checks_indices(step.op, device)
+        ):
             # the library kernel would assert on the device: check its indices first
             self.globals["check_library_indices"] = check_library_indices
             raw = self._global("aten_", step.op)

@@ -56,14 +56,10 @@ _SAME_AS_ATEN = {
 }  # fmt: skip
 
 
-def _same_as(target):
-    return lambda *args, **kwargs: target(*args, **kwargs)
-
-
 for _name, _target in _SAME_AS_ATEN.items():
     _prim = getattr(prims, _name, None)
     if _prim is not None:
-        register(_prim.default)(_same_as(_target))
+        register(_prim.default)(_target)
 
 
 @register(prims.convert_element_type.default)

@@ -308,8 +308,6 @@ class DictViewVar(Var):
         if name == "__contains__":
             return ConstVar(self.contains(tx, args[0]))
         if name == "__iter__":
-            from kiln_capture.variables.containers import IteratorVar
-
             return IteratorVar(self.unpack(tx))
         return ListVar(self.unpack(tx)).call_method(tx, name, args, kwargs)
 

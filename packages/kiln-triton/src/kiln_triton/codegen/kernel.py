@@ -37,6 +37,7 @@ from typing import Any
 import sympy
 import torch
 
+from kiln_inductor.index_check import check_number
 from kiln_inductor.ir.nodes import Buffer, ComputedBuffer
 from kiln_inductor.ir.ops import ops_handler
 from kiln_inductor.ir.symbols import coefficients, contiguous_strides, product, simplify_index
@@ -252,10 +253,7 @@ class TritonKernel:
 
     # -- the kernel --------------------------------------------------------------------------
     def check_code(self, check: Any) -> int:
-        """The 1-based number of ``check`` among this kernel's index checks."""
-        if check not in self.checks:
-            self.checks.append(check)
-        return self.checks.index(check) + 1
+        return check_number(self.checks, check)
 
     def generate(self) -> str:
         g = self.group
