@@ -33,10 +33,21 @@ def test_message_names_op_value_and_size():
 
 
 def test_checks_off_generate_no_check(monkeypatch):
+    from kiln_inductor.compile import compile_aten_graph, compile_fx
+
     monkeypatch.setenv("KILN_CHECK_INDICES", "0")
     fn, good, _ = bad_index_cases()["embedding_huge_id"]
-    compiled = kiln_cpp.compile_fx(fn, good)
+    graphs = []
+
+    def record(gm, inputs):
+        graphs.append(compile_aten_graph(gm, inputs))
+        return graphs[-1]
+
+    compiled = compile_fx(fn, good, compile_graph=record)
     torch.testing.assert_close(compiled(*good), fn(*good))
+    (graph,) = graphs
+    assert graph.stats["kernels"] >= 1 and not graph.stats["fallbacks"]
+    assert "raise_index_error" not in graph.wrapper_source and "_err" not in graph.wrapper_source
 
 
 def test_check_kernel_source_hoists_nothing_unsafe():

@@ -64,3 +64,4 @@ def test_bad_index_under_cuda_graphs():
     with pytest.raises(IndexError):
         compiled(*bad_same_shape)
     torch.testing.assert_close(compiled(*good), fn(*good))
+    assert compiled.replays >= 3  # the calls replayed the CUDA graph, bad one included
