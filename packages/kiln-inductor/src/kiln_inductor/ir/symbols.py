@@ -13,8 +13,12 @@ import math
 from collections.abc import Iterable, Sequence
 
 import sympy
+from kiln_shapes.functions import FloorDiv, ModIndex
+from kiln_shapes.functions import split_divisible as _split_divisible
 
 Expr = sympy.Expr
+
+__all__ = ["FloorDiv", "ModIndex"]
 
 
 def sym(value: object) -> Expr:
@@ -65,65 +69,6 @@ def unflatten_index(flat: Expr, size: Sequence[Expr]) -> list[Expr]:
         out.append(ModIndex(FloorDiv(flat, stride), s))
         stride = stride * s
     return list(reversed(out))
-
-
-def _split_divisible(base: Expr, divisor: Expr) -> tuple[Expr, Expr]:
-    """base = divisor * q + r, with q collecting the terms whose coefficient divides."""
-    q: Expr = sympy.Integer(0)
-    r: Expr = sympy.Integer(0)
-    for term in sympy.Add.make_args(base):
-        coeff, rest = term.as_coeff_Mul()
-        if divisor.is_Integer and coeff.is_Integer and int(coeff) % int(divisor) == 0:
-            q = q + (coeff // divisor) * rest
-        elif (
-            not divisor.is_Integer
-            and (term / divisor).is_polynomial()
-            and sympy.fraction(sympy.cancel(term / divisor))[1] == 1
-        ):
-            q = q + sympy.cancel(term / divisor)
-        else:
-            r = r + term
-    return q, r
-
-
-class FloorDiv(sympy.Function):
-    """floor(base / divisor) for non-negative integers."""
-
-    is_integer = True
-    is_nonnegative = True
-
-    @classmethod
-    def eval(cls, base, divisor):  # type: ignore[override]
-        if divisor == 1:
-            return base
-        if base == 0:
-            return sympy.Integer(0)
-        if base.is_Integer and divisor.is_Integer:
-            return sympy.Integer(int(base) // int(divisor))
-        if isinstance(base, FloorDiv):
-            return FloorDiv(base.args[0], base.args[1] * divisor)
-        q, r = _split_divisible(base, divisor)
-        if q != 0:
-            return q + FloorDiv(r, divisor)
-        return None
-
-
-class ModIndex(sympy.Function):
-    """base % divisor for non-negative integers."""
-
-    is_integer = True
-    is_nonnegative = True
-
-    @classmethod
-    def eval(cls, base, divisor):  # type: ignore[override]
-        if divisor == 1 or base == 0:
-            return sympy.Integer(0)
-        if base.is_Integer and divisor.is_Integer:
-            return sympy.Integer(int(base) % int(divisor))
-        q, r = _split_divisible(base, divisor)
-        if q != 0:
-            return ModIndex(r, divisor)
-        return None
 
 
 def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:

@@ -1,0 +1,797 @@
+"""The shape engine: symbols with ranges and hints, symbolic ints, and the guards they leave.
+
+A ``ShapeEnv`` owns the symbols of one compilation. Each symbol stands for one input size,
+keeps the example's value as its *hint* and a value range (``[2, inf)`` unless declared
+otherwise: sizes 0 and 1 stay specialized, as in torch.compile), and the *source* it is read
+from at call time (``L['x'].size(1)``).
+
+``SymNode`` is kiln's symbolic node class behind ``torch.SymInt`` / ``SymFloat`` /
+``SymBool``: a sympy expression, its Python type and the env. Meta tensors made with
+``ShapeEnv.meta_tensor`` carry symbolic sizes and strides, so ATen's meta functions compute
+output shapes symbolically through these nodes (``add``, ``mul``, ``int_floordiv``, ...).
+
+Whenever code needs a concrete answer (``if t > 1``, ``bool(a == b)`` inside a meta
+function's broadcast check, ``int(n)``), the env first tries to decide it for every value in
+the symbols' ranges (``statically_known``). Only if that fails does it answer from the
+hints and record a *guard*: the relation, with the truth value it had, that must hold
+again before the compiled code may be reused. An equality guard between a symbol and an
+expression also *replaces* the symbol, so later expressions use one name for one size.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from .functions import FloorDiv, ModIndex
+
+Expr = sympy.Expr
+INF = sympy.oo
+
+
+class ShapeGuardError(RuntimeError):
+    """A size fell outside a range declared with ``mark_dynamic(min=, max=)``."""
+
+
+@dataclass
+class SymbolInfo:
+    symbol: sympy.Symbol
+    hint: int
+    lo: int
+    hi: int | float  # math.inf when unbounded
+    sources: list[str] = field(default_factory=list)
+    declared: bool = False  # the range came from the user (mark_dynamic)
+
+    def describe(self) -> str:
+        hi = "inf" if self.hi == math.inf else str(self.hi)
+        src = ", ".join(self.sources)
+        return f"{self.symbol} in [{self.lo}, {hi}] (hint {self.hint}) from {src}"
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A relation between sizes that held when the graph was built and must hold again."""
+
+    expr: sympy.Basic  # a relational (or boolean) expression that must be True
+    where: str  # the user's source line that asked, or the op inside torch
+
+    def __str__(self) -> str:
+        return f"{python_expr(self.expr)}  # {self.where}" if self.where else python_expr(self.expr)
+
+
+def python_expr(expr: sympy.Basic) -> str:
+    """Python source for an expression over symbols (``//`` and ``%`` for the floor
+    functions, ``min``/``max``, ``and``/``or``)."""
+    return _PythonPrinter().doprint(expr)
+
+
+class _PythonPrinter(sympy.printing.str.StrPrinter):
+    def _print_FloorDiv(self, e):
+        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+
+    def _print_ModIndex(self, e):
+        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
+
+    def _print_Max(self, e):
+        return f"max({', '.join(self._print(a) for a in e.args)})"
+
+    def _print_Min(self, e):
+        return f"min({', '.join(self._print(a) for a in e.args)})"
+
+    def _print_And(self, e):
+        return "(" + " and ".join(self._print(a) for a in e.args) + ")"
+
+    def _print_Or(self, e):
+        return "(" + " or ".join(self._print(a) for a in e.args) + ")"
+
+    def _print_Not(self, e):
+        return f"(not {self._print(e.args[0])})"
+
+    def _print_Relational(self, e):
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[e.rel_op]
+        return f"{self._print(e.lhs)} {op} {self._print(e.rhs)}"
+
+    def _print_floor(self, e):
+        return f"math.floor({self._print(e.args[0])})"
+
+    def _print_ceiling(self, e):
+        return f"math.ceil({self._print(e.args[0])})"
+
+    def _print_Pow(self, e, rational=False):
+        return f"({self._print(e.base)} ** {self._print(e.exp)})"
+
+    def _print_Piecewise(self, e):
+        (a, c), (b, _) = e.args[0], e.args[-1]
+        return f"({self._print(a)} if {self._print(c)} else {self._print(b)})"
+
+
+def _user_frame() -> str:
+    """The innermost stack frame outside torch, kiln and the standard library."""
+    internal = ("/torch/", "/kiln_", "/kiln/", "/sympy/", "/lib/python3")
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if not any(p in frame.filename for p in internal):
+            return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+class ShapeEnv:
+    """Symbols, their ranges and hints, guards and replacements of one compilation."""
+
+    def __init__(self, *, duck_sizing: bool = True):
+        self.symbols: dict[sympy.Symbol, SymbolInfo] = {}
+        self.guards: list[Guard] = []
+        self.replacements: dict[sympy.Symbol, Expr] = {}
+        self.duck_sizing = duck_sizing
+        self._by_hint: dict[int, sympy.Symbol] = {}
+        self._guard_keys: set[sympy.Basic] = set()
+
+    # ----------------------------------------------------------------- symbols
+    def create_symbol(
+        self,
+        hint: int,
+        source: str,
+        *,
+        lo: int | None = None,
+        hi: int | None = None,
+        duck: bool = True,
+    ) -> Expr:
+        """A symbol for a size read from ``source`` whose example value is ``hint``.
+
+        Sizes 0 and 1 stay specialized (an ``Integer``) unless a range that includes them
+        is declared. With duck sizing (the default), sizes with equal hints and no declared
+        range share one symbol: the guard that they stay equal is the binding itself."""
+        hint = int(hint)
+        declared = lo is not None or hi is not None
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"kiln: a dynamic dimension needs min <= max, got min={lo}, max={hi}")
+        lo = 2 if lo is None else int(lo)
+        top: int | float = math.inf if hi is None else int(hi)
+        if hint < lo or hint > top:
+            if not declared:
+                return sympy.Integer(hint)
+            raise ShapeGuardError(
+                f"kiln: {source} is {hint}, outside its declared range [{lo}, {hi}]"
+            )
+        if duck and self.duck_sizing and not declared and hint in self._by_hint:
+            s = self._by_hint[hint]
+            self.symbols[s].sources.append(source)
+            return s
+        s = sympy.Symbol(f"s{len(self.symbols)}", integer=True, positive=True)
+        self.symbols[s] = SymbolInfo(s, hint, lo, top, [source], declared)
+        if duck and not declared:
+            self._by_hint.setdefault(hint, s)
+        return s
+
+    def hints(self) -> dict[sympy.Symbol, int]:
+        return {s: sympy.Integer(info.hint) for s, info in self.symbols.items()}
+
+    def hint(self, expr: Any) -> Any:
+        """The value of ``expr`` at the hints (an int, float or bool)."""
+        if isinstance(expr, (int, float, bool)):
+            return expr
+        value = sympy.sympify(expr).xreplace(self.hints())
+        return _to_python(value)
+
+    def simplify(self, expr: Any) -> Any:
+        expr = sympy.sympify(expr)
+        if self.replacements and expr.free_symbols & self.replacements.keys():
+            expr = expr.xreplace(self.replacements)
+            expr = self.simplify(expr)
+        return expr
+
+    # ----------------------------------------------------------------- symbolic values
+    def symint(self, expr: Any) -> int | torch.SymInt:
+        expr = self.simplify(expr)
+        if expr.is_Integer:
+            return int(expr)
+        return torch.SymInt(SymNode(self, expr, int))
+
+    def symfloat(self, expr: Any) -> float | torch.SymFloat:
+        expr = self.simplify(expr)
+        if expr.is_Number:
+            return float(expr)
+        return torch.SymFloat(SymNode(self, expr, float))
+
+    def meta_tensor(
+        self,
+        size: Sequence[Any],
+        stride: Sequence[Any],
+        dtype: torch.dtype,
+        *,
+        storage_offset: Any = 0,
+        requires_grad: bool = False,
+    ) -> torch.Tensor:
+        """A meta tensor whose sizes and strides are the given expressions."""
+        t = torch.empty_strided(
+            [self.symint(s) for s in size],
+            [self.symint(s) for s in stride],
+            dtype=dtype,
+            device="meta",
+        )
+        off = self.symint(storage_offset)
+        if not (isinstance(off, int) and off == 0):
+            t = t.as_strided(t.shape, t.stride(), off)
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def symbolic_sizes(
+        self,
+        t: torch.Tensor,
+        source: str,
+        dims: Iterable[int],
+        ranges: dict[int, tuple[int | None, int | None]] | None = None,
+    ) -> tuple[list[Expr], list[Expr]]:
+        """Symbolic sizes and strides for tensor ``t`` read from ``source`` with the sizes of
+        ``dims`` symbolic. Strides of a dense tensor (any dimension order) become products
+        of the sizes of the faster dimensions; the sizes of a tensor that is not dense (a
+        slice, an expanded view) stay specialized."""
+        ranges = ranges or {}
+        dims = sorted({d % t.dim() for d in dims}) if t.dim() else []
+        size = [sympy.Integer(n) for n in t.shape]
+        stride = [sympy.Integer(n) for n in t.stride()]
+        if not dims:
+            return size, stride
+        order = _dense_order(t)
+        if order is None:
+            return size, stride
+        for d in dims:
+            lo, hi = ranges.get(d, (None, None))
+            size[d] = self.create_symbol(t.shape[d], f"{source}.size({d})", lo=lo, hi=hi)
+        acc: Expr = sympy.Integer(1)
+        for d in order:  # fastest first
+            stride[d] = acc
+            acc = acc * (sympy.Max(size[d], 1) if size[d].is_Integer else size[d])
+        return size, stride
+
+    # ----------------------------------------------------------------- reasoning
+    def bounds(self, expr: Any) -> tuple[Any, Any]:
+        """An interval [lo, hi] containing every value of ``expr`` over the symbols' ranges."""
+        return _bounds(self.simplify(expr), self)
+
+    def statically_known(self, cond: Any) -> bool | None:
+        """True or False when ``cond`` has that value for every size in range, else None."""
+        cond = self.simplify(cond)
+        if cond in (sympy.true, True):
+            return True
+        if cond in (sympy.false, False):
+            return False
+        if isinstance(cond, sympy.Not):
+            inner = self.statically_known(cond.args[0])
+            return None if inner is None else not inner
+        if isinstance(cond, (sympy.And, sympy.Or)):
+            vals = [self.statically_known(a) for a in cond.args]
+            if isinstance(cond, sympy.And):
+                if any(v is False for v in vals):
+                    return False
+                return True if all(v is True for v in vals) else None
+            if any(v is True for v in vals):
+                return True
+            return False if all(v is False for v in vals) else None
+        if not isinstance(cond, sympy.core.relational.Relational):
+            return None
+        diff = sympy.expand(cond.lhs - cond.rhs)
+        if diff.is_Number:
+            return bool(cond.func(diff, 0))
+        lo, hi = _bounds(diff, self)
+        op = cond.rel_op
+        if op == "==":
+            if lo > 0 or hi < 0:
+                return False
+            return None
+        if op == "!=":
+            if lo > 0 or hi < 0:
+                return True
+            return None
+        if op == ">=":
+            return True if lo >= 0 else False if hi < 0 else None
+        if op == ">":
+            return True if lo > 0 else False if hi <= 0 else None
+        if op == "<=":
+            return True if hi <= 0 else False if lo > 0 else None
+        if op == "<":
+            return True if hi < 0 else False if lo >= 0 else None
+        return None
+
+    def _maybe_evaluate_static(self, expr: Any, **_: Any) -> Any:
+        """torch's helper functions ask this: the value when the ranges decide it, else None."""
+        known = self.statically_known(expr)
+        return None if known is None else sympy.true if known else sympy.false
+
+    def evaluate(self, cond: Any, where: str | None = None) -> bool:
+        """The truth of ``cond``: static when the ranges decide it, else the hints' answer,
+        recorded as a guard."""
+        cond = self.simplify(cond)
+        known = self.statically_known(cond)
+        if known is not None:
+            return known
+        value = bool(self.hint(cond))
+        self.add_guard(cond if value else _negate(cond), where)
+        return value
+
+    def specialize(self, expr: Any, where: str | None = None) -> int | float:
+        """The concrete value of ``expr``, guarding that it stays that value."""
+        expr = self.simplify(expr)
+        value = self.hint(expr)
+        if not expr.is_Number:
+            self.add_guard(sympy.Eq(expr, value), where)
+        return value
+
+    def add_guard(self, cond: sympy.Basic, where: str | None = None) -> None:
+        cond = self.simplify(cond)
+        if cond in (sympy.true, True):
+            return
+        if cond in (sympy.false, False):
+            raise AssertionError("kiln: a shape guard that can never hold was recorded")
+        key = _guard_key(cond)
+        if key in self._guard_keys:
+            return
+        self._guard_keys.add(key)
+        self.guards.append(Guard(cond, _user_frame() if where is None else where))
+        if isinstance(cond, sympy.Eq):
+            self._replace(cond)
+
+    def _replace(self, eq: sympy.Eq) -> None:
+        """s_new == expr: later expressions use ``expr`` for the newer symbol."""
+        for a, b in ((eq.lhs, eq.rhs), (eq.rhs, eq.lhs)):
+            if isinstance(a, sympy.Symbol) and a in self.symbols and a not in b.free_symbols:
+                if isinstance(b, sympy.Symbol) and _index(b) > _index(a):
+                    continue  # replace the newer of two symbols
+                self.replacements[a] = b
+                for k, v in list(self.replacements.items()):
+                    self.replacements[k] = v.xreplace({a: b})
+                return
+
+    # ----------------------------------------------------------------- call time
+    def check(self, values: dict[sympy.Symbol, int]) -> str | None:
+        """None when ``values`` (one per symbol) satisfy the ranges and guards, else the
+        first failing condition, as text."""
+        for s, info in self.symbols.items():
+            v = values[s]
+            if v < info.lo or v > info.hi:
+                return f"{s} = {v} outside [{info.lo}, {info.hi}] ({info.sources[0]})"
+        for g in self.guards:
+            if not bool(g.expr.xreplace(values)):
+                return (
+                    f"{python_expr(g.expr)} (built at {g.where})"
+                    if g.where
+                    else python_expr(g.expr)
+                )
+        return None
+
+    def describe(self) -> list[str]:
+        lines = [info.describe() for info in self.symbols.values()]
+        lines += [f"{a} -> {b}" for a, b in self.replacements.items()]
+        return lines
+
+
+def _index(s: sympy.Symbol) -> int:
+    try:
+        return int(s.name[1:])
+    except ValueError:
+        return -1
+
+
+def _guard_key(cond: sympy.Basic) -> Any:
+    """One key for ``a == b`` and ``b == a`` (and ``a < b``, ``b > a``)."""
+    if not isinstance(cond, sympy.core.relational.Relational):
+        return cond
+    op = cond.rel_op
+    diff = sympy.expand(cond.lhs - cond.rhs)
+    if op in ("<", "<="):
+        op, diff = {"<": ">", "<=": ">="}[op], -diff
+    if op in ("==", "!=") and diff.could_extract_minus_sign():
+        diff = -diff
+    return (op, diff)
+
+
+def _negate(cond: sympy.Basic) -> sympy.Basic:
+    return (
+        sympy.Not(cond) if not isinstance(cond, sympy.core.relational.Relational) else cond.negated
+    )
+
+
+def _to_python(value: sympy.Basic) -> Any:
+    if value in (sympy.true, sympy.false):
+        return bool(value)
+    if isinstance(value, bool):
+        return value
+    if value.is_Integer:
+        return int(value)
+    if value.is_Number:
+        return float(value)
+    if isinstance(value, sympy.Basic) and not value.free_symbols:
+        return _to_python(sympy.nsimplify(value) if value.is_Float else value.doit())
+    raise ValueError(f"kiln: {value} has no value at the hints")
+
+
+def _dense_order(t: torch.Tensor) -> list[int] | None:
+    """Dimensions from fastest to slowest when ``t`` is non-overlapping and dense."""
+    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), -d))
+    acc = 1
+    for d in order:
+        if t.shape[d] != 1 and t.stride(d) != acc:
+            return None
+        acc *= max(t.shape[d], 1)
+    return order
+
+
+def _bounds(expr: Any, env: ShapeEnv) -> tuple[Any, Any]:
+    """Interval arithmetic over the symbols' ranges (sympy numbers, -oo/oo for unbounded)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Number:
+        return expr, expr
+    if isinstance(expr, sympy.Symbol):
+        info = env.symbols.get(expr)
+        if info is None:
+            return (0 if expr.is_nonnegative else -INF), INF
+        return sympy.Integer(info.lo), (INF if info.hi == math.inf else sympy.Integer(info.hi))
+    if isinstance(expr, sympy.Add) and expr.has(FloorDiv, ModIndex):
+        relaxed_lo = sympy.expand(_relax(expr, upper=False))
+        relaxed_hi = sympy.expand(_relax(expr, upper=True))
+        if not relaxed_lo.has(FloorDiv, ModIndex) and not relaxed_hi.has(FloorDiv, ModIndex):
+            return _bounds(relaxed_lo, env)[0], _bounds(relaxed_hi, env)[1]
+    if isinstance(expr, sympy.Add):
+        lo, hi = sympy.Integer(0), sympy.Integer(0)
+        for a in expr.args:
+            alo, ahi = _bounds(a, env)
+            lo, hi = lo + alo, hi + ahi
+        return lo, hi
+    if isinstance(expr, sympy.Mul):
+        lo, hi = sympy.Integer(1), sympy.Integer(1)
+        for a in expr.args:
+            alo, ahi = _bounds(a, env)
+            cands = [_mul(x, y) for x in (lo, hi) for y in (alo, ahi)]
+            lo, hi = min(cands), max(cands)
+        return lo, hi
+    if isinstance(expr, FloorDiv):
+        (blo, bhi), (dlo, dhi) = _bounds(expr.args[0], env), _bounds(expr.args[1], env)
+        if dlo > 0 and blo >= 0:
+            return (sympy.floor(blo / dhi) if dhi != INF else 0), (
+                INF if bhi == INF else sympy.floor(bhi / dlo)
+            )
+        return -INF, INF
+    if isinstance(expr, ModIndex):
+        _, dhi = _bounds(expr.args[1], env)
+        bl, bh = _bounds(expr.args[0], env)
+        hi = dhi - 1 if dhi != INF else INF
+        if bl >= 0 and bh != INF:
+            hi = min(hi, bh)
+        return sympy.Integer(0), hi
+    if isinstance(expr, (sympy.Max, sympy.Min)):
+        bs = [_bounds(a, env) for a in expr.args]
+        pick = max if isinstance(expr, sympy.Max) else min
+        return pick(b[0] for b in bs), pick(b[1] for b in bs)
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+        blo, bhi = _bounds(expr.base, env)
+        if blo >= 0:
+            return blo**expr.exp, bhi**expr.exp
+    return -INF, INF
+
+
+def _relax(expr: Any, upper: bool) -> Any:
+    """Replace the terms ``c*FloorDiv(a, k)`` of a sum (k a positive integer) by the linear
+    bound ``a/k`` or ``(a-k+1)/k`` that keeps the sum an upper (lower) bound, and
+    ``c*ModIndex(a, k)`` by 0 or k-1, so that sizes cancel (``s//2 - s <= 0``)."""
+    out = []
+    for term in sympy.Add.make_args(expr):
+        c, rest = term.as_coeff_Mul()
+        if isinstance(rest, (FloorDiv, ModIndex)) and rest.args[1].is_Integer and rest.args[1] > 0:
+            a, k = rest.args
+            big = (c > 0) == upper  # the bound of rest that pushes the sum the right way
+            if isinstance(rest, FloorDiv):
+                rest = a / k if big else (a - k + 1) / k
+            else:
+                rest = k - 1 if big else sympy.Integer(0)
+        out.append(c * rest)
+    return sympy.Add(*out)
+
+
+def _mul(a: Any, b: Any) -> Any:
+    if a == 0 or b == 0:
+        return sympy.Integer(0)
+    return a * b
+
+
+_COMPARE = {
+    "eq": sympy.Eq,
+    "ne": sympy.Ne,
+    "lt": sympy.Lt,
+    "le": sympy.Le,
+    "gt": sympy.Gt,
+    "ge": sympy.Ge,
+}
+
+
+class SymNode:
+    """kiln's node behind ``torch.SymInt``/``SymFloat``/``SymBool``: a sympy expression."""
+
+    def __init__(self, env: ShapeEnv, expr: Any, pytype: type):
+        self.env = env
+        self.expr = sympy.sympify(expr)
+        self.pytype = pytype
+
+    def __repr__(self) -> str:
+        return f"SymNode({self.expr}: {self.pytype.__name__})"
+
+    # ---- what the C++ side and torch's magic methods ask
+    def is_int(self) -> bool:
+        return self.pytype is int
+
+    def is_float(self) -> bool:
+        return self.pytype is float
+
+    def is_bool(self) -> bool:
+        return self.pytype is bool
+
+    def is_nested_int(self) -> bool:
+        return False
+
+    def is_symbolic(self) -> bool:
+        return not self.is_constant()
+
+    def is_constant(self) -> bool:
+        return bool(self.expr.is_Number) or self.expr in (sympy.true, sympy.false)
+
+    def has_hint(self) -> bool:
+        return True
+
+    @property
+    def hint(self) -> Any:
+        return self.env.hint(self.expr)
+
+    # torch's helpers that decompositions call (statically_known_true, guard_or_false, ...)
+    # read ``_hint``; with no ``shape_env`` attribute they take the path meant for other
+    # engines' nodes and ask the node itself (guard_bool)
+    _hint = hint
+
+    def maybe_as_int(self) -> int | None:
+        e = self.env.simplify(self.expr)
+        return int(e) if self.pytype is int and e.is_Integer else None
+
+    def maybe_as_bool(self) -> bool | None:
+        e = self.env.simplify(self.expr)
+        return bool(e) if e in (sympy.true, sympy.false) else None
+
+    def constant_int(self) -> int | None:
+        return self.maybe_as_int()
+
+    def str(self) -> str:
+        return str(self.expr)
+
+    def _graph_repr(self) -> str:
+        return str(self.expr)
+
+    def __str__(self) -> str:
+        return str(self.expr)
+
+    def clone(self) -> SymNode:
+        return self
+
+    def wrap_int(self, num: int) -> SymNode:
+        return SymNode(self.env, sympy.Integer(num), int)
+
+    def wrap_float(self, num: float) -> SymNode:
+        return SymNode(self.env, sympy.Float(num), float)
+
+    def wrap_bool(self, num: bool) -> SymNode:
+        return SymNode(self.env, sympy.true if num else sympy.false, bool)
+
+    # ---- concrete answers (guards)
+    def guard_int(self, file: str = "", line: int = 0) -> int:
+        return int(self.env.specialize(self.expr, _where(file, line)))
+
+    def guard_float(self, file: str = "", line: int = 0) -> float:
+        return float(self.env.specialize(self.expr, _where(file, line)))
+
+    def guard_bool(self, file: str = "", line: int = 0) -> bool:
+        return self.env.evaluate(self.expr, _where(file, line))
+
+    def expect_true(self, file: str = "", line: int = 0) -> bool:
+        return self.guard_bool(file, line)
+
+    def expect_size(self, file: str = "", line: int = 0) -> bool:
+        return self.env.evaluate(sympy.Ge(self.expr, 0), _where(file, line))
+
+    def guard_size_oblivious(self, file: str = "", line: int = 0) -> bool:
+        return self.guard_bool(file, line)
+
+    def guard_or_false(self, file: str = "", line: int = 0) -> bool:
+        return self.guard_bool(file, line)
+
+    def guard_or_true(self, file: str = "", line: int = 0) -> bool:
+        return self.guard_bool(file, line)
+
+    def statically_known_true(self, file: str = "", line: int = 0) -> bool:
+        return self.env.statically_known(self.expr) is True
+
+    def bool_(self) -> bool:
+        return self.guard_bool()
+
+    def int_(self) -> int:
+        return self.guard_int()
+
+    def float_(self) -> float:
+        return self.guard_float()
+
+    # ---- arithmetic
+    def _new(self, expr: Any, pytype: type) -> SymNode:
+        return SymNode(self.env, self.env.simplify(expr), pytype)
+
+    def add(self, other: SymNode) -> SymNode:
+        return self._new(self.expr + other.expr, _num_type(self, other))
+
+    def sub(self, other: SymNode) -> SymNode:
+        return self._new(self.expr - other.expr, _num_type(self, other))
+
+    def mul(self, other: SymNode) -> SymNode:
+        return self._new(self.expr * other.expr, _num_type(self, other))
+
+    def sym_sum(self, others: Sequence[SymNode]) -> SymNode:
+        return self._new(sympy.Add(*(o.expr for o in others)), int)
+
+    def neg(self) -> SymNode:
+        return self._new(-self.expr, self.pytype)
+
+    def abs(self) -> SymNode:
+        return self._new(sympy.Abs(self.expr), self.pytype)
+
+    def pos(self) -> SymNode:
+        return self
+
+    def int_floordiv(self, other: SymNode) -> SymNode:
+        a, b = self.expr, other.expr
+        nonneg = self.env.statically_known(sympy.Ge(a, 0)) and self.env.statically_known(
+            sympy.Gt(b, 0)
+        )
+        if nonneg:
+            return self._new(FloorDiv(a, b), int)
+        return self._new(sympy.floor(a / b), int)
+
+    floordiv = int_floordiv
+
+    def mod(self, other: SymNode) -> SymNode:
+        a, b = self.expr, other.expr
+        if self.env.statically_known(sympy.Ge(a, 0)) and self.env.statically_known(sympy.Gt(b, 0)):
+            return self._new(ModIndex(a, b), int)
+        return self._new(sympy.Mod(a, b), _num_type(self, other))
+
+    def truediv(self, other: SymNode) -> SymNode:
+        return self._new(self.expr / other.expr, float)
+
+    int_truediv = truediv
+    float_truediv = truediv
+
+    def pow_by_natural(self, other: SymNode) -> SymNode:
+        return self._new(self.expr**other.expr, int)
+
+    def float_pow(self, other: SymNode) -> SymNode:
+        return self._new(self.expr**other.expr, float)
+
+    def pow(self, other: SymNode) -> SymNode:
+        return self._new(self.expr**other.expr, _num_type(self, other))
+
+    def sym_min(self, other: SymNode) -> SymNode:
+        return self._new(sympy.Min(self.expr, other.expr), _num_type(self, other))
+
+    def sym_max(self, other: SymNode) -> SymNode:
+        return self._new(sympy.Max(self.expr, other.expr), _num_type(self, other))
+
+    def sym_float(self) -> SymNode:
+        return SymNode(self.env, self.expr, float)
+
+    def sym_int(self) -> SymNode:
+        return self._new(sympy.floor(self.expr) if self.pytype is float else self.expr, int)
+
+    def floor(self) -> SymNode:
+        return self._new(sympy.floor(self.expr), int)
+
+    def ceil(self) -> SymNode:
+        return self._new(sympy.ceiling(self.expr), int)
+
+    def trunc(self) -> SymNode:
+        return self.sym_int()
+
+    def round(self, ndigits: int | None = None) -> SymNode:
+        return self._new(sympy.floor(self.expr + sympy.Rational(1, 2)), int)
+
+    def is_integer(self) -> SymNode:
+        return self._new(sympy.Eq(self.expr, sympy.floor(self.expr)), bool)
+
+    # ---- comparisons and logic
+    def _compare(self, other: SymNode, op: str) -> SymNode:
+        return self._new(_COMPARE[op](self.expr, other.expr), bool)
+
+    def eq(self, other: SymNode) -> SymNode:
+        return self._compare(other, "eq")
+
+    def ne(self, other: SymNode) -> SymNode:
+        return self._compare(other, "ne")
+
+    def lt(self, other: SymNode) -> SymNode:
+        return self._compare(other, "lt")
+
+    def le(self, other: SymNode) -> SymNode:
+        return self._compare(other, "le")
+
+    def gt(self, other: SymNode) -> SymNode:
+        return self._compare(other, "gt")
+
+    def ge(self, other: SymNode) -> SymNode:
+        return self._compare(other, "ge")
+
+    def sym_not(self) -> SymNode:
+        return self._new(sympy.Not(self.expr), bool)
+
+    def sym_and(self, other: SymNode) -> SymNode:
+        return self._new(sympy.And(self.expr, other.expr), bool)
+
+    def sym_or(self, other: SymNode) -> SymNode:
+        return self._new(sympy.Or(self.expr, other.expr), bool)
+
+    and_ = sym_and
+    or_ = sym_or
+
+    def sym_ite(self, then: SymNode, other: SymNode) -> SymNode:
+        return self._new(sympy.Piecewise((then.expr, self.expr), (other.expr, True)), then.pytype)
+
+    # ---- bit operations torch uses on sizes
+    def bitwise_and(self, other: SymNode) -> SymNode:
+        if self.pytype is bool:
+            return self.sym_and(other)
+        return self._new(self.env.specialize(self.expr) & self.env.specialize(other.expr), int)
+
+    def bitwise_or(self, other: SymNode) -> SymNode:
+        if self.pytype is bool:
+            return self.sym_or(other)
+        return self._new(self.env.specialize(self.expr) | self.env.specialize(other.expr), int)
+
+
+def _num_type(a: SymNode, b: SymNode) -> type:
+    return float if float in (a.pytype, b.pytype) else int
+
+
+def _where(file: str, line: int) -> str | None:
+    """The location C++ passes, unless it is inside torch (then the user's frame)."""
+    if file and "/torch/" not in file:
+        return f"{file}:{line}"
+    return None
+
+
+def expr_of(value: Any) -> Any:
+    """The sympy expression of a SymInt/SymFloat/SymBool (or a number as sympy)."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        node = value.node
+        if isinstance(node, SymNode):
+            return node.env.simplify(node.expr)
+        raise TypeError(f"kiln: {value!r} is not a symbolic value of kiln's shape engine")
+    if isinstance(value, bool):
+        return sympy.true if value else sympy.false
+    return sympy.sympify(value)
+
+
+def env_of(values: Iterable[Any]) -> ShapeEnv | None:
+    """The ShapeEnv of the first symbolic value found in ``values`` (tensors' sizes too)."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found = env_of(list(v.shape) + list(v.stride()))
+            if found is not None:
+                return found
+        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if isinstance(v.node, SymNode):
+                return v.node.env
+    return None
+
+
+def is_symbolic(value: Any) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return not value.node.is_constant()
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride()))
+    return False
