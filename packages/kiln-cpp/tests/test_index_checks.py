@@ -69,7 +69,7 @@ def test_check_kernel_source_hoists_nothing_unsafe():
     gm = aten_graph(f, inputs)
     ir = GraphLowering(gm, inputs).run()
     (group,) = [s for s in fuse_nodes(ir) if isinstance(s, FusedGroup)]
-    src, checks = generate_cpp_kernel(group, ir.buffers)
+    src, checks, _ = generate_cpp_kernel(group, ir.buffers)
     assert len(checks) == 1 and checks[0].error is IndexError
     assert "kiln_index_fail(&kiln_err, 1L" in src and "return kiln_err;" in src
     assert "tmp" in src and "? 0L :" in src  # the clamped index

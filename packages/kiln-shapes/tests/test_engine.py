@@ -108,3 +108,24 @@ def _s(env: ShapeEnv, i: int) -> sympy.Symbol:
 
 def _sym(env: ShapeEnv, i: int, v: int) -> dict:
     return {_s(env, i): v}
+
+
+def test_python_expr_prints_python_with_the_precedence_of_the_expression():
+    import math
+
+    a, b = sympy.symbols("s0 s1", integer=True, positive=True)
+    from kiln_shapes import FloorDiv, ModIndex
+
+    exprs = [
+        FloorDiv(a + 1, 2),
+        ModIndex(a, a * b),
+        FloorDiv(a - 1, FloorDiv(a + 1, 2)) + 1,
+        sympy.Mod(a + b, 3) * 2,
+        sympy.Abs(a - 2 * b),
+        sympy.floor(a / 3) + sympy.Max(a, b) - sympy.Min(a, 4),
+    ]
+    for va, vb in [(7, 3), (10, 4), (2, 9)]:
+        for e in exprs:
+            want = e.subs({a: va, b: vb})
+            got = eval(python_expr(e), {"math": math, "s0": va, "s1": vb})
+            assert got == want, (python_expr(e), got, want)

@@ -42,7 +42,7 @@ from torch.utils import _pytree as pytree
 
 from kiln_aot import core_ops
 from kiln_aot.debug_dump import DebugDump, partition_report
-from kiln_aot.graph_trace import TraceInfo, trace
+from kiln_aot.graph_trace import TraceInfo, symbolic_inputs, trace
 from kiln_aot.joint import trace_joint
 from kiln_aot.log import log
 from kiln_aot.module_state import call_module, state_names, state_tensors, swapped_state
@@ -52,13 +52,19 @@ from kiln_aot.runtime import InferencePlan, TrainingPlan
 Compiler = Callable[[fx.GraphModule, list], Callable]
 
 
-def _signature(flat: Sequence[Any], need_grad: bool, extra: Any) -> tuple:
+def _signature(
+    flat: Sequence[Any], need_grad: bool, extra: Any, symbolic: Sequence[Any] | None = None
+) -> tuple:
     """The plan cache's key. Runs on every call, over every input (a model's parameters
-    too): ``torch.Size`` and the stride tuple are hashed as they come (no copies)."""
+    too): ``torch.Size`` and the stride tuple are hashed as they come (no copies). An
+    input with symbolic sizes is keyed without its sizes and strides: its plan serves every
+    size (the caller guards them; kiln-capture does)."""
     parts: list[Any] = [need_grad, extra]
     tensor = torch.Tensor
-    for a in flat:
-        if isinstance(a, tensor):
+    for i, a in enumerate(flat):
+        if symbolic is not None and i < len(symbolic) and symbolic[i] is not None:
+            parts.append(("symbolic", a.dim(), a.dtype, a.device, a.requires_grad))
+        elif isinstance(a, tensor):
             parts.append(
                 (a.shape, a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad)
             )
@@ -104,8 +110,12 @@ class AotCompiled:
         bw_compiler: Compiler | None,
         partition_fn: Callable | None,
         decompositions: dict | None,
+        symbolic: Sequence[Any] | None = None,
     ):
         self.flat_fn = flat_fn
+        # per flat input: a meta tensor with symbolic sizes (one plan serves every size
+        # the caller's guards admit), or None
+        self.symbolic = list(symbolic) if symbolic is not None else None
         self.fw_compiler = fw_compiler
         self.bw_compiler = bw_compiler or fw_compiler
         self.partition_fn = partition_fn or min_cut_partition
@@ -115,7 +125,7 @@ class AotCompiled:
     def plan_for(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
         """The compiled plan for these arguments and the current grad mode (compiled once)."""
         need_grad = _needs_grad(flat_args)
-        key = _signature(flat_args, need_grad, extra)
+        key = _signature(flat_args, need_grad, extra, self.symbolic)
         plan = self.plans.get(key)
         if plan is None:
             start = time.perf_counter()
@@ -141,7 +151,12 @@ class AotCompiled:
         return plan(list(flat_args))
 
     def _compile_inference(self, flat_args: Sequence[Any]) -> InferencePlan:
-        gm = trace(self.flat_fn, list(flat_args), decompositions=self.decompositions)
+        gm = trace(
+            self.flat_fn,
+            list(flat_args),
+            decompositions=self.decompositions,
+            symbolic=self.symbolic,
+        )
         info: TraceInfo = gm.meta["kiln_aot"]
         gm = drop_alias_outputs(gm, info)
         log("graphs", f"aot inference graph:\n{gm.code}")
@@ -153,7 +168,11 @@ class AotCompiled:
     def _compile_training(self, flat_args: Sequence[Any]) -> TrainingPlan:
         requires_grad = [isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args]
         joint, info = trace_joint(
-            self.flat_fn, list(flat_args), requires_grad, decompositions=self.decompositions
+            self.flat_fn,
+            list(flat_args),
+            requires_grad,
+            decompositions=self.decompositions,
+            symbolic=self.symbolic,
         )
         log("graphs", f"aot joint graph:\n{joint.code}")
         fw_gm, bw_gm = self.partition_fn(
@@ -195,7 +214,9 @@ def guarded_call(
     if not all(isinstance(a, torch.Tensor) for a in examples):
         return None
     training = module.training if module is not None else None
-    plan = compiled.plans.get(_signature(examples, _needs_grad(examples), training))
+    plan = compiled.plans.get(
+        _signature(examples, _needs_grad(examples), training, compiled.symbolic)
+    )
     if plan is None:
         return None
     any_requires_grad = any(a.requires_grad for a in examples)
@@ -315,8 +336,11 @@ def aot_graph(
     graph inputs ahead of ``args``; the example inputs fix the first compilation (inference
     or training), other signatures compile on first use."""
     module = gm_or_fn if isinstance(gm_or_fn, torch.nn.Module) else None
+    symbolic = symbolic_inputs(gm_or_fn)
     if module is None:
-        compiled = AotCompiled(gm_or_fn, fw_compiler, bw_compiler, partition_fn, decompositions)
+        compiled = AotCompiled(
+            gm_or_fn, fw_compiler, bw_compiler, partition_fn, decompositions, symbolic
+        )
 
         def run_fn(*args: Any) -> Any:
             return compiled.run(list(args))
@@ -331,7 +355,11 @@ def aot_graph(
         with swapped_state(module, names, flat[:n]):
             return call_module(module, flat[n:])
 
-    compiled = AotCompiled(flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions)
+    if symbolic is not None:
+        symbolic = [None] * len(names) + symbolic
+    compiled = AotCompiled(
+        flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions, symbolic
+    )
 
     def run_gm(*args: Any) -> Any:
         return compiled.run([*state_tensors(module, names), *args], extra=module.training)

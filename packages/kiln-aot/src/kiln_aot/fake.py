@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from kiln_shapes import meta as shapes_meta
+from torch.utils._python_dispatch import _disable_current_modes
 
 from kiln_aot.argmap import iter_leaves, map_args
 
@@ -68,10 +70,19 @@ def _first_state(args: tuple, kwargs: dict) -> Any:
     return None
 
 
-def fake_like(t: torch.Tensor, *, requires_grad: bool = False) -> FakeTensor:
-    """A fake with ``t``'s shape, stride, storage offset, dtype and device."""
+def fake_like(
+    t: torch.Tensor, *, requires_grad: bool = False, device: torch.device | None = None
+) -> FakeTensor:
+    """A fake with ``t``'s shape, stride, storage offset, dtype and device (``device``
+    for a meta tensor that stands for a tensor on another device, e.g. a capture's
+    symbolic example value)."""
     if isinstance(t, FakeTensor):
         return FakeTensor(t.meta, t.device, requires_grad)
+    if t.device.type == "meta" and device is not None:
+        meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+        if t.storage_offset() != 0:
+            meta = meta.as_strided(t.size(), t.stride(), t.storage_offset())
+        return FakeTensor(meta, torch.device(device), requires_grad)
     if t.storage_offset() == 0:
         meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
     else:
@@ -82,7 +93,11 @@ def fake_like(t: torch.Tensor, *, requires_grad: bool = False) -> FakeTensor:
 
 
 def contiguous_fake(shape, dtype: torch.dtype, device: torch.device) -> FakeTensor:
-    return FakeTensor(torch.empty(shape, dtype=dtype, device="meta"), torch.device(device))
+    # made outside any dispatch mode: a trace must not record it (with symbolic sizes the
+    # tracer would take it for an op of the program)
+    with _disable_current_modes():
+        meta = torch.empty(shape, dtype=dtype, device="meta")
+    return FakeTensor(meta, torch.device(device))
 
 
 def to_meta(x: Any) -> Any:
@@ -112,10 +127,14 @@ def output_device(func: Any, args: tuple, kwargs: dict) -> torch.device:
 
 
 def run_on_meta(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run ``func`` for shapes only and wrap the meta results as fakes on the real device."""
+    """Run ``func`` for shapes only and wrap the meta results as fakes on the real device.
+    Symbolic sizes are computed symbolically (``kiln_shapes.meta``)."""
     device = output_device(func, args, kwargs)
     m_args, m_kwargs = map_args(to_meta, (args, kwargs))
     if "device" in m_kwargs:
         m_kwargs["device"] = torch.device("meta")
-    out = func(*m_args, **m_kwargs)
+    if shapes_meta.has_symbolic((m_args, m_kwargs)):
+        out = shapes_meta.run(func, m_args, m_kwargs, reenter=shapes_meta.SymbolicMetaMode())
+    else:
+        out = func(*m_args, **m_kwargs)
     return map_args(lambda o: FakeTensor(o, device) if isinstance(o, torch.Tensor) else o, out)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from kiln_shapes import is_symbolic
 from torch import fx
 from torch.utils import _pytree as pytree
 
@@ -65,12 +66,16 @@ def make_inputs(
     flat_args: Sequence[Any],
     prefix: str,
     requires_grad: Sequence[bool] | None = None,
+    symbolic: Sequence[Any] | None = None,
 ) -> list[Any]:
+    """Placeholders and fakes for the flat inputs; ``symbolic[i]``, when a meta tensor with
+    symbolic sizes, gives input i's sizes (see ``symbolic_inputs``)."""
     fakes = []
     for i, a in enumerate(flat_args):
         if isinstance(a, torch.Tensor):
             rg = bool(requires_grad[i]) if requires_grad is not None else False
-            fakes.append(tracer.input(f"{prefix}_{i + 1}", a, i, rg))
+            sym = symbolic[i] if symbolic is not None and i < len(symbolic) else None
+            fakes.append(tracer.input(f"{prefix}_{i + 1}", a, i, rg, symbolic=sym))
         else:
             node = tracer.graph.placeholder(f"{prefix}_{i + 1}")
             node.meta["val"] = a
@@ -141,8 +146,23 @@ def build_module(tracer: Tracer, info: TraceInfo | None = None) -> fx.GraphModul
     return gm
 
 
+def symbolic_inputs(gm: Any) -> list[Any] | None:
+    """The symbolic sizes a torch-level graph's placeholders carry (capture's
+    ``meta["val"]`` with kiln_shapes sizes), one entry per placeholder (None where static);
+    None when no input is symbolic."""
+    if not isinstance(gm, fx.GraphModule):
+        return None
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = [v if isinstance(v, torch.Tensor) and is_symbolic(v) else None for v in vals]
+    return vals if any(v is not None for v in vals) else None
+
+
 def trace(
-    fn: Callable, example_inputs: Sequence[Any], *, decompositions: dict | None = None
+    fn: Callable,
+    example_inputs: Sequence[Any],
+    *,
+    decompositions: dict | None = None,
+    symbolic: Sequence[Any] | None = None,
 ) -> fx.GraphModule:
     """Trace ``fn(*example_inputs)`` into an ATen-level functional graph, without computing.
 
@@ -168,7 +188,9 @@ def trace(
             return fn(*pytree.tree_unflatten(list(args), in_spec))
 
     tracer = Tracer(with_overrides(decompositions))
-    fakes = make_inputs(tracer, flat, "arg")
+    if symbolic is not None and names:
+        symbolic = [None] * len(names) + list(symbolic)
+    fakes = make_inputs(tracer, flat, "arg", symbolic=symbolic)
     with torch.no_grad(), tracer.running():
         out = call(*fakes)
         infos, nodes, out_spec = collect_outputs(tracer, out)

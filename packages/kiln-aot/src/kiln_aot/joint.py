@@ -72,9 +72,10 @@ def trace_joint(
     requires_grad: Sequence[bool],
     *,
     decompositions: dict | None = None,
+    symbolic: Sequence[Any] | None = None,
 ) -> tuple[fx.GraphModule, JointInfo]:
     tracer = Tracer(with_overrides(decompositions))
-    leaves_in = make_inputs(tracer, flat_args, "primals", requires_grad)
+    leaves_in = make_inputs(tracer, flat_args, "primals", requires_grad, symbolic=symbolic)
     with torch.enable_grad(), tracer.running():
         seen = [
             _InputAlias.apply(f) if isinstance(f, torch.Tensor) and f.requires_grad else f

@@ -36,11 +36,12 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kiln_shapes
 import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kiln_aot import config, core_ops, functionalize, log
+from kiln_aot import config, core_ops, functionalize, log, sym_nodes
 from kiln_aot.argmap import iter_leaves, map_args
 from kiln_aot.decompositions import attention
 from kiln_aot.errors import Unsupported
@@ -120,12 +121,23 @@ class Tracer:
         self.stack_trace: str | None = None
         self.source: str | None = None
         self._mutations = 0
+        self.sizes = sym_nodes.SymEmitter(self.graph)  # symbolic sizes as graph nodes
 
     # ---- inputs, constants, running -------------------------------------------------
     def input(
-        self, name: str, example: torch.Tensor, index: int, requires_grad: bool = False
+        self,
+        name: str,
+        example: torch.Tensor,
+        index: int,
+        requires_grad: bool = False,
+        symbolic: torch.Tensor | None = None,
     ) -> FakeTensor:
-        fake = fake_like(example, requires_grad=requires_grad)
+        """A graph input like ``example``; with sizes and strides of ``symbolic`` (a meta
+        tensor with kiln_shapes sizes) when given: the graph then serves every size."""
+        if symbolic is not None:
+            fake = fake_like(symbolic, requires_grad=requires_grad, device=example.device)
+        else:
+            fake = fake_like(example, requires_grad=requires_grad)
         node = self.graph.placeholder(name)
         node.meta["val"] = fake_like(fake)
         storage = StorageState(root=fake, input_index=index)
@@ -176,6 +188,8 @@ class Tracer:
     # ---- reading values ---------------------------------------------------------------
     def node_of(self, x: Any) -> Any:
         """The graph node holding ``x``'s current value (regenerating stale aliases)."""
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.sym_value(x)
         if isinstance(x, FakeTensor) and x.trace_state is not None:
             st = x.trace_state
             if st.tracer is not self:
@@ -195,6 +209,16 @@ class Tracer:
                 )
             return self.constant(x)
         return x
+
+    def sym_value(self, value: Any) -> Any:
+        """A node computing a symbolic int from the inputs' sizes (``aten.sym_size.int``
+        and Python arithmetic), or the number itself when it is constant. Symbolic floats
+        and bools are specialized (their guard is recorded)."""
+        if isinstance(value, torch.SymFloat):
+            return float(value)
+        if isinstance(value, torch.SymBool):
+            return bool(value)
+        return self.sizes.emit(kiln_shapes.expr_of(value))
 
     def graph_args(self, args: Any) -> Any:
         return map_args(self.node_of, args)
@@ -411,7 +435,7 @@ def _is_view_schema(func: Any) -> bool:
 
 def _viewable(val: torch.Tensor, size: Any) -> bool:
     try:
-        val.meta.view(size)
+        run_on_meta(aten.view.default, (val, size), {})
         return True
     except RuntimeError:
         return False

@@ -17,21 +17,28 @@ class CppBackend:
     name = "cpp"
 
     def codegen_kernel(self, group: FusedGroup, buffers: dict[str, Buffer]) -> KernelSource:
-        source, checks = generate_cpp_kernel(group, buffers)
+        source, checks, sizes = generate_cpp_kernel(group, buffers)
         meta = {"index_checks": tuple(checks)} if checks else {}
-        return KernelSource(source, "cpp", (*group.inputs, *group.outputs), meta)
+        return KernelSource(source, "cpp", (*group.inputs, *group.outputs), meta, sizes)
 
     def load_kernels(self, sources: Sequence[KernelSource]) -> list[Callable[..., Any]]:
-        return build_kernels([(s.source, len(s.arg_names)) for s in sources])
+        return build_kernels([(s.source, len(s.arg_names), len(s.size_args)) for s in sources])
 
-    def call_line(self, kernel_var: str, arg_names: Sequence[str]) -> str:
-        return f"{kernel_var}({', '.join(f'{a}.data_ptr()' for a in arg_names)})"
+    def call_line(
+        self, kernel_var: str, arg_names: Sequence[str], size_args: Sequence[str] = ()
+    ) -> str:
+        args = [f"{a}.data_ptr()" for a in arg_names] + list(size_args)
+        return f"{kernel_var}({', '.join(args)})"
 
     def checked_call_lines(
-        self, kernel_var: str, arg_names: Sequence[str], raise_call: str
+        self,
+        kernel_var: str,
+        arg_names: Sequence[str],
+        raise_call: str,
+        size_args: Sequence[str] = (),
     ) -> list[str]:
         """A kernel with index checks returns the failing check's number (0: none)."""
-        call = self.call_line(kernel_var, arg_names)
+        call = self.call_line(kernel_var, arg_names, size_args)
         return [
             f"_err = {call}",
             f"if _err: {raise_call.format(code='_err', index=f'{kernel_var}.error_index()')}",

@@ -73,13 +73,13 @@ def _compile(source: str, key: str, cfg: CppConfig, cache: KernelCache) -> Path:
 _loaded: dict[str, Any] = {}
 
 
-def _load(path: Path, nargs: int) -> Callable[..., Any]:
+def _load(path: Path, nargs: int, nsizes: int = 0) -> Callable[..., Any]:
     lib = _loaded.get(str(path))
     if lib is None:
         lib = ctypes.CDLL(str(path))
         _loaded[str(path)] = lib
     fn = lib.kernel
-    fn.argtypes = [ctypes.c_void_p] * nargs
+    fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
     # 0, or the number of the index check that failed; its bad index from error_index()
     fn.restype = ctypes.c_int64
     fn.error_index = lib.kiln_error_index
@@ -87,14 +87,15 @@ def _load(path: Path, nargs: int) -> Callable[..., Any]:
     return fn
 
 
-def build_kernels(sources: Sequence[tuple[str, int]]) -> list[Callable[..., Any]]:
-    """Compile (in parallel, through the cache) and load ``(source, nargs)`` kernels."""
+def build_kernels(sources: Sequence[tuple[str, int, int]]) -> list[Callable[..., Any]]:
+    """Compile (in parallel, through the cache) and load ``(source, pointers, sizes)``
+    kernels: ``pointers`` data pointers then ``sizes`` int64 sizes."""
     cfg = read_cpp_config()
     cache = KernelCache("cpp")
-    keys = [cache_key(src, cfg) for src, _ in sources]
+    keys = [cache_key(src, cfg) for src, *_ in sources]
     paths: dict[str, Path] = {}
     todo = []
-    for (src, _), key in zip(sources, keys):
+    for (src, *_), key in zip(sources, keys):
         if key in paths:
             continue
         found = cache.lookup(key)
@@ -119,4 +120,4 @@ def build_kernels(sources: Sequence[tuple[str, int]]) -> list[Callable[..., Any]
                     )
         if show:
             print(file=sys.stderr)
-    return [_load(paths[key], nargs) for (_, nargs), key in zip(sources, keys)]
+    return [_load(paths[key], n, sizes) for (_, n, sizes), key in zip(sources, keys)]

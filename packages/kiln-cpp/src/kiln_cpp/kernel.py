@@ -34,7 +34,7 @@ import torch
 
 from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Reduction, Scan
 from kiln_inductor.ir.ops import ops_handler
-from kiln_inductor.ir.symbols import contiguous_strides, product
+from kiln_inductor.ir.symbols import contiguous_strides, product, size_symbols_in
 from kiln_inductor.scheduler.fuse import Block, FusedGroup, loop_var_ranges
 
 from .config import read_cpp_config, stream_threshold
@@ -151,8 +151,11 @@ class CppKernel:
                     self.block(block, parallel=True)
             else:
                 self.outer_loops()
-        # the kernel returns 0, or the number of the first index check that failed
-        head = f'extern "C" int64_t kernel({", ".join(self.params)})\n{{'
+        # the kernel returns 0, or the number of the first index check that failed; sizes
+        # that vary between calls (kiln_shapes' symbols) come after the pointers
+        self.size_args = size_symbols_in("\n".join(self.lines))
+        params = [*self.params, *(f"const int64_t {s}" for s in self.size_args)]
+        head = f'extern "C" int64_t kernel({", ".join(params)})\n{{'
         body = self.lines
         if self.h.checks:
             body = ["  int64_t kiln_err = 0;", *body, "  return kiln_err;"]
@@ -534,14 +537,14 @@ class CppKernel:
         def chunk(v: Any) -> None:
             loop = f"for (int64_t {v} = c_{v}; {v} < e_{v}; ++{v})"
             for u in uniq:
-                self.emit(f"{dt} s{u} = 0; {dt} q{u} = 0;")
-            red = " ".join(f"reduction(+:s{u})" for u in uniq)
+                self.emit(f"{dt} ws{u} = 0; {dt} q{u} = 0;")
+            red = " ".join(f"reduction(+:ws{u})" for u in uniq)
             with self.scope(loop, f"#pragma omp simd {red}"):
                 for u in uniq:
-                    self.emit(f"s{u} = s{u} + {value(u)};")
+                    self.emit(f"ws{u} = ws{u} + {value(u)};")
             self.emit(f"const int64_t n_{v} = e_{v} - c_{v};")
             for u in uniq:
-                self.emit(f"const {dt} cm{u} = s{u} / static_cast<{dt}>(n_{v});")
+                self.emit(f"const {dt} cm{u} = ws{u} / static_cast<{dt}>(n_{v});")
             red = " ".join(f"reduction(+:q{u})" for u in uniq)
             with self.scope(loop, f"#pragma omp simd {red}"):
                 for u in uniq:
@@ -686,14 +689,17 @@ class _Acc:
         return CppValue(n, self.dtype)
 
 
-def generate_cpp_kernel(group: FusedGroup, buffers: dict[str, Buffer]) -> tuple[str, list[Any]]:
-    """The kernel's source and its index checks (kiln_inductor.index_check), numbered from 1
-    in the order of the list. Two passes when a later loop recomputes an expensive value of
-    an earlier one (see row_values): the first finds them, the second keeps them in per-row
-    scratch arrays."""
+def generate_cpp_kernel(
+    group: FusedGroup, buffers: dict[str, Buffer]
+) -> tuple[str, list[Any], tuple[str, ...]]:
+    """The kernel's source, its index checks (kiln_inductor.index_check), numbered from 1
+    in the order of the list, and the size symbols it takes after its pointers. Two passes
+    when a later loop recomputes an expensive value of an earlier one (see row_values): the
+    first finds them, the second keeps them in per-row scratch arrays."""
     first = CppKernel(group, buffers)
     source = first.generate()
     if not first.sharing.wanted:
-        return source, first.h.checks
+        return source, first.h.checks, first.size_args
     second = CppKernel(group, buffers, RowSharing.from_pass(first.sharing))
-    return second.generate(), second.h.checks
+    source = second.generate()
+    return source, second.h.checks, second.size_args

@@ -16,6 +16,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from kiln_shapes import env_of
 
 from . import log
 from .config import read_config
@@ -342,6 +343,8 @@ class GraphLowering:
         self.channels_last = bool(run_passes(self.gm, self.device, self.debug_dir)["layout"])
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        # the size symbols' ranges, for lowerings to simplify sizes (lowering.context.refine)
+        self.shape_env = env_of([n.meta.get("val") for n in placeholders])
         with lowering_context(self):
             for i, n in enumerate(placeholders):
                 val = n.meta.get("val")
@@ -394,6 +397,10 @@ class GraphLowering:
         return value
 
     def lower_node(self, n: torch.fx.Node, env: dict) -> Any:
+        if isinstance(n.meta.get("val"), torch.SymInt):
+            # a size computed from the inputs' sizes (aten.sym_size.int, Python arithmetic):
+            # its value is its expression over the size symbols, which the wrapper binds
+            return sym(n.meta["val"])
         args = torch.fx.node.map_arg(n.args, lambda a: self._current(env[a]))
         kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: self._current(env[a]))
         if n.target is operator.getitem:

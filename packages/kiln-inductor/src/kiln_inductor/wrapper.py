@@ -12,10 +12,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import sympy
 import torch
+from kiln_shapes import python_expr
 
 from .backend import KernelBackend, KernelSource
 from .config import read_config
+from .errors import LoweringError
 from .index_check import (
     DeviceIndexErrors,
     check_library_indices,
@@ -23,6 +26,7 @@ from .index_check import (
     raise_index_error,
 )
 from .ir.nodes import Buffer, ExternKernel, GraphIR, Layout, StorageView
+from .ir.symbols import is_size_symbol
 from .log import log
 from .lowering.extern import ATTENTION_OPS
 from .lowering.registry import EXTERN_OPS
@@ -56,8 +60,17 @@ def call_target(op: Any) -> Any:
     return op._op if isinstance(op, torch._ops.OpOverload) else op
 
 
+def _size(v: Any) -> str:
+    """Python source for a size: an int, or an expression over the bound size symbols."""
+    if getattr(v, "is_Integer", False):
+        return str(int(v))
+    if isinstance(v, sympy.Basic):
+        return python_expr(v)
+    return str(v)
+
+
 def _tuple(values: Any) -> str:
-    items = [str(int(v)) if getattr(v, "is_Integer", False) else str(v) for v in values]
+    items = [_size(v) for v in values]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
@@ -89,7 +102,7 @@ class WrapperCodegen:
         if view.layout == buf.layout:
             return buf.name
         lay = view.layout
-        return f"{buf.name}.as_strided({_tuple(lay.size)}, {_tuple(lay.stride)}, {buf.name}.storage_offset() + {int(lay.offset)})"
+        return f"{buf.name}.as_strided({_tuple(lay.size)}, {_tuple(lay.stride)}, {buf.name}.storage_offset() + {_size(lay.offset)})"
 
     def _alloc(self, name: str, reuse: str | None, kind: str) -> str:
         lay: Layout = self.ir.buffers[name].layout
@@ -114,6 +127,8 @@ class WrapperCodegen:
             return self._global("c_", a)
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float('{a}')"
+        if isinstance(a, sympy.Basic):
+            return _size(a)
         return repr(a)
 
     def _device_errors(self, rows: list[tuple[str, KernelSource]]) -> DeviceIndexErrors | None:
@@ -140,17 +155,19 @@ class WrapperCodegen:
     def _kernel_call(self, step: FusedGroup, kernel: str, src: KernelSource | None) -> list[str]:
         assert self.backend is not None
         args = [*step.inputs, *step.outputs]
+        sizes = src.size_args if src is not None else ()
+        self._need_symbols(sizes, step.name)
         checks = src.meta.get("index_checks") if src is not None else None
         if not checks:
-            return [self.backend.call_line(kernel, args) + f"  # {step.name}"]
+            return [self.backend.call_line(kernel, args, sizes) + f"  # {step.name}"]
         if src.meta.get("index_report") == "tensor":
             # the kernel's error row is its last argument; index_errors.check() reads them
-            return [self.backend.call_line(kernel, [*args, f"index_errors_{step.name}"])]
+            return [self.backend.call_line(kernel, [*args, f"index_errors_{step.name}"], sizes)]
         self.globals["raise_index_error"] = raise_index_error
         sites = self._global("checks_", tuple(checks))
         written = self._written(src)
         raise_call = f"raise_index_error({sites}, {{code}}, {{index}}, {written!r})"
-        lines = self.backend.checked_call_lines(kernel, args, raise_call)
+        lines = self.backend.checked_call_lines(kernel, args, raise_call, sizes)
         return [lines[0] + f"  # {step.name}", *lines[1:]]
 
     def generate(
@@ -169,6 +186,7 @@ class WrapperCodegen:
         body: list[str] = []
         if ins:
             body.append(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
+        body.extend(self._bind_symbols())
         for c in self.ir.constants:
             body.append(f"{c.name} = {self._global('const_', c.value)}")
         # the error rows are read right after the last kernel that writes one (an embedding
@@ -193,6 +211,40 @@ class WrapperCodegen:
         body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         out.extend("    " + line for line in body)
         return "\n".join(out) + "\n"
+
+    def _bind_symbols(self) -> list[str]:
+        """``s0 = arg0.size(1)`` for every size symbol, read from the first input that has
+        it as a dimension; then a restride of each input whose strides are symbolic and
+        differ from the ones kernels index it with (``CompiledGraph`` checks static ones)."""
+        lines: list[str] = []
+        self.bound: set[str] = set()
+        for b in self.ir.inputs:
+            if b is None:
+                continue
+            for d, s in enumerate(b.layout.size):
+                if is_size_symbol(s) and s.name not in self.bound:
+                    self.bound.add(s.name)
+                    lines.append(f"{s.name} = {b.name}.size({d})")
+        for b in self.ir.inputs:
+            if b is None:
+                continue
+            lay = b.layout
+            if all(getattr(v, "is_Integer", False) for v in lay.stride):
+                continue
+            self.globals["restride"] = _restride
+            want = _tuple(lay.stride)
+            lines.append(f"{b.name} = restride({b.name}, {want}, 'input {b.name}')")
+        return lines
+
+    def _need_symbols(self, names: Any, where: str) -> None:
+        missing = [n for n in names if n not in getattr(self, "bound", set())]
+        if missing:
+            raise LoweringError(
+                where,
+                f"the size symbols {', '.join(missing)} are not sizes of any graph input, so "
+                "the wrapper cannot bind them",
+                "report it; meanwhile mark the dimensions static (kiln.mark_static)",
+            )
 
     def _extern(self, step: ExternKernel) -> list[str]:
         target = call_target(step.op)

@@ -17,6 +17,7 @@ from .engine import (
     SymNode,
     env_of,
     expr_of,
+    hint_of,
     is_symbolic,
     python_expr,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "__version__",
     "env_of",
     "expr_of",
+    "hint_of",
     "is_symbolic",
     "python_expr",
 ]

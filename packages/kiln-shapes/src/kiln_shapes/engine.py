@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from .functions import FloorDiv, ModIndex
 
 Expr = sympy.Expr
 INF = sympy.oo
+MAX_SIZE = sympy.Integer(2**63 - 2)
 
 
 class ShapeGuardError(RuntimeError):
@@ -67,16 +68,28 @@ class Guard:
 
 def python_expr(expr: sympy.Basic) -> str:
     """Python source for an expression over symbols (``//`` and ``%`` for the floor
-    functions, ``min``/``max``, ``and``/``or``)."""
+    functions and ``Mod``, ``abs``, ``min``/``max``, ``and``/``or``, ``math.floor``/``math.ceil``;
+    operands of ``//`` and ``%`` parenthesized)."""
     return _PythonPrinter().doprint(expr)
 
 
 class _PythonPrinter(sympy.printing.str.StrPrinter):
+    def _operand(self, e) -> str:
+        """``e`` as an operand of ``//``/``%``: parenthesized unless it is an atom."""
+        text = self._print(e)
+        return text if e.is_Atom or isinstance(e, FloorDiv | ModIndex) else f"({text})"
+
     def _print_FloorDiv(self, e):
-        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} // {self._operand(e.args[1])})"
 
     def _print_ModIndex(self, e):
-        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} % {self._operand(e.args[1])})"
+
+    def _print_Mod(self, e):
+        return f"({self._operand(e.args[0])} % {self._operand(e.args[1])})"
+
+    def _print_Abs(self, e):
+        return f"abs({self._print(e.args[0])})"
 
     def _print_Max(self, e):
         return f"max({', '.join(self._print(a) for a in e.args)})"
@@ -128,6 +141,10 @@ class ShapeEnv:
         self.guards: list[Guard] = []
         self.replacements: dict[sympy.Symbol, Expr] = {}
         self.duck_sizing = duck_sizing
+        # where a guard recorded without an explicit location comes from: a capture engine
+        # that evaluates the user's code symbolically (so that the user's frame is not on
+        # the Python stack) sets this to return the line it is evaluating
+        self.locate: Callable[[], str | None] | None = None
         self._by_hint: dict[int, sympy.Symbol] = {}
         self._guard_keys: set[sympy.Basic] = set()
 
@@ -250,6 +267,18 @@ class ShapeEnv:
             acc = acc * (sympy.Max(size[d], 1) if size[d].is_Integer else size[d])
         return size, stride
 
+    def symbolic_tensor(
+        self,
+        t: torch.Tensor,
+        source: str,
+        dims: Iterable[int] | None = None,
+        ranges: dict[int, tuple[int | None, int | None]] | None = None,
+    ) -> torch.Tensor:
+        """A meta tensor like ``t`` with the sizes of ``dims`` (default: all) symbolic."""
+        dims = range(t.dim()) if dims is None else dims
+        size, stride = self.symbolic_sizes(t, source, dims, ranges)
+        return self.meta_tensor(size, stride, t.dtype, requires_grad=t.requires_grad)
+
     # ----------------------------------------------------------------- reasoning
     def bounds(self, expr: Any) -> tuple[Any, Any]:
         """An interval [lo, hi] containing every value of ``expr`` over the symbols' ranges."""
@@ -276,7 +305,7 @@ class ShapeEnv:
             return False if all(v is False for v in vals) else None
         if not isinstance(cond, sympy.core.relational.Relational):
             return None
-        diff = sympy.expand(cond.lhs - cond.rhs)
+        diff = sympy.expand(self.refine(cond.lhs - cond.rhs))
         if diff.is_Number:
             return bool(cond.func(diff, 0))
         lo, hi = _bounds(diff, self)
@@ -299,6 +328,35 @@ class ShapeEnv:
             return True if hi < 0 else False if lo >= 0 else None
         return None
 
+    def refine(self, expr: Any) -> Any:
+        """``expr`` with Max/Min whose winner the ranges decide, and remainders and floor
+        divisions of a smaller non-negative number by a larger one, resolved."""
+        expr = sympy.sympify(expr)
+        if not expr.has(sympy.Max, sympy.Min, ModIndex, FloorDiv):
+            return expr
+
+        def visit(e: Any) -> Any:
+            if not e.args:
+                return e
+            args = [visit(a) for a in e.args]
+            e = e.func(*args) if tuple(args) != e.args else e
+            if isinstance(e, (sympy.Max, sympy.Min)) and len(e.args) == 2:
+                a, b = e.args
+                d = _bounds(sympy.expand(a - b), self)
+                if d[0] >= 0:
+                    return a if isinstance(e, sympy.Max) else b
+                if d[1] <= 0:
+                    return b if isinstance(e, sympy.Max) else a
+            if isinstance(e, (ModIndex, FloorDiv)):
+                base, div = e.args
+                blo = _bounds(base, self)[0]
+                gap = _bounds(sympy.expand(div - base), self)[0]
+                if blo >= 0 and gap > 0:  # 0 <= base < div
+                    return base if isinstance(e, ModIndex) else sympy.Integer(0)
+            return e
+
+        return visit(expr)
+
     def _maybe_evaluate_static(self, expr: Any, **_: Any) -> Any:
         """torch's helper functions ask this: the value when the ranges decide it, else None."""
         known = self.statically_known(expr)
@@ -311,6 +369,7 @@ class ShapeEnv:
         known = self.statically_known(cond)
         if known is not None:
             return known
+        cond = self.refine(cond)
         value = bool(self.hint(cond))
         self.add_guard(cond if value else _negate(cond), where)
         return value
@@ -333,6 +392,8 @@ class ShapeEnv:
         if key in self._guard_keys:
             return
         self._guard_keys.add(key)
+        if where is None and self.locate is not None:
+            where = self.locate()
         self.guards.append(Guard(cond, _user_frame() if where is None else where))
         if isinstance(cond, sympy.Eq):
             self._replace(cond)
@@ -431,17 +492,23 @@ def _bounds(expr: Any, env: ShapeEnv) -> tuple[Any, Any]:
         info = env.symbols.get(expr)
         if info is None:
             return (0 if expr.is_nonnegative else -INF), INF
-        return sympy.Integer(info.lo), (INF if info.hi == math.inf else sympy.Integer(info.hi))
-    if isinstance(expr, sympy.Add) and expr.has(FloorDiv, ModIndex):
-        relaxed_lo = sympy.expand(_relax(expr, upper=False))
-        relaxed_hi = sympy.expand(_relax(expr, upper=True))
-        if not relaxed_lo.has(FloorDiv, ModIndex) and not relaxed_hi.has(FloorDiv, ModIndex):
-            return _bounds(relaxed_lo, env)[0], _bounds(relaxed_hi, env)[1]
+        # an unbounded size is still below 2**63 - 1 (sys.maxsize: a slice's "to the end")
+        return sympy.Integer(info.lo), (MAX_SIZE if info.hi == math.inf else sympy.Integer(info.hi))
     if isinstance(expr, sympy.Add):
         lo, hi = sympy.Integer(0), sympy.Integer(0)
         for a in expr.args:
             alo, ahi = _bounds(a, env)
             lo, hi = lo + alo, hi + ahi
+        if expr.has(FloorDiv, ModIndex):  # linear relaxations let sizes cancel
+            rlo = sympy.expand(_relax(expr, upper=False))
+            rhi = sympy.expand(_relax(expr, upper=True))
+            if not rlo.has(FloorDiv, ModIndex) and not rhi.has(FloorDiv, ModIndex):
+                lo, hi = max(lo, _bounds(rlo, env)[0]), min(hi, _bounds(rhi, env)[1])
+        if lo == -INF or hi == INF:  # terms that vary together: s0*s1 - s0 = s0*(s1 - 1)
+            factored = sympy.factor(expr)
+            if not isinstance(factored, sympy.Add):
+                flo, fhi = _bounds(factored, env)
+                lo, hi = max(lo, flo), min(hi, fhi)
         return lo, hi
     if isinstance(expr, sympy.Mul):
         lo, hi = sympy.Integer(1), sympy.Integer(1)
@@ -758,8 +825,9 @@ def _num_type(a: SymNode, b: SymNode) -> type:
 
 
 def _where(file: str, line: int) -> str | None:
-    """The location C++ passes, unless it is inside torch (then the user's frame)."""
-    if file and "/torch/" not in file:
+    """The location C++ passes, unless it is inside torch or its C++ sources (then the
+    user's frame)."""
+    if file and "/torch/" not in file and not file.endswith((".cpp", ".h", ".hpp", ".cu")):
         return f"{file}:{line}"
     return None
 
@@ -774,6 +842,15 @@ def expr_of(value: Any) -> Any:
     if isinstance(value, bool):
         return sympy.true if value else sympy.false
     return sympy.sympify(value)
+
+
+def hint_of(value: Any) -> Any:
+    """A size's value in the example (its hint) when symbolic; the value itself otherwise."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and isinstance(
+        value.node, SymNode
+    ):
+        return value.node.hint
+    return value
 
 
 def env_of(values: Iterable[Any]) -> ShapeEnv | None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from kiln_shapes import expr_of
 from torch import fx
 
 from kiln_aot.errors import PartitionError
+from kiln_aot.sym_nodes import SymEmitter, is_sym_node
 
 
 def placeholders(graph: fx.Graph, prefix: str) -> list[fx.Node]:
@@ -71,15 +73,24 @@ def build_graph(
         p = g.placeholder(name)
         p.meta = dict(n.meta)
         env[n] = p
-    needed = ancestors(outputs, stop=set(inputs))
+    # symbolic sizes are read from this graph's own inputs (sym_nodes), never passed
+    sizes = SymEmitter(g)
+    syms = {n for n in joint.graph.nodes if is_sym_node(n) and n not in env}
+    needed = ancestors(outputs, stop=set(inputs) | syms)
     order = [n for n in joint.graph.nodes if n in needed and n not in env and n.op != "output"]
     for n in _on_demand(order, set(lazy), set(env)):
+        if n in syms:
+            env[n] = sizes.emit(expr_of(n.meta["val"]))
+            continue
         if n.op == "placeholder":
             raise PartitionError(
                 f"{what} graph needs {n.name}, which is neither an input of it nor saved"
             )
         env[n] = g.node_copy(n, lambda a: env[a])
     g.output(tuple(env[o] for o in outputs))
+    for n in reversed(list(g.nodes)):  # size reads a re-emitted expression did not need
+        if is_sym_node(n) and not n.users:
+            g.erase_node(n)
     g.lint()
     return fx.GraphModule(joint, g)
 

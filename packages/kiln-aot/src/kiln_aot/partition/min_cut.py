@@ -26,6 +26,7 @@ import operator
 from typing import Any
 
 import torch
+from kiln_shapes import hint_of
 from torch import fx
 
 from kiln_aot import config, core_ops
@@ -37,6 +38,7 @@ from kiln_aot.partition.graph_split import (
     tangent_dependent,
 )
 from kiln_aot.partition.maxflow import INF, FlowNetwork
+from kiln_aot.sym_nodes import is_sym_node
 
 aten = torch.ops.aten
 
@@ -77,7 +79,8 @@ def _numel(val: Any) -> int:
 def nbytes(node: fx.Node) -> int | None:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
+        # symbolic sizes weigh in at their hints (the example's sizes)
+        return hint_of(val.numel()) * val.element_size()
     return None
 
 
@@ -116,10 +119,13 @@ def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     src, sink = "source", "sink"
     net.node(src)
     net.node(sink)
+    # symbolic sizes are never saved: the backward reads them from its own inputs
     forward = [
         n
         for n in graph.nodes
-        if n.op in ("placeholder", "get_attr", "call_function") and n not in backward
+        if n.op in ("placeholder", "get_attr", "call_function")
+        and n not in backward
+        and not is_sym_node(n)
     ]
     for n in forward:
         size = nbytes(n)
@@ -133,7 +139,7 @@ def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     for n in graph.nodes:
         if n in backward and n in needed:
             for a in n.all_input_nodes:
-                if a not in backward:
+                if a not in backward and not is_sym_node(a):
                     net.add_edge((a, "out"), sink, INF)
     for g in grads:
         if isinstance(g, fx.Node) and g not in backward:

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import sympy
+
 # Unary ops: (name, needs a floating argument)
 UNARY_OPS = (
     "neg abs exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh "
@@ -48,6 +50,10 @@ def _stack() -> list[Any]:
     return _state.stack
 
 
+def _symbolic(value: Any) -> bool:
+    return isinstance(value, sympy.Basic) and bool(value.free_symbols)
+
+
 class _OpsProxy:
     """``ops.<name>(...)`` forwards to the innermost installed handler."""
 
@@ -57,6 +63,9 @@ class _OpsProxy:
             stack = _stack()
             if not stack:
                 raise RuntimeError(f"ops.{name} called outside of a handler (use ops_handler(...))")
+            if name == "constant" and _symbolic(args[0] if args else kwargs.get("value")):
+                # a scalar that is a size (``x / t``): computed from the kernel's size args
+                return stack[-1].index_expr(*args, **kwargs)
             return getattr(stack[-1], name)(*args, **kwargs)
 
         call.__name__ = name

@@ -9,10 +9,16 @@ keeps reshapes of contiguous data vectorizable.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Sequence
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import sympy
+import torch
+from kiln_shapes import expr_of
 from kiln_shapes.functions import FloorDiv, ModIndex
 from kiln_shapes.functions import split_divisible as _split_divisible
 
@@ -22,10 +28,33 @@ __all__ = ["FloorDiv", "ModIndex"]
 
 
 def sym(value: object) -> Expr:
-    """A sympy integer expression for a size, stride or index."""
+    """A sympy integer expression for a size, stride or index (a SymInt of kiln's shape
+    engine gives its expression over the input size symbols)."""
     if isinstance(value, sympy.Basic):
         return value  # type: ignore[return-value]
+    if isinstance(value, torch.SymInt):
+        return expr_of(value)
     return sympy.Integer(int(value))  # type: ignore[call-overload]
+
+
+_SIZE_SYMBOL = re.compile(r"\bs(\d+)\b")
+
+
+def size_symbols_in(text: str) -> tuple[str, ...]:
+    """The size symbols (``s0``, ``s12``: kiln_shapes' names) a kernel's source uses, in
+    numeric order. Kernel generators name nothing else ``s<digits>``."""
+    return tuple(f"s{i}" for i in sorted({int(m) for m in _SIZE_SYMBOL.findall(text)}))
+
+
+def is_size_symbol(s: object) -> bool:
+    return isinstance(s, sympy.Symbol) and _SIZE_SYMBOL.fullmatch(s.name) is not None
+
+
+def is_int_like(value: object) -> bool:
+    """A Python int (not bool) or an integer-valued sympy expression (a symbolic size)."""
+    if isinstance(value, sympy.Basic):
+        return bool(value.is_integer)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def index_vars(prefix: str, count: int) -> list[sympy.Symbol]:
@@ -39,12 +68,36 @@ def product(values: Iterable[Expr]) -> Expr:
     return out
 
 
+_active = threading.local()
+
+
+@contextlib.contextmanager
+def shape_env(env: Any) -> Iterator[None]:
+    """Make ``env`` (a kiln_shapes.ShapeEnv, or None) the one ``refine`` consults."""
+    prev = getattr(_active, "env", None)
+    _active.env = env
+    try:
+        yield
+    finally:
+        _active.env = prev
+
+
+def refine(expr: Any) -> Any:
+    """``expr`` simplified under the size symbols' ranges (``Min(s0, 2**63 - 1)`` -> ``s0``,
+    ``Max(1, s1 // 2)`` -> ``s1 // 2`` when ``s1 >= 2``) while a graph with symbolic
+    sizes is being lowered; unchanged otherwise."""
+    env = getattr(_active, "env", None)
+    if env is None or not getattr(expr, "free_symbols", None):
+        return expr
+    return env.refine(expr)
+
+
 def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
     strides: list[Expr] = []
     acc: Expr = sympy.Integer(1)
     for s in reversed(size):
         strides.append(acc)
-        acc = acc * sympy.Max(s, 1) if not s.is_Integer else acc * max(int(s), 1)
+        acc = acc * refine(sympy.Max(s, 1)) if not s.is_Integer else acc * max(int(s), 1)
     return tuple(reversed(strides))
 
 

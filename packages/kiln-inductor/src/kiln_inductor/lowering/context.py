@@ -9,6 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch.fx
 
+from ..ir.symbols import refine, shape_env
+
+__all__ = ["current_graph", "current_node", "lowering_context", "node_val", "refine"]
+
 if TYPE_CHECKING:
     from ..graph import GraphLowering
 
@@ -20,7 +24,8 @@ def lowering_context(graph: GraphLowering) -> Iterator[None]:
     prev = getattr(_state, "graph", None)
     _state.graph = graph
     try:
-        yield
+        with shape_env(getattr(graph, "shape_env", None)):
+            yield
     finally:
         _state.graph = prev
 

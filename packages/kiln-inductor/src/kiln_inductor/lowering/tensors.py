@@ -12,8 +12,8 @@ import torch
 from ..index_check import OUT_OF_BOUNDS, IndexCheck, index_check
 from ..ir.nodes import Pointwise, TensorValue
 from ..ir.ops import ops
-from ..ir.symbols import Expr, FloorDiv, sym
-from .context import current_graph
+from ..ir.symbols import Expr, FloorDiv, is_int_like, sym
+from .context import current_graph, current_node
 from .graph_unsupported import unsupported
 from .registry import register_lowering
 from .values import broadcast_loader, broadcast_sizes, compute_dtype, normalize_dim, to_dtype
@@ -155,12 +155,17 @@ def arange(
     if dtype is None:
         dtype = (
             torch.int64
-            if all(isinstance(v, int) for v in (start, end, step))
+            if all(is_int_like(v) for v in (start, end, step))
             else torch.get_default_dtype()
         )
     import math
 
-    n = max(math.ceil((end - start) / step), 0)
+    if all(isinstance(v, (int, float)) for v in (start, end, step)):
+        n = max(math.ceil((end - start) / step), 0)
+    else:  # a symbolic bound: the length the meta function computed
+        node = current_node()
+        assert node is not None
+        n = sym(node.meta["val"].shape[0])
 
     def inner(index: Sequence[Expr]) -> Any:
         if not dtype.is_floating_point:

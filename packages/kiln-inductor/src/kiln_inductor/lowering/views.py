@@ -24,6 +24,7 @@ from ..ir.symbols import (
     sym,
     unflatten_index,
 )
+from .context import refine
 from .registry import register_lowering
 from .values import expand_to, normalize_dim
 
@@ -136,8 +137,8 @@ def slice_(
         start = sympy.Max(start + n, 0)
     if end.is_Integer and end < 0:
         end = sympy.Max(end + n, 0)
-    start, end = sympy.Min(start, n), sympy.Min(end, n)
-    length = sympy.Max(FloorDiv(sympy.Max(end - start, 0) + step - 1, step), 0)
+    start, end = refine(sympy.Min(start, n)), refine(sympy.Min(end, n))
+    length = refine(sympy.Max(FloorDiv(refine(sympy.Max(end - start, 0)) + step - 1, step), 0))
     size = list(x.size)
     size[dim] = length
     if isinstance(x, StorageView):

@@ -1,0 +1,115 @@
+"""Symbolic sizes as graph nodes.
+
+An op traced with a symbolic size argument (``view(x, [s0, s1 // 2])``) needs that size as
+a node of the graph: each symbol is read from the first graph input that has it as a
+dimension (``aten.sym_size.int(arg, dim)``, placed after the placeholders), and an
+expression is built from those reads with Python arithmetic (``operator.mul``,
+``operator.floordiv``, ...). One node per expression, reused by every op that needs it;
+``meta["val"]`` is the SymInt. A compiler binds the symbols from its inputs and computes
+the expressions; run eagerly, the graph computes them on real sizes.
+
+The partitioner uses the same emitter: a backward graph reads its sizes from its own
+inputs (saved tensors and tangents) instead of saving them.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import sympy
+import torch
+from kiln_shapes import FloorDiv, ModIndex, env_of, expr_of
+from torch import fx
+
+from kiln_aot.errors import Unsupported
+
+aten = torch.ops.aten
+
+
+class SymEmitter:
+    """Builds (and caches) the nodes of size expressions in ``graph``."""
+
+    def __init__(self, graph: fx.Graph):
+        self.graph = graph
+        self.cache: dict[Any, Any] = {}
+
+    def placeholders(self) -> list[fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder"]
+
+    def emit(self, expr: Any) -> Any:
+        """The node (or int) for ``expr``, a sympy expression over the inputs' size symbols."""
+        expr = sympy.sympify(expr)
+        if expr.is_Integer:
+            return int(expr)
+        if expr in self.cache:
+            return self.cache[expr]
+        node = self._read(expr) if isinstance(expr, sympy.Symbol) else self._arith(expr)
+        if isinstance(node, fx.Node) and "val" not in node.meta:
+            env = env_of([p.meta.get("val") for p in self.placeholders()])
+            if env is not None:
+                node.meta["val"] = env.symint(expr)
+        self.cache[expr] = node
+        return node
+
+    def _read(self, symbol: sympy.Symbol) -> fx.Node:
+        phs = self.placeholders()
+        for ph in phs:
+            val = ph.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                continue
+            for d, s in enumerate(val.shape):
+                if isinstance(s, torch.SymInt) and expr_of(s) == symbol:
+                    with self.graph.inserting_after(phs[-1]):
+                        node = self.graph.call_function(aten.sym_size.int, (ph, d))
+                    node.meta["val"] = s
+                    return node
+        raise Unsupported(
+            "symbolic size",
+            f"{symbol} is not the size of any input of the graph, so it cannot compute it",
+            fix="mark the dimension static (kiln.mark_static) or report it",
+        )
+
+    def _call(self, fn: Any, *args: Any) -> fx.Node:
+        return self.graph.call_function(fn, args)
+
+    def _fold(self, fn: Any, args: Any) -> Any:
+        values = [self.emit(a) for a in args]
+        out = values[0]
+        for v in values[1:]:
+            out = self._call(fn, out, v)
+        return out
+
+    def _arith(self, expr: Any) -> Any:
+        if isinstance(expr, sympy.Add):
+            return self._fold(operator.add, expr.args)
+        if isinstance(expr, sympy.Mul):
+            return self._fold(operator.mul, expr.args)
+        if isinstance(expr, FloorDiv):
+            return self._fold(operator.floordiv, expr.args)
+        if isinstance(expr, ModIndex):
+            return self._fold(operator.mod, expr.args)
+        if isinstance(expr, sympy.Max):
+            return self._fold(torch.sym_max, expr.args)
+        if isinstance(expr, sympy.Min):
+            return self._fold(torch.sym_min, expr.args)
+        if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
+            return self._call(operator.pow, self.emit(expr.base), int(expr.exp))
+        if isinstance(expr, sympy.floor) and isinstance(expr.args[0], sympy.Mul):
+            num, den = sympy.fraction(expr.args[0])
+            if den != 1:
+                return self._fold(operator.floordiv, (num, den))
+        raise Unsupported(
+            "symbolic size",
+            f"kiln cannot build the size expression {expr} as graph nodes",
+            fix="mark the dimensions it depends on static (kiln.mark_static), or report it",
+        )
+
+
+def is_sym_node(node: Any) -> bool:
+    return isinstance(node, fx.Node) and isinstance(
+        node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)
+    )
+
+
+__all__ = ["SymEmitter", "is_sym_node"]
