@@ -129,3 +129,16 @@ def test_python_expr_prints_python_with_the_precedence_of_the_expression():
             want = e.subs({a: va, b: vb})
             got = eval(python_expr(e), {"math": math, "s0": va, "s1": vb})
             assert got == want, (python_expr(e), got, want)
+
+
+def test_meta_kernels_the_dispatcher_refuses_and_size_queries_run_symbolically():
+    import torch.nn.functional as F
+
+    env = ShapeEnv()
+    x = _sym_tensor(env, torch.empty(3, 7, 16), "x")
+    b, t, c = (expr_of(d) for d in x.shape)
+    with symbolic_meta():
+        padded = F.pad(x, (0, 0, 1, 2))  # constant_pad_nd's Python meta kernel
+        assert [expr_of(d) for d in padded.shape] == [b, t + 3, c]
+        up = F.interpolate(x.transpose(1, 2), scale_factor=2.0)  # calls aten.size
+        assert list(up.shape) == [3, 16, 14]  # its float output size specializes

@@ -36,6 +36,28 @@ _CPP_SYMBOLIC = frozenset(
 )
 
 
+# metadata queries that decompositions call as ops: answered from the tensor itself
+_QUERY_RULES = {
+    "size.default": lambda t: tuple(t.shape),
+    "size.int": lambda t, d: t.shape[d],
+    "sym_size.default": lambda t: tuple(t.shape),
+    "sym_size.int": lambda t, d: t.shape[d],
+    "stride.default": lambda t: tuple(t.stride()),
+    "stride.int": lambda t, d: t.stride(d),
+    "sym_stride.default": lambda t: tuple(t.stride()),
+    "sym_stride.int": lambda t, d: t.stride(d),
+    "sym_numel.default": lambda t: t.numel(),
+    "numel.default": lambda t: t.numel(),
+    "dim.default": lambda t: t.dim(),
+    "sym_storage_offset.default": lambda t: t.storage_offset(),
+}
+_QUERIES = {
+    getattr(getattr(aten, name.split(".")[0]), name.split(".")[1]): rule
+    for name, rule in _QUERY_RULES.items()
+    if hasattr(getattr(aten, name.split(".")[0], None), name.split(".")[1])
+}
+
+
 def has_symbolic(args: Any) -> bool:
     for a in tree_leaves(args):
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -56,21 +78,35 @@ def run(func: Any, args: tuple, kwargs: dict, reenter: Any = None) -> Any:
     context manager under which the ops a decomposition calls come back through here."""
     if not isinstance(func, torch._ops.OpOverload) or not has_symbolic((args, kwargs)):
         return func(*args, **kwargs)
+    query = _QUERIES.get(func)
+    if query is not None:
+        return query(*args, **kwargs)
     meta_table, decomps = _tables()
+    ctx = reenter if reenter is not None else contextlib.nullcontext()
     if (
         func not in meta_table
         and func not in _CPP_SYMBOLIC
         and torch.Tag.view_copy not in func.tags
     ):
-        ctx = reenter if reenter is not None else contextlib.nullcontext()
         if func in decomps:
             with ctx:
                 return decomps[func](*args, **kwargs)
-        with ctx:
-            out = func.decompose(*args, **kwargs)
+        try:
+            with ctx:
+                out = func.decompose(*args, **kwargs)
+        except RuntimeError:  # no kernel table to look in (``aten::size``): run it
+            out = NotImplemented
         if out is not NotImplemented:
             return out
-    return func(*args, **kwargs)
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError:
+        if func not in meta_table or func in _CPP_SYMBOLIC:
+            raise
+    # the dispatcher refused the Python meta kernel of an op some of whose inner calls
+    # see symbolic tensors (constant_pad_nd): run it here, its inner ops back through us
+    with ctx:
+        return meta_table[func](*args, **kwargs)
 
 
 class SymbolicMetaMode(TorchDispatchMode):
