@@ -24,6 +24,7 @@ from .config import read_config
 from .errors import AotUnavailableError
 from .graph import GraphLowering
 from .ir.printer import print_ir
+from .ir.symbols import shape_env
 from .scheduler.fuse import FusedGroup, fuse_nodes
 from .scheduler.memory import plan_memory
 from .scheduler.templates import TemplateGroup, fuse_templates
@@ -122,6 +123,20 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) 
     _dump(debug, "aten.py", gm.code)
     lowering = GraphLowering(gm, example_inputs, debug)
     ir = lowering.run()
+    # the size symbols' ranges stay in force for scheduling and kernel generation
+    with shape_env(lowering.shape_env):
+        return _compile_lowered(gm, lowering, ir, cfg, gid, debug, t0)
+
+
+def _compile_lowered(
+    gm: torch.fx.GraphModule,
+    lowering: GraphLowering,
+    ir: Any,
+    cfg: Any,
+    gid: int,
+    debug: Path | None,
+    t0: float,
+) -> CompiledGraph:
     _dump(debug, "ir", print_ir(ir))
     if cfg.verify:
         verify_ir(ir)

@@ -305,6 +305,8 @@ class ShapeEnv:
             return False if all(v is False for v in vals) else None
         if not isinstance(cond, sympy.core.relational.Relational):
             return None
+        if _is_truth(cond.lhs) or _is_truth(cond.rhs):
+            return None  # a comparison of truth values: decided at the hints
         diff = sympy.expand(self.refine(cond.lhs - cond.rhs))
         if diff.is_Number:
             return bool(cond.func(diff, 0))
@@ -504,7 +506,7 @@ def _bounds(expr: Any, env: ShapeEnv) -> tuple[Any, Any]:
             rhi = sympy.expand(_relax(expr, upper=True))
             if not rlo.has(FloorDiv, ModIndex) and not rhi.has(FloorDiv, ModIndex):
                 lo, hi = max(lo, _bounds(rlo, env)[0]), min(hi, _bounds(rhi, env)[1])
-        if lo == -INF or hi == INF:  # terms that vary together: s0*s1 - s0 = s0*(s1 - 1)
+        if lo <= 0 <= hi:  # sign undecided; terms may vary together: s0*s1 - s0 = s0*(s1 - 1)
             factored = sympy.factor(expr)
             if not isinstance(factored, sympy.Add):
                 flo, fhi = _bounds(factored, env)
@@ -773,6 +775,11 @@ class SymNode:
 
     # ---- comparisons and logic
     def _compare(self, other: SymNode, op: str) -> SymNode:
+        if bool in (self.pytype, other.pytype) and op in ("eq", "ne"):
+            # truth values: a == b is Equivalent(a, b), a != b is Xor(a, b)
+            fn = sympy.Equivalent if op == "eq" else sympy.Xor
+            a, b = (_as_bool(n.expr, n.pytype) for n in (self, other))
+            return self._new(fn(a, b), bool)
         return self._new(_COMPARE[op](self.expr, other.expr), bool)
 
     def eq(self, other: SymNode) -> SymNode:
@@ -818,6 +825,19 @@ class SymNode:
         if self.pytype is bool:
             return self.sym_or(other)
         return self._new(self.env.specialize(self.expr) | self.env.specialize(other.expr), int)
+
+
+def _is_truth(e: Any) -> bool:
+    """A truth value (True/False, a relation, And/Or/Not), not a number (sympy's Symbol is
+    also a Boolean)."""
+    boolalg = sympy.logic.boolalg
+    return isinstance(
+        e, (boolalg.BooleanAtom, boolalg.BooleanFunction, sympy.core.relational.Relational)
+    )
+
+
+def _as_bool(e: Any, pytype: type) -> Any:
+    return e if pytype is bool else sympy.Ne(e, 0)
 
 
 def _num_type(a: SymNode, b: SymNode) -> type:

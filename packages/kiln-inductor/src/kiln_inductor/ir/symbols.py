@@ -125,7 +125,8 @@ def unflatten_index(flat: Expr, size: Sequence[Expr]) -> list[Expr]:
 
 
 def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
-    """An upper bound (inclusive) of a non-negative index expression over loop ranges."""
+    """An upper bound (inclusive) of a non-negative index expression over loop ranges (an
+    expression of the size symbols when the ranges are symbolic)."""
     expr = sympy.expand(expr)
     total: Expr = sympy.Integer(0)
     for term in sympy.Add.make_args(expr):
@@ -135,6 +136,15 @@ def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
             continue
         if coeff < 0:
             continue  # dropping a negative term keeps the bound an upper bound
+        # size symbols multiplying the term are constants of the loop nest
+        factors = sympy.Mul.make_args(rest)
+        sizes = [f for f in factors if is_size_symbol(f)]
+        if sizes and len(sizes) < len(factors):
+            coeff = coeff * product(sizes)
+            rest = sympy.Mul(*(f for f in factors if not is_size_symbol(f)))
+        elif sizes:  # a product of sizes alone
+            total = total + coeff * rest
+            continue
         if isinstance(rest, sympy.Symbol) and rest in ranges:
             total = total + coeff * (ranges[rest] - 1)
         elif isinstance(rest, ModIndex):
@@ -149,9 +159,24 @@ def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
     return total
 
 
+def _less(a: Expr, b: Expr, ranges: dict[sympy.Symbol, Expr]) -> bool:
+    """Whether ``a < b`` for every value of the loop variables (and, when symbolic, of the
+    size symbols in their ranges). ``FloorDiv(p, d) < b`` holds when ``p < b * d``."""
+    if isinstance(a, FloorDiv):
+        return _less(a.args[0], b * a.args[1], ranges)
+    ub = upper_bound(a, ranges)
+    if ub is None:
+        return False
+    diff = sympy.expand(b - ub)
+    if diff.is_Number:
+        return bool(diff > 0)
+    env = getattr(_active, "env", None)
+    return env is not None and env.statically_known(sympy.Gt(diff, 0)) is True
+
+
 def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
     """Drop loop variables of range 1 (always 0) and FloorDiv/ModIndex that the loop ranges
-    prove trivial."""
+    prove trivial (symbolic ranges too, under the size symbols' ranges)."""
     expr = sympy.sympify(expr)
     ones = {v: sympy.Integer(0) for v, r in ranges.items() if r == 1 and v in expr.free_symbols}
     if ones:
@@ -162,15 +187,15 @@ def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
             return e
         args = [visit(a) for a in e.args]
         e = e.func(*args) if tuple(args) != e.args else e
+        if isinstance(e, sympy.Add):
+            e = _merge_div_mod(e)
         if isinstance(e, (FloorDiv, ModIndex)):
             base, div = e.args
-            bound = upper_bound(base, ranges)
-            if bound is not None and bound.is_Integer and div.is_Integer and bound < div:
+            if _less(base, div, ranges):
                 return sympy.Integer(0) if isinstance(e, FloorDiv) else base
             # (a*d + b) // d where 0 <= b < d  ->  a
             q, r = _split_divisible(sympy.expand(base), div)
-            rb = upper_bound(r, ranges) if r != 0 else sympy.Integer(0)
-            if q != 0 and rb is not None and rb.is_Integer and div.is_Integer and rb < div:
+            if q != 0 and (r == 0 or _less(r, div, ranges)):
                 return q if isinstance(e, FloorDiv) else r
             scaled = _factor_common_stride(e, ranges)
             if scaled is not None:
@@ -181,31 +206,32 @@ def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
 
 
 def _factor_common_stride(e: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
-    """(k*a + r) // d -> a // (d/k) and (k*a + r) % d -> k*(a % (d/k)) + r, when k divides d,
-    k divides every coefficient of a, and 0 <= r < k over the loop ranges.
+    """(k*a + r) // (k*d) -> a // d and (k*a + r) % (k*d) -> k*(a % d) + r, when k divides
+    every coefficient of a and 0 <= r < k over the loop ranges (d may be symbolic).
 
     Views of views (a reshape of a transposed slice, ...) produce these; without the rule a
     contiguous inner loop keeps a division and the compiler cannot vectorize it."""
     base, div = e.args
-    if not div.is_Integer:
+    cdiv, ddiv = div.as_coeff_Mul()
+    if not cdiv.is_Integer or cdiv <= 1:
         return None
     terms = sympy.Add.make_args(sympy.expand(base))
     coeffs = [t.as_coeff_Mul()[0] for t in terms]
     if any(not c.is_Integer or c <= 0 for c in coeffs):
         return None
-    for k in sorted({math.gcd(int(div), int(c)) for c in coeffs}, reverse=True):
+    for k in sorted({math.gcd(int(cdiv), int(c)) for c in coeffs}, reverse=True):
         if k <= 1:
             break
         a = sum((t / k for t, c in zip(terms, coeffs) if int(c) % k == 0), sympy.Integer(0))
         r = sum((t for t, c in zip(terms, coeffs) if int(c) % k != 0), sympy.Integer(0))
         if a == 0 or r == 0:
             continue
-        rb = upper_bound(r, ranges)
-        if rb is None or not rb.is_Integer or rb >= k:
+        if not _less(r, sympy.Integer(k), ranges):
             continue
+        rest = (cdiv // k) * ddiv
         if isinstance(e, FloorDiv):
-            return FloorDiv(a, div // k)
-        return k * ModIndex(a, div // k) + r
+            return FloorDiv(a, rest)
+        return k * ModIndex(a, rest) + r
     return None
 
 
