@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 
 from ..ir.nodes import Layout, StorageView, TensorValue, View
-from ..ir.symbols import sym
+from ..ir.symbols import FloorDiv, sym
 from .context import current_graph, current_node
 from .registry import register_extern, register_fallback, register_lowering
 
@@ -77,12 +78,57 @@ def _dense_in_stride_order(val: torch.Tensor, device: torch.device) -> Layout:
     return Layout(device, val.dtype, tuple(sym(n) for n in val.shape), tuple(map(sym, strides)))
 
 
+# CUDA's memory-efficient attention reads its bias in 16-element aligned rows: eager pads
+# the bias's last dimension (a decode step's mask of 25 keys has rows of 25 floats, which
+# the kernel refuses). Position of the bias among each op's arguments:
+_ALIGNED_BIAS = {
+    aten._scaled_dot_product_efficient_attention.default: 3,
+    aten._scaled_dot_product_efficient_attention_backward.default: 4,
+}
+BIAS_ALIGNMENT = 16
+
+
+def _aligned_bias(value: Any, val: Any) -> Any:
+    """``value`` realized with rows padded to ``BIAS_ALIGNMENT`` elements (the padding is
+    never read), its last dimension contiguous, broadcast dimensions kept at stride 0."""
+    if not isinstance(value, TensorValue) or not isinstance(val, torch.Tensor) or val.dim() < 2:
+        return _in_traced_strides(value, val)
+    dense = _dense_in_stride_order(val, value.device)
+    size = list(dense.size)
+    if dense.stride[-1] != 1:
+        return _in_traced_strides(value, val)
+    order = sorted(
+        range(len(size)), key=lambda d: (dense.stride[d] == 0 or size[d] == 1, dense.stride[d])
+    )
+    strides: list[Any] = [0] * len(size)
+    acc: Any = sympy.Integer(1)
+    for k, d in enumerate(order):
+        strides[d] = acc
+        n = (
+            sympy.Max(size[d], 1)
+            if not getattr(size[d], "is_Integer", False)
+            else max(int(size[d]), 1)
+        )
+        acc = acc * n
+        if k == 0:  # round the row up
+            acc = FloorDiv(acc + BIAS_ALIGNMENT - 1, BIAS_ALIGNMENT) * BIAS_ALIGNMENT
+    layout = Layout(value.device, val.dtype, tuple(size), tuple(sym(x) for x in strides))
+    have = value if isinstance(value, StorageView) else None
+    if have is not None and have.layout.stride == layout.stride:
+        return have
+    return current_graph().realize(value, layout)
+
+
 def _extern_in_traced_strides(op: Any) -> Any:
     def lower(*args: Any, **kwargs: Any) -> Any:
         node = current_node()
         assert node is not None
         vals = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-        args = tuple(_in_traced_strides(a, v) for a, v in zip(args, vals[0]))
+        bias_at = _ALIGNED_BIAS.get(op)
+        args = tuple(
+            _aligned_bias(a, v) if i == bias_at else _in_traced_strides(a, v)
+            for i, (a, v) in enumerate(zip(args, vals[0]))
+        )
         kwargs = {k: _in_traced_strides(a, vals[1].get(k)) for k, a in kwargs.items()}
         return current_graph().extern_call(op, args, kwargs, "extern")
 
