@@ -48,4 +48,10 @@ def test_stats_count_graphs_breaks_and_recompiles():
     got = kiln_capture.stats()
     assert got["graphs"] == 4 and got["breaks"] == 2 and got["recompiles"] == 2, got
     kiln_capture.reset()
-    assert kiln_capture.stats() == {"graphs": 0, "breaks": 0, "recompiles": 0, "eager_frames": 0}
+    assert kiln_capture.stats() == {
+        "graphs": 0,
+        "breaks": 0,
+        "recompiles": 0,
+        "eager_frames": 0,
+        "cache_limit_hits": 0,
+    }

@@ -83,6 +83,28 @@ def test_hf_model_captured_without_breaks(name):
     torch.testing.assert_close(again.last_hidden_state, expected.last_hidden_state)
 
 
+@pytest.mark.parametrize("name", list(HF_MODELS))
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_hf_model_one_graph_for_every_sequence_length(name, dynamic):
+    """dynamic=True: one graph, symbolic batch and length; None: the second length
+    recompiles once with the length symbolic. Both match eager at every length."""
+    make, kwargs = HF_MODELS[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    backend = CountingBackend()
+    fast = kiln_capture.optimize(backend, dynamic=dynamic)(model)
+    with torch.no_grad():
+        for length in (7, 12, 5, 19, 31):
+            ids = torch.randint(0, 128, (2, length))
+            got = fast(input_ids=ids, **kwargs).last_hidden_state
+            torch.testing.assert_close(got, model(input_ids=ids, **kwargs).last_hidden_state)
+    assert len(backend.graphs) == (1 if dynamic else 2)
+    assert kiln_capture.stats()["breaks"] == 0
+    (ids,) = [n for n in backend.graphs[-1].graph.nodes if n.op == "placeholder"][:1]
+    symbolic = [isinstance(s, torch.SymInt) for s in ids.meta["val"].shape]
+    assert symbolic == [bool(dynamic), True]
+
+
 def _more_models():
     tf = transformers
     small = dict(

@@ -15,11 +15,13 @@ if tuple(_C.built_for_python()) != sys.version_info[:2]:
 
 from kiln_capture.api import ExplainOutput, OptimizedModule, disable, explain, optimize, reset
 from kiln_capture.breaks import GraphBreak
-from kiln_capture.errors import BackendError, GraphBreakError
+from kiln_capture.dynamic import mark_dynamic, mark_static
+from kiln_capture.errors import BackendError, DynamicShapeError, GraphBreakError
 from kiln_capture.stats import stats
 
 __all__ = [
     "BackendError",
+    "DynamicShapeError",
     "ExplainOutput",
     "GraphBreak",
     "GraphBreakError",
@@ -27,6 +29,8 @@ __all__ = [
     "__version__",
     "disable",
     "explain",
+    "mark_dynamic",
+    "mark_static",
     "optimize",
     "reset",
     "stats",

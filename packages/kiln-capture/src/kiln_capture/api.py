@@ -53,13 +53,20 @@ class OptimizedModule(nn.Module):
         return run_enabled(self._kiln_ctx, self._orig_mod, args, kwargs)
 
 
-def optimize(backend, fullgraph: bool = False):
+def optimize(backend, fullgraph: bool = False, dynamic: bool | None = None):
     """Return a decorator: ``optimize(backend)(fn_or_module)`` captures graphs for ``backend``.
 
     ``backend(gm: torch.fx.GraphModule, example_inputs: list) -> callable`` is called once
     per captured graph (the protocol of torch.compile custom backends).
+
+    ``dynamic``: ``True`` makes every dimension of every tensor argument symbolic (sizes
+    0 and 1 aside); ``None`` (the default) specializes the first compile and makes the
+    dimensions whose size changed symbolic when the frame compiles again; ``False``
+    specializes every size. ``mark_dynamic``/``mark_static`` override it per dimension.
     """
-    ctx = Context(backend=backend, fullgraph=fullgraph)
+    if dynamic is not None and type(dynamic) is not bool:
+        raise TypeError(f"optimize(dynamic=...) takes None, True or False, got {dynamic!r}")
+    ctx = Context(backend=backend, fullgraph=fullgraph, dynamic=dynamic)
 
     def wrap(obj):
         if isinstance(obj, nn.Module):
@@ -99,6 +106,8 @@ class ExplainOutput:
     guards: list[str] = field(default_factory=list)
     recompiles: list[str] = field(default_factory=list)
     result: Any = None
+    symbols: list[str] = field(default_factory=list)  # "s0 in [2, inf] (hint 8) from x.size(0)"
+    shape_guards: list[str] = field(default_factory=list)  # "s0 > 8  # model.py:12"
 
     @property
     def graph_count(self) -> int:
@@ -140,6 +149,10 @@ class ExplainOutput:
             lines.append(f"--- break ---\n{b}")
         if self.guards:
             lines.append("--- guards ---\n  " + "\n  ".join(self.guards))
+        if self.symbols:
+            lines.append("--- symbols ---\n  " + "\n  ".join(self.symbols))
+        if self.shape_guards:
+            lines.append("--- shape guards ---\n  " + "\n  ".join(self.shape_guards))
         for r in self.recompiles:
             lines.append(f"--- recompile ---\n{r}")
         return "\n".join(lines)
@@ -147,7 +160,12 @@ class ExplainOutput:
 
 def explain(fn, *args, **kwargs):
     """``explain(fn)(*args)`` (or ``explain(fn, *args)``): run ``fn`` captured and report
-    its graphs, graph breaks (reason and source line), guards and recompiles."""
+    its graphs, graph breaks (reason and source line), guards, recompiles, and the symbols
+    and shape guards of symbolic sizes. For a function or module that ``optimize`` made,
+    its ``dynamic`` setting applies (else the default, None: sizes marked with
+    ``mark_dynamic`` are symbolic)."""
+    optimized = getattr(fn, "_kiln_ctx", None)
+    dynamic = optimized.dynamic if optimized is not None else None
 
     def run(*a, **k) -> ExplainOutput:
         reset()
@@ -156,11 +174,21 @@ def explain(fn, *args, **kwargs):
         def backend(gm, example_inputs):
             return gm.forward
 
-        ctx = Context(backend=backend, fullgraph=False, recorder=rec)
+        ctx = Context(backend=backend, fullgraph=False, recorder=rec, dynamic=dynamic)
         target = fn._orig_mod if isinstance(fn, OptimizedModule) else fn
+        if optimized is not None and not isinstance(fn, OptimizedModule):
+            target = fn.__wrapped__
         with _Enabled(ctx):
             result = target(*a, **k)
-        return ExplainOutput(rec.graphs, rec.breaks, rec.guards, rec.recompiles, result)
+        return ExplainOutput(
+            rec.graphs,
+            rec.breaks,
+            rec.guards,
+            rec.recompiles,
+            result,
+            rec.symbols,
+            rec.shape_guards,
+        )
 
     if args or kwargs:
         return run(*args, **kwargs)

@@ -33,6 +33,7 @@ from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_res
 from kiln_capture.bytecode.rewrite import covering_handlers, in_exception_range
 from kiln_capture.codegen import CodeGen, build_function
 from kiln_capture.config import config
+from kiln_capture.dynamic import FrameShapes
 from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
 from kiln_capture.evaluator import UNBOUND, Return, RootFrame
 from kiln_capture.guards import GuardSet, hoist_args
@@ -87,10 +88,19 @@ class _Restart(Exception):
         self.error = error
 
 
-def compile_frame(code: types.CodeType, func, args: tuple, ctx) -> CacheEntry | SkipFrame:
+def compile_frame(
+    code: types.CodeType, func, args: tuple, ctx, frame_shapes: FrameShapes | None = None
+) -> CacheEntry | SkipFrame:
+    """Trace ``func``'s frame into a cache entry. ``frame_shapes`` holds the sizes earlier
+    compiles of this frame saw (automatic dynamic shapes, dynamic.py)."""
     break_at: dict[int, Unsupported] = {}
     for _ in range(MAX_RESTARTS):
-        out = OutputGraph(func.__globals__)
+        out = OutputGraph(
+            func.__globals__,
+            dynamic=getattr(ctx, "dynamic", False),
+            frame_shapes=frame_shapes,
+            fullgraph=ctx.fullgraph,
+        )
         try:
             root = RootFrame(out, code, func, args, set(break_at))
             kind, value = _run_root(root)
@@ -145,6 +155,7 @@ def _compile_graph(
     inputs = [out.input_sources[n] for n in kept]
     examples = [out.example_inputs[list(out.input_sources).index(n)] for n in kept]
     gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnCaptured")
+    gm.meta["shape_env"] = out.shape_env  # the symbols of its inputs' sizes (kiln-shapes)
     log("graphs", f"captured graph {len(ctx.graphs)} ({out.ops} ops)\n{gm.code}")
     start = time.perf_counter()
     try:

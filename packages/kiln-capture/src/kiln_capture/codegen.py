@@ -8,6 +8,7 @@ eagerly and calls the continuation function.
 
 from __future__ import annotations
 
+import math
 import types
 
 import torch
@@ -37,6 +38,7 @@ class CodeGen:
         self._built: dict[int, str] = {}
         self._contexts: dict[int, str] = {}
         self._output_index: dict[fx.Node, int] = {}
+        self._symbols: set[str] = set()  # symbols bound in the preamble (sym_expr)
 
     def const(self, value: object) -> str:
         if type(value) in _SAFE_LITERALS or (
@@ -63,6 +65,22 @@ class CodeGen:
         if create:
             self._contexts[id(ctx)] = f"__k_ctx{len(self._contexts)}"
         return self._contexts.get(id(ctx))
+
+    def sym_expr(self, value) -> str:
+        """A symbolic int (or float) as Python over the inputs' sizes it comes from
+        (each symbol read from its first source, ``x.size(1)``)."""
+        from kiln_capture.variables.sizes import python_source
+
+        env = self.out.shape_env
+
+        def bind(symbol) -> str:
+            name = f"__k_{symbol}"
+            if name not in self._symbols:
+                self._symbols.add(name)
+                self.preamble.append(f"{name} = {env.symbols[symbol].sources[0]}")
+            return name
+
+        return python_source(value, bind)
 
     def tensor(self, var: TensorVar) -> str:
         if var.node.op == "placeholder":
@@ -103,6 +121,7 @@ class CodeGen:
             "__k_enable": _C.set_enabled,
             "__k_cell": types.CellType,
             "torch": torch,
+            "math": math,
         }
         ns.update(extra)
         return ns

@@ -39,3 +39,8 @@ class BackendError(RuntimeError):
         name = getattr(backend, "__name__", type(backend).__name__)
         super().__init__(f"backend {name!r} failed: {type(cause).__name__}: {cause}")
         self.cause = cause
+
+
+class DynamicShapeError(RuntimeError):
+    """fullgraph=True and an input size falls outside the range ``mark_dynamic`` declared
+    for it: the symbolic graph does not cover it, and fullgraph forbids a specialized one."""

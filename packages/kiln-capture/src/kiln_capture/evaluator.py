@@ -49,6 +49,7 @@ from kiln_capture.variables.containers import (
 from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.functions import NestedFunctionVar
 from kiln_capture.variables.objects import SuperVar
+from kiln_capture.variables.sizes import SymIntVar
 
 PY312 = sys.version_info >= (3, 12)
 MAX_INLINE_DEPTH = 40
@@ -469,6 +470,8 @@ class Frame:
     def FORMAT_VALUE(self, ins):
         spec = self.pop().as_const() if ins.arg & 4 else ""
         v = self.pop()
+        if isinstance(v, SymIntVar):  # a size formatted into a string: specialized
+            v = ConstVar(v.as_const())
         if not v.is_const():
             raise Unsupported(
                 breaks.TENSOR_TO_PYTHON

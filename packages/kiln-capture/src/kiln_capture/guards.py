@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln_capture import _C
+from kiln_capture.shape_guards import ShapeGuards
 from kiln_capture.sources import AttrSource, ClosureSource, ItemSource, Source
 
 CHECK_ATTRS = getattr(_C, "check_attrs", None)  # None: a build from before it existed
@@ -84,6 +85,8 @@ class GuardSet:
     native: object = field(default_factory=lambda: TensorGuards() if TensorGuards else None)
     # source expression -> the metadata its tensor guard checks (see tensor_metadata)
     tensor_meta: dict[str, tuple] = field(default_factory=dict)
+    # inputs with symbolic sizes (shape_guards.py), made by the first symbolic_tensor
+    shapes: ShapeGuards | None = None
 
     def const(self, value: object) -> str:
         for i, c in enumerate(self.consts):
@@ -194,6 +197,21 @@ class GuardSet:
         if added:
             self.tensor_meta[e] = tensor_metadata(t)
 
+    def symbolic_tensor(self, src: Source, t: torch.Tensor, size: list, stride: list) -> None:
+        """An input whose sizes are the expressions ``size`` (some symbolic) of the
+        trace's ShapeEnv: its type checked here, the rest by the entry's shape guard."""
+        if self.shapes is None:
+            raise RuntimeError("kiln: GuardSet.shapes is needed for symbolic inputs")
+        e = src.expr()
+        self.shapes.add(e, t, size, stride)
+        shape = ", ".join(str(s) for s in size)
+        self.add(
+            f"type({e}) is {self.const(type(t))}",
+            f"{e}: {type(t).__qualname__} {str(t.dtype)[6:]}[{shape}] "
+            f"stride=({', '.join(str(s) for s in stride)}) on {t.device} "
+            f"requires_grad={t.requires_grad}",
+        )
+
     def guards_tensors(self, exprs: list[str], tensors: list[object]) -> bool:
         """Whether a tensor guard checks each of ``exprs`` against exactly the metadata of
         the matching tensor in ``tensors`` (what a backend's ``kiln_guarded_call`` may
@@ -242,6 +260,8 @@ class GuardSet:
             tensors = [g.tensor for g in self.guards if g.tensor is not None]
             if tensors:
                 conds.append(f"__k_tensors({', '.join(tensors)})")
+        if self.shapes is not None and self.shapes.tensors:
+            conds.append(self.shapes.build(self.const, self.consts))
         body = "".join(f"    {line}\n" for line in hoist_reads(conds))
         src = f"def __guard(__k_fn, {', '.join(params)}):\n{body}    return True\n"
         ns = {
@@ -251,6 +271,7 @@ class GuardSet:
             "__k_tensors": self.native.check if self.native is not None else None,
             "__k_attrs": CHECK_ATTRS,
             "__k_same_literal": same_literal,
+            "__k_shapes": self.shapes.fn if self.shapes is not None else None,
         }
         exec(compile(src, "<kiln guard>", "exec"), ns)
         fn = ns["__guard"]
@@ -308,6 +329,14 @@ class GuardSet:
             if i >= 0:  # what Python does not see: the dispatch key set
                 what = [g.what for g in self.guards if g.tensor is not None][i]
                 return f"{what}: dispatch keys differ"
+        if self.shapes is not None and self.shapes.fn is not None:
+            try:
+                inputs = [eval(e, ns) for e in self.shapes.exprs()]
+            except Exception as e:
+                return f"reading a symbolic input raised {type(e).__name__}: {e}"
+            why = self.shapes.first_failure(inputs)
+            if why is not None:
+                return why
         return "no single guard failed"
 
 

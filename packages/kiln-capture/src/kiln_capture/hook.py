@@ -24,14 +24,18 @@ from kiln_capture import stats as counters
 from kiln_capture.bytecode.rewrite import make_trampoline
 from kiln_capture.capture import EAGER_RESUME_CODES, CacheEntry, SkipFrame, compile_frame
 from kiln_capture.config import config
-from kiln_capture.errors import BackendError, GraphBreakError
+from kiln_capture.dynamic import FrameShapes
+from kiln_capture.errors import BackendError, DynamicShapeError, GraphBreakError
 from kiln_capture.log import log
 
 RUN_DEFAULT = object()
 _trampolines: dict[types.CodeType, types.CodeType] = {}
 _skip: set[types.CodeType] = set()
-_cache: dict[tuple[types.CodeType, int], list[CacheEntry]] = {}
-_eager_codes: dict[tuple[types.CodeType, int], str] = {}
+# (code, backend id, dynamic) -> entries, newest first
+_cache: dict[tuple[types.CodeType, int, bool | None], list[CacheEntry]] = {}
+_eager_codes: dict[tuple[types.CodeType, int, bool | None], str] = {}
+# what earlier compiles of a frame saw, for automatic dynamic shapes (dynamic.py)
+_frame_shapes: dict[tuple[types.CodeType, int, bool | None], FrameShapes] = {}
 
 
 def _dir(p: str) -> str:
@@ -75,6 +79,8 @@ class Recorder:
     breaks: list = field(default_factory=list)
     guards: list = field(default_factory=list)
     recompiles: list = field(default_factory=list)
+    symbols: list = field(default_factory=list)  # symbols of sizes, with ranges and sources
+    shape_guards: list = field(default_factory=list)  # relations between sizes, with lines
 
 
 @dataclass
@@ -82,6 +88,7 @@ class Context:
     backend: object
     fullgraph: bool
     recorder: Recorder | None = None
+    dynamic: bool | None = None  # dynamic.py, "symbolic inputs"
     graphs: list = field(default_factory=list)
     backend_seconds: float = 0.0  # time spent in the backend (compilers below capture)
 
@@ -101,7 +108,7 @@ def _callback(code: types.CodeType, func, args: tuple):
     if not stack or func is None:
         return RUN_DEFAULT
     ctx = stack[-1]
-    key = (code, id(ctx.backend))
+    key = (code, id(ctx.backend), ctx.dynamic)
     entries = _cache.get(key)
     if entries:
         for e in entries:
@@ -120,27 +127,22 @@ def _callback(code: types.CodeType, func, args: tuple):
     ):
         _skip.add(code)
         return RUN_DEFAULT
+    why = None
+    if entries:
+        e = entries[0]
+        why = e.guard_set.first_failure(func, e.params, args, e.globals)
     if entries and len(entries) >= config.cache_size_limit:
-        reason = f"{code.co_qualname} hit the cache size limit ({config.cache_size_limit}); it now runs eagerly"
-        log("recompiles", reason)
-        _record_recompile(ctx, reason)
-        _run_eagerly(
-            key,
-            code,
-            "cache size limit",
-            f"{reason} (each new input signature compiled again; raise "
-            "KILN_CACHE_SIZE_LIMIT, or mark varying sizes dynamic)",
-        )
+        _cache_limit(ctx, key, code, why)
         return RUN_DEFAULT
     if entries:
-        why = entries[0].guard_set.first_failure(func, entries[0].params, args, entries[0].globals)
         reason = f"recompiling {code.co_qualname} ({code.co_filename}:{code.co_firstlineno}): guard failed: {why}"
         log("recompiles", reason)
         _record_recompile(ctx, reason)
+    frame_shapes = _frame_shapes.setdefault(key, FrameShapes()) if ctx.dynamic is None else None
     start, backend_before = time.perf_counter(), ctx.backend_seconds
     try:
-        result = compile_frame(code, func, args, ctx)
-    except (GraphBreakError, BackendError):
+        result = compile_frame(code, func, args, ctx, frame_shapes)
+    except (GraphBreakError, BackendError, DynamicShapeError):
         raise
     except Exception as e:  # a bug in kiln: never a wrong answer, run the frame as usual
         if config.raise_internal:
@@ -165,6 +167,10 @@ def _callback(code: types.CodeType, func, args: tuple):
         return RUN_DEFAULT
     if ctx.recorder is not None:
         ctx.recorder.guards.extend(g.what for g in result.guard_set.guards)
+        if result.guard_set.shapes is not None:
+            symbols, shape_guards = result.guard_set.shapes.describe()
+            ctx.recorder.symbols.extend(symbols)
+            ctx.recorder.shape_guards.extend(shape_guards)
     _cache.setdefault(key, []).insert(0, result)
     if code not in _trampolines:
         _trampolines[code] = make_trampoline(code)
@@ -189,6 +195,26 @@ def _run_eagerly(key: tuple, code: types.CodeType, kind: str, message: str) -> N
     )
 
 
+def _cache_limit(ctx: Context, key: tuple, code: types.CodeType, why: str | None) -> None:
+    """The frame has ``config.cache_size_limit`` entries and misses again: from now on it
+    runs eagerly, with one warning that names the guard that failed and what to do."""
+    counters.bump("cache_limit_hits")
+    reason = (
+        f"{code.co_qualname} hit the cache size limit ({config.cache_size_limit} compiled "
+        f"entries); it now runs eagerly. The last guard that failed: {why}"
+    )
+    log("recompiles", reason)
+    _record_recompile(ctx, reason)
+    _run_eagerly(
+        key,
+        code,
+        "cache size limit",
+        f"{reason}\n  fix: if input sizes vary, compile with dynamic=True "
+        "(kiln.compile(..., dynamic=True)) or mark the varying dimension with "
+        "kiln.mark_dynamic(tensor, dim); otherwise raise KILN_CACHE_SIZE_LIMIT",
+    )
+
+
 def _record_recompile(ctx: Context, reason: str) -> None:
     counters.bump("recompiles")
     if ctx.recorder is not None:
@@ -199,12 +225,13 @@ def reset() -> None:
     """Forget every cache entry, eager decision and skip."""
     _cache.clear()
     _eager_codes.clear()
+    _frame_shapes.clear()
     _skip.clear()
     counters.clear()
 
 
 def cache_entries(code: types.CodeType) -> list[CacheEntry]:
-    return [e for (c, _), es in _cache.items() if c is code for e in es]
+    return [e for (c, *_), es in _cache.items() if c is code for e in es]
 
 
 _C.set_callback(_callback, RUN_DEFAULT, _trampolines, _skip)

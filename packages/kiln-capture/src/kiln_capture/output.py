@@ -8,6 +8,7 @@ operations become FX nodes whose ``meta["val"]`` is computed on the meta device
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import types
 from operator import getitem as _getitem
@@ -17,8 +18,11 @@ import torch
 from torch import fx, nn
 
 from kiln_capture import autocast_state, breaks
-from kiln_capture.errors import Unsupported
+from kiln_capture.dynamic import FrameShapes, symbolic_dims
+from kiln_capture.errors import DynamicShapeError, Unsupported
 from kiln_capture.guards import GuardSet, default_device_name
+from kiln_capture.log import log
+from kiln_capture.shape_guards import ShapeGuards
 from kiln_capture.side_effects import SideEffects
 from kiln_capture.sources import AttrSource, ConstRef, ItemSource, Source
 from kiln_capture.variables.base import MethodCallVar, Var
@@ -42,9 +46,13 @@ from kiln_capture.variables.contexts import (
 from kiln_capture.variables.functions import BoundMethodVar, TorchFnVar, UserFunctionVar
 from kiln_capture.variables.modules import ModuleVar
 from kiln_capture.variables.objects import ObjectVar
+from kiln_capture.variables.sizes import SYM_TYPES, SymIntVar, expr_value
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 
 _DEVICE_LIKE_METHODS = frozenset({"to", "cuda", "cpu", "type_as"})
+_TORCH_DIRS = tuple(
+    {os.path.dirname(p) + os.sep for p in (torch.__file__, os.path.realpath(torch.__file__))}
+)
 
 
 # torch modules whose Python functions are inlined rather than recorded as graph calls:
@@ -86,9 +94,27 @@ _FLAT_LITERALS = frozenset({int, float, bool, str, type(None)})
 
 
 class OutputGraph:
-    def __init__(self, globals_dict: dict) -> None:
+    def __init__(
+        self,
+        globals_dict: dict,
+        *,
+        dynamic: bool | None = False,
+        frame_shapes: FrameShapes | None = None,
+        fullgraph: bool = False,
+    ) -> None:
+        from kiln_shapes import ShapeEnv
+
         self.graph = fx.Graph()
+        # the symbols of this trace's inputs (dynamic.py, "symbolic inputs")
+        self.shape_env = ShapeEnv()
+        self.shape_env.locate = self._locate
+        self.dynamic = dynamic
+        self.frame_shapes = frame_shapes
+        self.fullgraph = fullgraph
+        self.module_sources: set[Source] = set()
+        self._size_nodes: dict[tuple[fx.Node, str, int], fx.Node] = {}
         self.guards = GuardSet()
+        self.guards.shapes = ShapeGuards(self.shape_env)
         self.side_effects = SideEffects()
         self.globals = globals_dict
         self.grad_enabled = torch.is_grad_enabled()
@@ -126,7 +152,9 @@ class OutputGraph:
         if is_constant_value(value):
             return ConstVar(value)
         if isinstance(value, torch.Size):
-            return SizeVar([ConstVar(s) for s in value])
+            return SizeVar([ConstVar(_concrete(s)) for s in value])
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return ConstVar(_concrete(value))  # no node computes it: specialized
         return self.wrap(value, self.const_ref(value))
 
     def wrap(self, value: object, source: Source) -> Var:
@@ -180,6 +208,7 @@ class OutputGraph:
         if isinstance(value, nn.Module):
             if rooted:
                 g.id_is(source, value)
+            self.module_sources.add(source)
             return ModuleVar(value, source)
         if (
             isinstance(value, tuple | list)
@@ -273,7 +302,6 @@ class OutputGraph:
             nn.Buffer if hasattr(nn, "Buffer") else torch.Tensor,
         ):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor subclass {type(t).__name__}")
-        self.guards.tensor(source, t)
         name = base = _input_name(source.expr())
         n = 1
         while name in self._placeholder_names:
@@ -281,15 +309,108 @@ class OutputGraph:
             n += 1
         self._placeholder_names.add(name)
         node = self.graph.placeholder(name)
-        meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-        if t.requires_grad:
-            meta.requires_grad_(True)
+        meta = self._symbolic_meta(t, source)
+        if meta is None:
+            self.guards.tensor(source, t)
+            meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            if t.requires_grad:
+                meta.requires_grad_(True)
         node.meta["val"] = meta
         node.meta["device"] = t.device
         node.meta["source"] = source.expr()
         self.example_inputs.append(t)
         self.input_sources[node] = source
         return TensorVar(node, meta, t.device, source, cls=type(t))
+
+    def _symbolic_meta(self, t: torch.Tensor, source: Source) -> torch.Tensor | None:
+        """A meta tensor with symbolic sizes for an input some of whose dimensions are
+        symbolic (dynamic.py), its guard recorded; None when every size stays static."""
+        if isinstance(source, ConstRef) or t.dim() == 0:
+            return None
+        dims, ranges = symbolic_dims(
+            t, source, self.dynamic, self.frame_shapes, self.module_sources
+        )
+        if not dims:
+            return None
+        e = source.expr()
+        for d, (lo, hi) in list(ranges.items()):
+            size = t.shape[d]
+            if (lo is not None and size < lo) or (hi is not None and size > hi):
+                why = (
+                    f"kiln: {e}.size({d}) is {size}, outside the range [{lo}, {hi}] that "
+                    "mark_dynamic declared"
+                )
+                if self.fullgraph:
+                    raise DynamicShapeError(
+                        f"{why}; fullgraph=True does not compile a specialized graph for it "
+                        "(fix: pass sizes inside the range, or widen it in mark_dynamic)"
+                    )
+                log("recompiles", f"{why}: this entry specializes it")
+                dims.remove(d)
+                del ranges[d]
+        if not _strides_follow_sizes(t):
+            log("guards", f"{e} is not dense: its sizes stay static")
+            return None
+        env = self.shape_env
+        size, stride = env.symbolic_sizes(t, e, dims, ranges)
+        if all(s.is_Integer for s in size):
+            return None  # sizes 0 and 1 stay specialized
+        meta = env.meta_tensor(size, stride, t.dtype, requires_grad=t.requires_grad)
+        self.guards.symbolic_tensor(source, t, size, stride)
+        return meta
+
+    def _locate(self) -> str | None:
+        """The line the evaluator is at (a shape guard's ``where``): of the innermost
+        frame outside torch (``F.layer_norm`` inlined from a model: the model's line)."""
+        frame = self.frame
+        while frame is not None and frame.parent is not None:
+            if not frame.code.co_filename.startswith(_TORCH_DIRS):
+                break
+            frame = frame.parent
+        if frame is None:
+            return None
+        file, line, _ = frame.location()
+        return f"{file}:{line}"
+
+    # -- symbolic sizes ------------------------------------------------------------------
+
+    def sym_value(self, value: object, make_node) -> Var:
+        """A number the trace computed: a SymIntVar when it is symbolic (``make_node``
+        makes its FX node on first use), else a constant."""
+        if isinstance(value, torch.SymBool):
+            return ConstVar(bool(value))
+        value = expr_value(value)
+        if isinstance(value, SYM_TYPES):
+            return SymIntVar(self, value, make_node)
+        return self.wrap_value(value)
+
+    def size_of(self, t: TensorVar, method: str, dim: int) -> Var:
+        """``t.size(dim)`` (or ``t.stride(dim)``): a constant, or a SymIntVar whose node is
+        the ``call_method`` that reads it (one per tensor and dimension)."""
+        ndim = t.meta.dim()
+        if not isinstance(dim, int) or not -ndim <= dim < ndim:
+            raise Unsupported(breaks.EXCEPTION, f"IndexError: dimension {dim!r} out of range")
+        dim %= ndim
+        value = getattr(t.meta, method)(dim)
+
+        def make() -> fx.Node:
+            key = (t.node, method, dim)
+            node = self._size_nodes.get(key)
+            if node is None:
+                node = self.graph.call_method(method, (t.node, dim))
+                self._size_nodes[key] = node
+            return node
+
+        return self.sym_value(value, make)
+
+    def size_var(self, t: TensorVar, method: str = "size") -> SizeVar | TupleVar:
+        """``t.shape`` / ``t.size()``, or ``t.stride()`` (a tuple)."""
+        items = [self.size_of(t, method, d) for d in range(t.meta.dim())]
+        if method == "size":
+            return SizeVar(items)
+        if all(isinstance(i, ConstVar) for i in items):
+            return ConstVar(tuple(i.value for i in items))
+        return TupleVar(items)
 
     # -- tensor operations ---------------------------------------------------------------
 
@@ -312,6 +433,7 @@ class OutputGraph:
                 autocast_state.autocast_as(self.autocast)
                 if under_autocast
                 else contextlib.nullcontext(),
+                self._symbolic_meta_mode(),
             ):
                 if kind == "call_method":
                     if target in ("cuda", "cpu"):
@@ -343,6 +465,13 @@ class OutputGraph:
         self.ops += 1
         return self._wrap_result(node, result, device)
 
+    def _symbolic_meta_mode(self):
+        if not self.shape_env.symbols:
+            return contextlib.nullcontext()
+        from kiln_shapes.meta import symbolic_meta
+
+        return symbolic_meta()
+
     def _wrap_result(self, node: fx.Node, result, device) -> Var:
         if isinstance(result, torch.Tensor):
             node.meta["val"] = result
@@ -369,12 +498,17 @@ class OutputGraph:
         if result is None:
             node.meta["val"] = None
             return ConstVar(None)
+        if isinstance(result, SYM_TYPES) and isinstance(expr_value(result), SYM_TYPES):
+            self.ops -= 1  # a number: the node stays for the graph ops that use it
+            node.meta["val"] = result
+            var = SymIntVar(self, result, lambda: node)
+            return var
         self.graph.erase_node(node)
         self.ops -= 1
         if is_constant_value(result):
             return ConstVar(result)
-        if isinstance(result, torch.Size):
-            return SizeVar([ConstVar(s) for s in result])
+        if isinstance(result, torch.Size | torch.SymInt | torch.SymFloat | torch.SymBool):
+            return self.wrap_value(result)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"op returned a {type(result).__name__}")
 
     def guard_factory_defaults(self) -> None:
@@ -485,8 +619,31 @@ def _first_tensor(v: Var) -> TensorVar | None:
     return None
 
 
+def _strides_follow_sizes(t: torch.Tensor) -> bool:
+    """Whether each stride of ``t`` is the product of the sizes of the dimensions faster
+    than it (dense in some dimension order, size-1 dimensions included): the strides a
+    symbolic input's meta tensor gets (``ShapeEnv.symbolic_sizes``) and its guard checks."""
+    acc = 1
+    for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), -d)):
+        if t.stride(d) != acc:
+            return False
+        acc *= max(t.shape[d], 1)
+    return True
+
+
+def _concrete(value: object) -> object:
+    """A number for a possibly symbolic one (guarded when symbolic)."""
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    return value
+
+
 def _to_node(v: Var):
-    if isinstance(v, TensorVar):
+    if isinstance(v, TensorVar | SymIntVar):
         return v.node
     if isinstance(v, TupleVar | SizeVar) and not v.is_const():
         return tuple(_to_node(i) for i in v.items)
@@ -508,6 +665,8 @@ def _to_meta(v: Var, on_device: bool = False):
     """The meta value of an argument; ``on_device``: tensors as DeviceMeta (autocast)."""
     if isinstance(v, TensorVar):
         return autocast_state.DeviceMeta(v.meta, v.device) if on_device else v.meta
+    if isinstance(v, SymIntVar):
+        return v.value
     if isinstance(v, TupleVar | SizeVar) and not v.is_const():
         return tuple(_to_meta(i, on_device) for i in v.items)
     if isinstance(v, ListVar):

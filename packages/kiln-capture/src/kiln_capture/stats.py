@@ -6,7 +6,13 @@ function, so that a benchmark or a facade can report graph and break counts.
 
 from __future__ import annotations
 
-COUNTERS: dict[str, int] = {"graphs": 0, "breaks": 0, "recompiles": 0, "eager_frames": 0}
+COUNTERS: dict[str, int] = {
+    "graphs": 0,
+    "breaks": 0,
+    "recompiles": 0,
+    "eager_frames": 0,
+    "cache_limit_hits": 0,  # frames that reached KILN_CACHE_SIZE_LIMIT (and run eagerly)
+}
 # frames run eagerly by kiln's choice, by reason (cache size limit, internal error, ...)
 EAGER_REASONS: dict[str, int] = {}
 
@@ -27,8 +33,8 @@ def clear() -> None:
 
 
 def stats() -> dict[str, int]:
-    """Graphs captured, graph breaks, recompiles and frames kiln chose to run eagerly
-    since the last ``reset()``."""
+    """Graphs captured, graph breaks, recompiles, frames kiln chose to run eagerly and
+    frames that reached the cache size limit, since the last ``reset()``."""
     return dict(COUNTERS)
 
 

@@ -10,6 +10,7 @@ import operator
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
+from kiln_capture.variables import sizes
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar, fold
 from kiln_capture.variables.containers import (
@@ -20,6 +21,7 @@ from kiln_capture.variables.containers import (
     SequenceVar,
     TupleVar,
 )
+from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 
 BINARY_OPS = {
@@ -81,9 +83,22 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
         if fn in _INPLACE_TO_PLAIN and not isinstance(a, TensorVar):
             fn = _INPLACE_TO_PLAIN[fn]
         return tx.out.tensor_op("call_function", fn, [a, b], {})
+    if isinstance(a, SymIntVar) or isinstance(b, SymIntVar):
+        result = sizes.binary(tx, fn, a, b)
+        if result is not None:
+            return result
+        # a size used where Python needs a concrete int (``[0] * t``, ``t & 1``)
+        a, b = (ConstVar(v.as_const()) if isinstance(v, SymIntVar) else v for v in (a, b))
+        return binary(tx, fn, a, b)
     if a.is_const() and b.is_const():
         return tx.out.wrap_value(fold(fn, a.as_const(), b.as_const()))
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if plain in (operator.add, operator.eq, operator.ne):
+        # a constant tuple with a shape holding symbolic sizes: ``(-1,) + x.shape[1:]``
+        if isinstance(b, SizeVar | SequenceVar) and _const_tuple(a):
+            a = TupleVar([ConstVar(v) for v in a.as_const()])
+        elif isinstance(a, SizeVar | SequenceVar) and _const_tuple(b):
+            b = TupleVar([ConstVar(v) for v in b.as_const()])
     if isinstance(a, ListVar) and fn is operator.iadd:
         a.call_method(tx, "extend", [b], {})
         return a
@@ -130,6 +145,10 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on {a!r} and {b!r}")
 
 
+def _const_tuple(v: Var) -> bool:
+    return isinstance(v, ConstVar) and type(v.value) is tuple
+
+
 def identical(tx, a: Var, b: Var) -> bool:
     """The ``is`` operator."""
     if a is b:
@@ -162,6 +181,8 @@ def contains(tx, item: Var, container: Var) -> bool:
 def unary(tx, fn, a: Var) -> Var:
     if isinstance(a, TensorVar):
         return tx.out.tensor_op("call_function", fn, [a], {})
+    if isinstance(a, SymIntVar):
+        return sizes.unary(tx, fn, a)
     if fn is operator.not_:
         return ConstVar(not a.truth(tx))
     return tx.out.wrap_value(fold(fn, a.as_const()))
@@ -206,6 +227,13 @@ class BuiltinVar(Var):
         if fn is operator.setitem:
             args[0].setitem(tx, args[1], args[2])
             return ConstVar(None)
+        if any(isinstance(a, SymIntVar) for a in [*args, *kwargs.values()]):
+            # int(t), math.ceil(t / 2), operator.index(t), ...: a concrete value, guarded
+            args = [ConstVar(a.as_const()) if isinstance(a, SymIntVar) else a for a in args]
+            kwargs = {
+                k: ConstVar(v.as_const()) if isinstance(v, SymIntVar) else v
+                for k, v in kwargs.items()
+            }
         if (
             all(a.is_const() for a in args)
             and all(v.is_const() for v in kwargs.values())
@@ -245,7 +273,7 @@ def _len(tx, x: Var) -> Var:
     if isinstance(x, TensorVar):
         if x.meta.dim() == 0:
             raise Unsupported(breaks.EXCEPTION, "len() of a 0-d tensor")
-        return ConstVar(x.meta.shape[0])
+        return tx.out.size_of(x, "size", 0)
     if isinstance(x, SequenceVar | SizeVar | DictVar):
         return ConstVar(len(x.unpack(tx)))
     if x.is_const():
@@ -365,6 +393,10 @@ def _minmax(fn):
         items = _items(tx, args[0]) if len(args) == 1 else list(args)
         if all(i.is_const() for i in items) and not kwargs:
             return tx.out.wrap_value(fold(fn, [i.as_const() for i in items]))
+        if not kwargs and any(isinstance(i, SymIntVar) for i in items):
+            found = sizes.min_max(tx, fn, items)
+            if found is not None:
+                return found
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{fn.__name__}() of non-constants")
 
     return handler

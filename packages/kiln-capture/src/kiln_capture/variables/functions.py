@@ -15,6 +15,7 @@ from kiln_capture.sources import AttrSource, ClosureSource
 from kiln_capture.variables.base import CellVar, Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import DictVar, TupleVar
+from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import DATA_DEPENDENT_FUNCTIONS, TensorVar
 
 
@@ -279,6 +280,12 @@ def contains_tensor(v: Var) -> bool:
     return any(contains_tensor(c) for c in v.children())
 
 
+def contains_symbolic(v: Var) -> bool:
+    if isinstance(v, SymIntVar):
+        return True
+    return any(contains_symbolic(c) for c in v.children())
+
+
 _COMPILING_QUERIES = tuple(
     f
     for f in (
@@ -369,6 +376,11 @@ class TorchFnVar(Var):
         if any(contains_tensor(a) for a in args) or any(
             contains_tensor(v) for v in kwargs.values()
         ):
+            return tx.out.tensor_op("call_function", fn, list(args), kwargs)
+        if any(contains_symbolic(a) for a in args) or any(
+            contains_symbolic(v) for v in kwargs.values()
+        ):  # torch.arange(t), torch.ones(t, t), torch.sym_max(t, 4): sizes stay symbolic
+            tx.out.guard_factory_defaults()
             return tx.out.tensor_op("call_function", fn, list(args), kwargs)
         try:
             consts = [_value_of(a) for a in args]

@@ -13,7 +13,7 @@ import torch
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
-from kiln_capture.variables.base import Var
+from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar
 
 # Data-dependent: the output's shape or a Python value depends on tensor contents.
@@ -106,7 +106,7 @@ class TensorVar(Var):
     def getattr(self, tx, name: str) -> Var:
         m = self.meta
         if name == "shape":
-            return SizeVar([ConstVar(s) for s in m.shape])
+            return tx.out.size_var(self)
         if name == "device":
             return ConstVar(self.device)
         if name in (
@@ -210,9 +210,18 @@ class TensorMethodVar(Var):
         if name in META_METHODS:
             consts = [a.as_const() for a in args]
             kw = {k: v.as_const() for k, v in kwargs.items()}
+            if name in ("size", "stride") and set(kw) <= {"dim"} and len(consts) + len(kw) <= 1:
+                dim = kw.get("dim", consts[0] if consts else None)
+                if dim is not None:  # one size: x.size(1) in the graph
+                    return tx.out.size_of(t, name, dim)
+                return tx.out.size_var(t, name)
             value = getattr(t.meta, name)(*consts, **kw)
-            if isinstance(value, torch.Size):
-                return SizeVar([ConstVar(s) for s in value])
+            if isinstance(value, torch.SymInt | torch.SymFloat):  # numel()
+
+                def make(name=name, consts=consts):
+                    return tx.out.graph.call_method(name, (t.node, *consts))
+
+                return tx.out.sym_value(value, make)
             return tx.out.wrap_value(value)
         if name == "get_device":
             return ConstVar(t.device.index if t.device.type != "cpu" else -1)
@@ -240,7 +249,7 @@ class TensorMethodVar(Var):
 
 
 class SizeVar(Var):
-    """torch.Size of constant ints (shapes are static; every size is guarded)."""
+    """torch.Size of ints: constants, or SymIntVars for symbolic sizes (variables/sizes.py)."""
 
     def __init__(self, items: list[Var]) -> None:
         self.items = items
@@ -270,10 +279,25 @@ class SizeVar(Var):
         return self.items[k]
 
     def getattr(self, tx, name):
-        return ConstVar(self.as_const()).getattr(tx, name)
+        if name == "numel" and not self.is_const():
+            return MethodCallVar(self, name)
+        return ConstVar(self.as_const()).getattr(tx, name)  # specializes symbolic sizes
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        if name == "numel" and not args and not kwargs:
+            from kiln_capture.variables.builtins import binary
+
+            acc: Var = ConstVar(1)
+            for item in self.items:
+                acc = binary(tx, operator.mul, acc, item)
+            return acc
+        return super().call_method(tx, name, args, kwargs)
 
     def children(self) -> list[Var]:
         return list(self.items)
 
     def reconstruct(self, cg) -> str:
-        return cg.const(self.as_const())
+        if self.is_const():
+            return cg.const(self.as_const())
+        items = "".join(f"{cg.rebuild(i)}, " for i in self.items)
+        return f"{cg.const(torch.Size)}(({items}))"

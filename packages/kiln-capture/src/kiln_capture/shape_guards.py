@@ -1,0 +1,173 @@
+"""Guards of inputs with symbolic sizes, generated as one Python function per cache entry.
+
+Design note: "shape guards"
+---------------------------
+Tensors whose sizes are all static keep the native tensor check (guards.py). Those with
+symbolic sizes are checked by one generated function, called as the last condition of
+the entry's guard function (so every other guard, the inputs' types included, passed):
+
+1. each tensor's dtype, device, number of dimensions and ``requires_grad``;
+2. each symbol bound from its first source (``s0 = x.size(0)``), later sources of the
+   same symbol (duck sizing) compared with it, static sizes compared with their value;
+3. each tensor's strides equal to its symbolic strides (products of sizes: dense, in
+   the example's dimension order);
+4. each symbol in its range (``[2, inf)``, or the range ``mark_dynamic`` declared);
+5. every guard the trace recorded in the ShapeEnv (``s1 > 8``, ``s2 % 4 == 0``), as
+   Python (``kiln_shapes.python_expr``).
+
+The function returns None when everything holds, else the number of the first check
+that failed; ``first_failure`` turns that into text naming the check, its source line
+and the symbols' values. Building the function checks it on the example inputs: a guard
+that rejects its own example would recompile forever, so it is a capture bug.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class SymbolicTensor:
+    expr: str  # the source expression of the tensor
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    size: list[Any]  # sympy expressions as the trace made them (before replacements)
+    stride: list[Any]
+    example: torch.Tensor | None  # dropped once the guard is built
+
+
+def _namespace(consts: list[object]) -> dict:
+    return {"__k_C": consts, "math": math}
+
+
+@dataclass
+class ShapeGuards:
+    env: Any  # kiln_shapes.ShapeEnv
+    tensors: list[SymbolicTensor] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)  # what check i is, as text
+    fn: types.FunctionType | None = None
+    _source: str = ""
+    _consts: list[object] = field(default_factory=list)  # the entry's GuardSet.consts
+
+    def add(self, expr: str, t: torch.Tensor, size: list[Any], stride: list[Any]) -> None:
+        self.tensors.append(
+            SymbolicTensor(expr, t.dtype, t.device, t.requires_grad, list(size), list(stride), t)
+        )
+
+    def exprs(self) -> list[str]:
+        return [t.expr for t in self.tensors]
+
+    # -- generation ----------------------------------------------------------------------
+
+    def _lines(self, const) -> list[str]:
+        from kiln_shapes import python_expr
+
+        lines: list[str] = []
+        self.checks = []
+
+        def check(cond: str, what: str) -> None:
+            lines.append(f"if not ({cond}): FAIL({len(self.checks)})")
+            self.checks.append(what)
+
+        bound: dict[Any, str] = {}
+        for i, t in enumerate(self.tensors):
+            check(
+                f"__t{i}.dtype is {const(t.dtype)} and __t{i}.device == {const(t.device)} "
+                f"and __t{i}.requires_grad is {t.requires_grad} and __t{i}.dim() == {len(t.size)}",
+                f"{t.expr}: {str(t.dtype)[6:]} on {t.device}, {len(t.size)} dims, "
+                f"requires_grad={t.requires_grad}",
+            )
+            lines.append(f"__z{i} = __t{i}.size()")
+            for d, s in enumerate(t.size):
+                src = f"{t.expr}.size({d})"
+                if s.is_Integer:
+                    check(f"__z{i}[{d}] == {int(s)}", f"{src} == {int(s)}")
+                elif s in bound:
+                    check(
+                        f"__z{i}[{d}] == {s}",
+                        f"{src} == {bound[s]} (equal sizes in the example share the symbol {s})",
+                    )
+                else:
+                    lines.append(f"{s} = __z{i}[{d}]")
+                    bound[s] = src
+            strides = "".join(f"{python_expr(x)}, " for x in t.stride)
+            check(
+                f"__t{i}.stride() == ({strides})",
+                f"{t.expr} is dense like the example: strides ({strides.rstrip(', ')})",
+            )
+        for s, info in self.env.symbols.items():
+            declared = " (declared with mark_dynamic)" if info.declared else ""
+            hi = "inf" if info.hi == math.inf else info.hi
+            cond = f"{s} >= {info.lo}" + (f" and {s} <= {info.hi}" if info.hi != math.inf else "")
+            check(cond, f"{s} ({info.sources[0]}) in [{info.lo}, {hi}]{declared}")
+        for g in self.env.guards:
+            where = f" (at {g.where})" if g.where else ""
+            check(python_expr(g.expr), f"{python_expr(g.expr)}{where}")
+        return lines
+
+    def build(self, const, consts: list[object]) -> str:
+        """Generate the check (``const(value)`` names a constant of the entry's list
+        ``consts``); returns the guard condition that calls it as ``__k_shapes``."""
+        lines = self._lines(const)
+        params = ", ".join(f"__t{i}" for i in range(len(self.tensors)))
+        body = "".join(f"    {line}\n" for line in lines)
+        self._source = f"def __shapes({params}):\n{body}    return None\n"
+        self._consts = consts
+        self.fn = self._compile("return {}")
+        examples = [t.example for t in self.tensors]
+        for t in self.tensors:
+            t.example = None  # the cache entry must not keep the example alive
+        failed = self.fn(*examples)
+        if failed is not None:
+            raise RuntimeError(
+                f"kiln: the shape guards reject their own example: {self.checks[failed]}\n"
+                + self._source
+            )
+        return f"__k_shapes({', '.join(self.exprs())}) is None"
+
+    def _compile(self, fail: str) -> types.FunctionType:
+        """The generated function, each ``FAIL(i)`` written as ``fail.format(i)``."""
+        out = []
+        for line in self._source.splitlines():
+            if line.endswith(")") and "FAIL(" in line:
+                head, num = line.rsplit("FAIL(", 1)
+                line = head + fail.format(num[:-1])
+            out.append(line)
+        src = "\n".join(out) + "\n"
+        ns = _namespace(self._consts)
+        exec(compile(src, "<kiln shape guard>", "exec"), ns)
+        fn = ns["__shapes"]
+        fn.__kiln_source__ = src
+        return fn
+
+    def first_failure(self, tensors: list[object]) -> str | None:
+        """Text for the first check ``tensors`` fail (None when they pass)."""
+        if self.fn is None:
+            return None
+        try:
+            explain = self._compile("return {}, dict(locals())")
+            got = explain(*tensors)
+        except Exception as e:
+            return f"the shape guard raised {type(e).__name__}: {e}"
+        if got is None:
+            return None
+        index, values = got
+        names = {str(s) for s in self.env.symbols}
+        shown = ", ".join(f"{k} = {v}" for k, v in values.items() if k in names)
+        return f"shape guard {self.checks[index]}" + (f" [with {shown}]" if shown else "")
+
+    def describe(self) -> tuple[list[str], list[str]]:
+        """The symbols with their ranges and sources, and the shape guards with the lines
+        that made them (for explain and the guards log)."""
+        symbols = [info.describe() for info in self.env.symbols.values()]
+        symbols += [f"{a} -> {b} (by a guard)" for a, b in self.env.replacements.items()]
+        return symbols, [str(g) for g in self.env.guards]
+
+
+__all__ = ["ShapeGuards"]
