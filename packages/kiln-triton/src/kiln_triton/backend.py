@@ -141,6 +141,10 @@ class TritonBackend:
             )
         return out
 
-    def call_line(self, kernel_var: str, arg_names: Sequence[str]) -> str:
-        # ``fast``: the launcher itself, or its C Launcher once it has one (launcher.py)
-        return f"{kernel_var}.fast({', '.join(arg_names)})"
+    def call_line(
+        self, kernel_var: str, arg_names: Sequence[str], size_args: Sequence[str] = ()
+    ) -> str:
+        """``kernel.fast(*tensors, *sizes)``: the tensors (an error row last, if any), then
+        the size symbols the wrapper bound (``KernelSource.size_args``) as Python ints.
+        ``fast`` is the launcher itself, or its C Launcher once it has one (launcher.py)."""
+        return f"{kernel_var}.fast({', '.join([*arg_names, *size_args])})"
