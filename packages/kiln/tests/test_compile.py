@@ -366,6 +366,7 @@ def test_stats_count_graphs_fallbacks_breaks_and_recompiles():
         "breaks": 2,
         "recompiles": 2,
         "eager_frames": 0,
+        "cache_limit_hits": 0,
     }
 
 

@@ -5,12 +5,13 @@
     model = kiln.compile(model, mode="reduce-overhead", fullgraph=True)
 
 `kiln.explain(fn)(*args)` lists graphs, graph breaks and guards; `kiln.reset()` forgets
-what was compiled; `kiln.disable` keeps a function out of capture.
+what was compiled; `kiln.disable` keeps a function out of capture; `kiln.mark_dynamic(x,
+dim)` compiles a dimension for every size (`kiln.compile(..., dynamic=True)`: all of them).
 """
 
 from importlib.metadata import version as _version
 
-from kiln.api import compile, disable, explain, reset, stats
+from kiln.api import compile, disable, explain, mark_dynamic, mark_static, reset, stats
 from kiln.backends import list_backends
 from kiln.errors import (
     BackendCompilerFailed,
@@ -33,6 +34,8 @@ __all__ = [
     "disable",
     "explain",
     "list_backends",
+    "mark_dynamic",
+    "mark_static",
     "reset",
     "stats",
 ]

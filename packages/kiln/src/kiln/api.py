@@ -15,7 +15,6 @@ original.
 from __future__ import annotations
 
 import functools
-import logging
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -25,8 +24,6 @@ import torch
 import kiln_capture
 from kiln import backends
 from kiln.config import resolve_options
-
-log = logging.getLogger("kiln")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,6 +50,9 @@ def compile(
     callable ``backend(gm, example_inputs) -> callable``. Errors in the compiler run the
     failing graph eagerly with a warning, unless ``fullgraph=True`` or
     ``options={"raise_on_error": True}``. ``disable=True`` returns ``model`` unchanged.
+    ``dynamic``: ``True`` compiles every size of every tensor argument symbolically (sizes
+    0 and 1 aside), ``None`` (default) specializes the first call and makes the sizes that
+    change symbolic on the recompile, ``False`` specializes every size.
     """
     if model is None:
         return functools.partial(
@@ -66,7 +66,7 @@ def compile(
         )
     if not callable(model):
         raise RuntimeError(f"kiln.compile expects a callable or an nn.Module, got {type(model)}")
-    if dynamic not in (None, True, False):
+    if dynamic is not None and type(dynamic) is not bool:
         raise TypeError(f"kiln.compile(dynamic=...) takes None, True or False, got {dynamic!r}")
     resolved = resolve_options(mode, options)
     name, fn = backends.lookup(backend, resolved)
@@ -75,12 +75,10 @@ def compile(
     guarded = backends.with_fallback(
         name, fn, allow_fallback=not (fullgraph or resolved["raise_on_error"])
     )
-    if dynamic:
-        log.info(
-            "kiln.compile(dynamic=True): symbolic shapes are not implemented yet; "
-            "each new input shape compiles a specialized graph (up to the recompile limit)"
-        )
-    optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph)
+    # dynamic: True makes every size of every tensor argument symbolic, None makes the
+    # sizes that changed symbolic when a frame compiles again, False specializes them all
+    # (kiln_capture's dynamic.py); kiln.mark_dynamic / mark_static decide per dimension
+    optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph, dynamic=dynamic)
     if isinstance(model, torch.nn.Module):
         return _compiled_module(model, optimize(model))
     return optimize(model)
@@ -118,6 +116,23 @@ def _original_module(self: torch.nn.Module) -> torch.nn.Module:
     return _COMPILED_STATE[self][0]
 
 
+def mark_dynamic(
+    t: torch.Tensor,
+    dim: int | list[int] | tuple[int, ...],
+    min: int | None = None,
+    max: int | None = None,
+) -> None:
+    """Compile ``t``'s dimension(s) ``dim`` for every size in ``[min, max]`` from the first
+    compile on (``torch._dynamo.mark_dynamic``); a size outside the range compiles a
+    specialized graph (with ``fullgraph=True`` it raises). ``min > max`` is a ValueError."""
+    kiln_capture.mark_dynamic(t, dim, min=min, max=max)
+
+
+def mark_static(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
+    """Keep ``t``'s dimension(s) ``dim`` specialized, even with ``dynamic=True``."""
+    kiln_capture.mark_static(t, dim)
+
+
 def disable(fn: F | None = None, recursive: bool = True) -> Any:
     """Run ``fn`` eagerly even when called from compiled code (``torch.compiler.disable``)."""
     if fn is None:
@@ -133,8 +148,9 @@ def reset() -> None:
 
 def stats() -> dict[str, int]:
     """Since the last reset: graphs compiled, graphs that fell back to eager, graph breaks,
-    recompiles, and frames kiln chose to run eagerly (cache size limit, internal errors:
-    ``kiln_capture.stats.eager_reasons()`` says which)."""
+    recompiles, frames kiln chose to run eagerly (cache size limit, internal errors:
+    ``kiln_capture.stats.eager_reasons()`` says which), and frames that reached the cache
+    size limit (each warned once, with the guard that failed)."""
     captured = kiln_capture.stats()
     return {
         "graphs": captured["graphs"],
@@ -142,6 +158,7 @@ def stats() -> dict[str, int]:
         "breaks": captured["breaks"],
         "recompiles": captured["recompiles"],
         "eager_frames": captured.get("eager_frames", 0),
+        "cache_limit_hits": captured.get("cache_limit_hits", 0),
     }
 
 
