@@ -233,6 +233,28 @@ def test_shapes_with_symbolic_sizes_are_python_values():
     assert len(backend.graphs) == 1
 
 
+def test_indexing_and_assigning_with_sizes_keeps_them_symbolic():
+    lin = nn.Linear(4, 4)
+
+    def f(x):
+        b, t, c = x.shape
+        last = x[:, t - 1]
+        y = x.clone()
+        y[:, : t // 2] = 0.0
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = lin(x)
+        return last, y, z.float(), x.new_empty(b, t).fill_(1.0), -t, abs(t - 100)
+
+    backend = RecordingBackend()
+    compiled = kiln_capture.optimize(backend, dynamic=True)(f)
+    for t in (5, 9, 14):
+        x = torch.randn(3, t, 4)
+        got, want = compiled(x), f(x)
+        assert_same(got[:2] + got[3:], want[:2] + want[3:])
+        torch.testing.assert_close(got[2], want[2], rtol=2e-2, atol=2e-2)
+    assert len(backend.graphs) == 1
+
+
 def test_sizes_0_and_1_stay_specialized():
     backend = RecordingBackend()
     compiled = kiln_capture.optimize(backend, dynamic=True)(pointwise)
@@ -466,8 +488,25 @@ def with_break(x):
 def test_graphs_after_a_break_are_symbolic_too(capsys):
     backend = RecordingBackend()
     compiled = kiln_capture.optimize(backend, dynamic=True)(with_break)
-    for t in (5, 9, 14):
+    for t in (5, 9, 14, 20):
         x = torch.randn(3, t)
         assert_same(compiled(x), with_break(x))
+    # the continuation gets t as an int equal to y.size(1): it stays that symbol
+    assert len(backend.graphs) == 2 and kiln_capture.stats()["recompiles"] == 0
     assert all("shape_env" in gm.meta for gm in backend.graphs)
-    assert backend.symbolic_inputs(0) == ["x"]
+    assert backend.symbolic_inputs(0) == ["x"] and backend.symbolic_inputs(1) == ["y"]
+    assert "size = y.size(1)" in backend.graphs[1].code
+
+
+def test_a_size_after_a_break_with_no_tensor_of_its_size_specializes(capsys):
+    def f(x):
+        n = x.shape[1] * 2
+        print("a graph break")
+        return x[:, : n // 4] + 1
+
+    backend = RecordingBackend()
+    compiled = kiln_capture.optimize(backend, dynamic=True)(f)
+    for t in (5, 9):
+        x = torch.randn(3, t)
+        assert_same(compiled(x), f(x))
+    assert len(backend.graphs) == 2  # one continuation graph per n

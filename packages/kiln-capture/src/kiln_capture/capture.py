@@ -42,6 +42,7 @@ from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import NullVar, Var
 from kiln_capture.variables.containers import IteratorVar
 from kiln_capture.variables.contexts import ContextMethodVar
+from kiln_capture.variables.sizes import SymIntVar
 
 MAX_RESTARTS = 32
 _STEP_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "FORMAT_VALUE"})
@@ -64,6 +65,9 @@ _RESUME_ORIGIN: dict[types.CodeType, tuple] = {}
 _LOOP_DEPTH: dict[types.CodeType, int] = {}
 # continuation codes that must run eagerly (past config.loop_resume_limit)
 EAGER_RESUME_CODES: set[types.CodeType] = set()
+# continuation code -> its parameters that held symbolic sizes at the break (they stay
+# symbolic there: RootFrame, OutputGraph.wrap_size)
+_SIZE_PARAMS: dict[types.CodeType, set[str]] = {}
 
 
 @dataclass
@@ -102,7 +106,8 @@ def compile_frame(
             fullgraph=ctx.fullgraph,
         )
         try:
-            root = RootFrame(out, code, func, args, set(break_at))
+            sizes = frozenset(_SIZE_PARAMS.get(code, ()))
+            root = RootFrame(out, code, func, args, set(break_at), sizes)
             kind, value = _run_root(root)
         except _Restart as r:
             if r.offset in break_at:
@@ -313,6 +318,9 @@ def _finish_break(
         ``presence`` marks, then the live locals; return an expression for the function."""
         rcode = _resume_code(code, off, presence, params, reraise)
         _LOOP_DEPTH[rcode] = depth
+        sizes = {n for n in params if isinstance(bound[n], SymIntVar)}
+        if sizes:
+            _SIZE_PARAMS.setdefault(rcode, set()).update(sizes)
         if eager or reraise:
             EAGER_RESUME_CODES.add(rcode)
         if code.co_freevars:

@@ -679,12 +679,25 @@ class RootFrame(Frame):
     """The frame the hook handed over: arguments are wrapped from their local sources."""
 
     def __init__(
-        self, out: OutputGraph, code: types.CodeType, func, args: tuple, break_at: set[int]
+        self,
+        out: OutputGraph,
+        code: types.CodeType,
+        func,
+        args: tuple,
+        break_at: set[int],
+        sizes: frozenset[str] = frozenset(),
     ) -> None:
+        """``sizes``: names of arguments that held symbolic sizes where the frame this
+        continuation resumes broke; they are wrapped last, as symbolic ints, so that one
+        equal to a tensor argument's symbolic size shares its symbol."""
         from kiln_capture.sources import ClosureSource, LocalSource
 
         names = code.co_varnames[: len(args)]
-        local_vars = {n: out.wrap(a, LocalSource(n)) for n, a in zip(names, args)}
+        local_vars = {n: out.wrap(a, LocalSource(n)) for n, a in zip(names, args) if n not in sizes}
+        for n, a in zip(names, args):
+            if n in sizes:
+                local_vars[n] = out.wrap_size(a, LocalSource(n))
+        local_vars = {n: local_vars[n] for n in names}
         cells: dict[str, CellVar] = {}
         closure = getattr(func, "__closure__", None) or ()
         for i, name in enumerate(code.co_freevars):

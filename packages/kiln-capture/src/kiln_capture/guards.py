@@ -260,7 +260,7 @@ class GuardSet:
             tensors = [g.tensor for g in self.guards if g.tensor is not None]
             if tensors:
                 conds.append(f"__k_tensors({', '.join(tensors)})")
-        if self.shapes is not None and self.shapes.tensors:
+        if self.shapes is not None and (self.shapes.tensors or self.shapes.ints):
             conds.append(self.shapes.build(self.const, self.consts))
         body = "".join(f"    {line}\n" for line in hoist_reads(conds))
         src = f"def __guard(__k_fn, {', '.join(params)}):\n{body}    return True\n"

@@ -12,6 +12,7 @@ import os
 import re
 import types
 from operator import getitem as _getitem
+from operator import setitem as _setitem
 from typing import Any
 
 import torch
@@ -359,6 +360,32 @@ class OutputGraph:
         self.guards.symbolic_tensor(source, t, size, stride)
         return meta
 
+    def wrap_size(self, value: object, source: Source) -> Var:
+        """An int argument that was a symbolic size where this continuation's frame broke:
+        a symbol (the same as a tensor argument's size equal to it: duck sizing) bound
+        from ``source`` by the shape guard; a plain guarded constant if it is 0 or 1, not
+        an int, or ``dynamic=False``."""
+        if type(value) is not int or self.dynamic is False:
+            return self.wrap(value, source)
+        env = self.shape_env
+        symbol = env.create_symbol(value, source.expr())
+        if symbol.is_Integer:
+            return self.wrap(value, source)
+        self.guards.shapes.add_int(source.expr(), symbol, value)
+
+        def make():
+            found = self.guards.shapes.tensor_source(symbol)
+            if found is None:  # no tensor input has this size: the graph gets the value
+                return int(var.value)
+            expr, dim = found
+            node = next(n for n, src in self.input_sources.items() if src.expr() == expr)
+            return self.size_of(
+                TensorVar(node, node.meta["val"], node.meta["device"]), "size", dim
+            ).node
+
+        var = SymIntVar(self, env.symint(symbol), make)
+        return var
+
     def _locate(self) -> str | None:
         """The line the evaluator is at (a shape guard's ``where``): of the innermost
         frame outside torch (``F.layer_norm`` inlined from a model: the model's line)."""
@@ -425,6 +452,8 @@ class OutputGraph:
             meta_kwargs["device"] = "meta"
         if kind == "call_method" and target in _DEVICE_LIKE_METHODS:
             meta_args = [meta_args[0]] + ["meta" if _device_like(a) else a for a in meta_args[1:]]
+        if target in (_getitem, _setitem) and len(meta_args) > 1:
+            meta_args[1] = _index_for_meta(meta_args[1])
         name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
         try:
             with (
@@ -617,6 +646,17 @@ def _first_tensor(v: Var) -> TensorVar | None:
         if t is not None:
             return t
     return None
+
+
+def _index_for_meta(key):
+    """A tensor index whose symbolic integer indices are 0 (``x[:, t - 1]``): Python's
+    indexing would make them concrete (a guard on their value), and the result's shape
+    does not depend on them; the graph node keeps the symbolic index."""
+    if isinstance(key, torch.SymInt):
+        return 0
+    if type(key) is tuple:
+        return tuple(0 if isinstance(k, torch.SymInt) else k for k in key)
+    return key
 
 
 def _strides_follow_sizes(t: torch.Tensor) -> bool:

@@ -50,6 +50,9 @@ def _namespace(consts: list[object]) -> dict:
 class ShapeGuards:
     env: Any  # kiln_shapes.ShapeEnv
     tensors: list[SymbolicTensor] = field(default_factory=list)
+    ints: list[tuple[str, Any, int | None]] = field(
+        default_factory=list
+    )  # (source, symbol, example)
     checks: list[str] = field(default_factory=list)  # what check i is, as text
     fn: types.FunctionType | None = None
     _source: str = ""
@@ -60,8 +63,20 @@ class ShapeGuards:
             SymbolicTensor(expr, t.dtype, t.device, t.requires_grad, list(size), list(stride), t)
         )
 
+    def add_int(self, expr: str, symbol: Any, example: int) -> None:
+        """An int input whose value is ``symbol`` (a size handed to a continuation)."""
+        self.ints.append((expr, symbol, example))
+
     def exprs(self) -> list[str]:
-        return [t.expr for t in self.tensors]
+        return [t.expr for t in self.tensors] + [e for e, _, _ in self.ints]
+
+    def tensor_source(self, symbol: Any) -> tuple[str, int] | None:
+        """A tensor input and dimension whose size is ``symbol``."""
+        for t in self.tensors:
+            for d, s in enumerate(t.size):
+                if s == symbol:
+                    return t.expr, d
+        return None
 
     # -- generation ----------------------------------------------------------------------
 
@@ -101,6 +116,13 @@ class ShapeGuards:
                 f"__t{i}.stride() == ({strides})",
                 f"{t.expr} is dense like the example: strides ({strides.rstrip(', ')})",
             )
+        for j, (expr, s, _) in enumerate(self.ints):
+            check(f"type(__i{j}) is int", f"type({expr}) is int")
+            if s in bound:
+                check(f"__i{j} == {s}", f"{expr} == {bound[s]} (the same size at the break)")
+            else:
+                lines.append(f"{s} = __i{j}")
+                bound[s] = expr
         for s, info in self.env.symbols.items():
             declared = " (declared with mark_dynamic)" if info.declared else ""
             hi = "inf" if info.hi == math.inf else info.hi
@@ -115,12 +137,15 @@ class ShapeGuards:
         """Generate the check (``const(value)`` names a constant of the entry's list
         ``consts``); returns the guard condition that calls it as ``__k_shapes``."""
         lines = self._lines(const)
-        params = ", ".join(f"__t{i}" for i in range(len(self.tensors)))
+        params = ", ".join(
+            [f"__t{i}" for i in range(len(self.tensors))]
+            + [f"__i{j}" for j in range(len(self.ints))]
+        )
         body = "".join(f"    {line}\n" for line in lines)
         self._source = f"def __shapes({params}):\n{body}    return None\n"
         self._consts = consts
         self.fn = self._compile("return {}")
-        examples = [t.example for t in self.tensors]
+        examples = [t.example for t in self.tensors] + [v for _, _, v in self.ints]
         for t in self.tensors:
             t.example = None  # the cache entry must not keep the example alive
         failed = self.fn(*examples)

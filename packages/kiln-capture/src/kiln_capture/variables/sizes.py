@@ -67,10 +67,13 @@ class SymIntVar(Var):
         return f"SymInt({self.value})"
 
     @property
-    def node(self) -> fx.Node:
+    def node(self) -> fx.Node | int:
+        """The node computing the value (an int when no graph input has it: a size handed
+        to a continuation that no tensor argument shares is specialized there)."""
         if self._node is None:
             self._node = self._make()
-            self._node.meta["val"] = self.value
+            if isinstance(self._node, fx.Node):
+                self._node.meta["val"] = self.value
         return self._node
 
     def python_type(self) -> type:
