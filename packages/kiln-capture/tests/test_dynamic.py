@@ -469,6 +469,16 @@ def test_explain_lists_symbols_and_shape_guards():
     assert any("x: Tensor float32[2, s0]" in g for g in out.guards)
 
 
+def test_the_guards_log_lists_symbols_and_shape_guards(monkeypatch, caplog):
+    monkeypatch.setattr(config, "log_topics", frozenset({"guards"}))
+    caplog.set_level(logging.INFO, logger="kiln_capture")
+    compiled = kiln_capture.optimize(RecordingBackend(), dynamic=True)(branchy)
+    compiled(torch.randn(2, 12))
+    text = caplog.text
+    assert "symbol s1 in [2, inf] (hint 12) from x.size(1)" in text
+    assert "shape guard s1 > 8  # " in text
+
+
 def test_explain_of_an_optimized_function_uses_its_dynamic_setting():
     compiled = kiln_capture.optimize(RecordingBackend(), dynamic=True)(halves)
     out = kiln_capture.explain(compiled, torch.randn(3, 7, 16))

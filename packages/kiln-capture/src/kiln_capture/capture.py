@@ -214,10 +214,14 @@ def _entry(out, root, cg, compiled, gm, body, extra_ns) -> CacheEntry:
     ns = cg.namespace(compiled, extra_ns)
     run = build_function("__run", root.param_names, body, ns)
     guard = out.guards.compile(root.param_names, out.globals)
+    lines = [g.what for g in out.guards.guards]
+    if out.shape_env.symbols:
+        symbols, shape_guards = out.guards.shapes.describe()
+        lines += [f"symbol {s}" for s in symbols] + [f"shape guard {g}" for g in shape_guards]
     log(
         "guards",
         f"guards for {root.code.co_qualname} ({root.code.co_filename}:{root.code.co_firstlineno}):\n  "
-        + "\n  ".join(g.what for g in out.guards.guards),
+        + "\n  ".join(lines),
     )
     return CacheEntry(
         guard, run, out.guards, root.param_names, out.globals, [gm] if gm is not None else []
