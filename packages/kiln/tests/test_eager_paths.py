@@ -21,7 +21,7 @@ def test_cache_size_limit_warns_once_and_counts(monkeypatch):
 
     monkeypatch.setattr(config, "cache_size_limit", 2)
     kiln.reset()
-    f = kiln.compile(_grows)
+    f = kiln.compile(_grows, dynamic=False)  # each size compiles a graph
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(1, 7):
@@ -30,7 +30,8 @@ def test_cache_size_limit_warns_once_and_counts(monkeypatch):
     mine = [w for w in caught if "cache size limit" in str(w.message)]
     assert len(mine) == 1, [str(w.message) for w in caught]
     assert mine[0].filename == __file__
-    assert kiln.stats()["eager_frames"] == 1
+    assert "dynamic=True" in str(mine[0].message)  # the fix
+    assert kiln.stats()["eager_frames"] == 1 and kiln.stats()["cache_limit_hits"] == 1
     assert eager_reasons() == {"cache size limit": 1}
 
 
