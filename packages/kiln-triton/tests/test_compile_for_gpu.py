@@ -131,3 +131,72 @@ def test_wide_float32_rows_loop_with_eviction_hints():
     assert all('"evict_last"' in ld for ld in loads if "in_ptr1" in ld)
     (src,) = _sources(ln, [make((8, 4096), bf16), make((4096,), bf16)])
     assert src.meta["kind"] == "persistent" and "eviction_policy" not in src.source
+
+
+def _symbolic_sources() -> list:
+    """Kernels of graphs with symbolic sizes (kiln_shapes symbols in the layouts)."""
+    from symbolic import symbolic_graph
+
+    from kiln_aot import aot_graph
+
+    graphs = [
+        (lambda x: (x.sin() * 2,), [make((6, 32), torch.float32)], [[0]]),
+        (lambda x: (x * 2,), [make((6, 5), torch.float32)], [[0, 1]]),
+        (lambda x: (x.softmax(-1),), [make((6, 64), torch.bfloat16)], [[0]]),
+        (lambda x: (x.sum(-1), x.var(-1)), [make((6, 50), torch.float32)], [[0, 1]]),
+    ]
+    out = []
+    for fn, inputs, dynamic in graphs:
+        gm, _ = symbolic_graph(fn, inputs, dynamic)
+
+        def compile_graph(aten_gm, example_inputs):
+            ir = GraphLowering(aten_gm, example_inputs).run()
+            groups = [g for g in fuse_nodes(ir) if isinstance(g, FusedGroup)]
+            out.extend(TritonBackend().codegen_kernel(g, ir.buffers) for g in groups)
+            return lambda *args: None
+
+        aot_graph(gm, inputs, fw_compiler=compile_graph, bw_compiler=compile_graph)
+    return out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton's CUDA compiler ships for Linux")
+def test_symbolic_kernels_compile_for_sm90_at_every_specialization_of_their_sizes(tmp_path):
+    """Sizes are int arguments Triton specializes by value: 1 (a constant), int32 with or
+    without divisibility by 16, int64. Each compiles; contiguous loads stay 16 bytes wide
+    where the extent is a known multiple of the vector (32 * s0, rows of 64), or where
+    Triton learns that the sizes are multiples of 16 (the int64 widening keeps that)."""
+    sources = _symbolic_sources()
+    assert all(src.size_args for src in sources)
+    specs = {"odd": 4095, "one": 1, "multiple of 16": 4096, "int64": 2**31 + 1, "short": 77}
+    entries = [
+        (src, name, [v] * len(src.size_args)) for src in sources for name, v in specs.items()
+    ]
+    path = tmp_path / "kernels.json"
+    plain = [{k: v for k, v in s.meta.items() if k != "index_checks"} for s, _, _ in entries]
+    path.write_text(
+        json.dumps(
+            [{"source": s.source, "meta": m, "sizes": v} for (s, _, v), m in zip(entries, plain)]
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "compile_for_gpu.py"), str(path), "90"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == len(entries)
+    vectorized = {}
+    kinds = {}
+    for (src, name, _), rep in zip(entries, reports):
+        kinds[(src.source, name)] = rep["kind"]
+        assert "error" not in rep, f"{name}: {rep['error']}\n{src.source}"
+        assert rep["configs"], rep
+        vectorized[(src.source, name)] = all(c["vector_loads"] > 0 for c in rep["configs"])
+    flat32, flat, softmax, rows = (src.source for src in sources[:4])
+    assert all(vectorized[(k, name)] for k in (flat32, softmax) for name in specs if name != "one")
+    # as for static sizes: odd extents mask lanes one by one, multiples of 16 load vectors
+    assert vectorized[(flat, "multiple of 16")] and vectorized[(rows, "multiple of 16")]
+    assert not vectorized[(flat, "odd")] and not vectorized[(rows, "odd")]
+    # rows of symbolic length: 77 (bucket 128) run the module's persistent kernel, 4095 loop
+    assert kinds[(rows, "short")] == "persistent" and kinds[(rows, "odd")] == "looped"

@@ -399,3 +399,47 @@ def test_launcher_installs_the_c_launcher_after_its_first_direct_launch(monkeypa
     tl.fast, tl._fast_c, tl._direct = tl, False, built
     tl._install_fast()
     assert type(tl.fast).__name__ == "Launcher" and tl._fast_c
+
+
+class _SizedFn:
+    """A JITFunction stand-in for a kernel taking one size argument: Triton's launches
+    (``fn[grid](...)``) are recorded and return one compiled kernel per specialization."""
+
+    params = [_FakeParam(n) for n in ("in_ptr0", "out_ptr0", "s0", "XBLOCK")]
+
+    def __init__(self):
+        self.launches, self.kernels = [], {}
+
+    def __getitem__(self, grid):
+        from kiln_triton.runtime.buckets import int_specialization
+
+        def launch(*args, **kwargs):
+            self.launches.append((grid, args[-1]))
+            spec = int_specialization(args[-1:])
+            return self.kernels.setdefault(spec, _FakeKernel(4))
+
+        return launch
+
+
+def test_a_kernel_with_size_arguments_gets_its_grid_from_each_calls_sizes(monkeypatch):
+    """Grids from the call's sizes; one launch configuration per size bucket; direct
+    launches per Triton specialization of the sizes (a size that is a multiple of 16
+    runs another binary), each on its call's grid."""
+    from kiln_triton.runtime import direct, launcher
+
+    fake_driver(monkeypatch, direct)
+    monkeypatch.setattr(launcher, "interpreting", lambda: False)
+    meta = {"kind": "pointwise", "xnumel": "(4 * s0)", "rblock": 1, "extent": 1,
+            "size_args": ("s0",), "checked_args": [0]}  # fmt: skip
+    fn = _SizedFn()
+    ln = launcher.TritonLauncher(fn, meta, "k", read_triton_config())
+    x, out = torch.randn(8), torch.empty(8)
+    for s0 in (5, 7, 300, 6, 16, 0, 301):
+        ln(x, out, s0)
+    # Triton's launches: the first of each (bucket, specialization); size 0: none
+    assert fn.launches == [((1,), 5), ((2,), 300), ((1,), 16)]
+    (small,) = [k for spec, k in fn.kernels.items() if spec == (("i32", False),)]
+    grids = [(g, args[2]) for g, _, args in small.launches]
+    assert grids == [((1, 1, 1), 7), ((1, 1, 1), 6), ((2, 1, 1), 301)]
+    assert sorted(ln._buckets) == [(8,), (16,), (512,)]
+    assert ln._buckets[(8,)].config.XBLOCK == 32 and ln._buckets[(512,)].config.XBLOCK == 1024

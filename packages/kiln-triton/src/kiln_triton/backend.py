@@ -68,11 +68,24 @@ class TritonBackend:
             + (["int64"] if kernel.checks else []),
             "checked_args": checked_args([*group.inputs, *group.outputs], buffers),
         }
+        if kernel.size_args:
+            # the sizes the wrapper passes after the tensors; meta's xnumel and extent are
+            # expressions of them (runtime/launcher.py evaluates them on each call)
+            meta["size_args"] = kernel.size_args
+        if kernel.persistent_limit:
+            # rows of symbolic length: ``kernel_persistent`` takes rows up to this long
+            meta["persistent_limit"] = kernel.persistent_limit
         if kernel.checks:
             # failures go to the graph's error rows, read once per call by the wrapper
             meta["index_checks"] = tuple(kernel.checks)
             meta["index_report"] = "tensor"
-        return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
+        return KernelSource(
+            kernel.source,
+            "triton",
+            (*group.inputs, *group.outputs),
+            meta,
+            size_args=kernel.size_args,
+        )
 
     def _codegen_template(self, group: TemplateGroup, buffers: dict[str, Buffer]) -> KernelSource:
         cfg = read_triton_config()

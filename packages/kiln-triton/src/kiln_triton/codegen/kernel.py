@@ -26,6 +26,23 @@ inside the program. Reduction results are ``[XBLOCK, 1]`` values that later bloc
 same kernel read without touching memory (``forwarded``); a load of a buffer the kernel
 stored earlier is preceded by a barrier. bfloat16/float16 values stay in their type
 until a body converts them; indices are int32 unless a size or storage span needs int64.
+
+Symbolic sizes
+--------------
+Sizes may be expressions of kiln_shapes' size symbols (``s0``, ``s1``, ...). A kernel takes
+the symbols its text uses as int arguments after its pointers (and error row), converted
+to int64 on entry; ``xnumel``, row lengths, masks and index arithmetic are expressions of
+them, so one kernel serves every size. What was chosen from static sizes is chosen so
+that it holds for every size: indexing is int64 (the symbols' ranges reach 2**63 - 2),
+and masks are never dropped for a symbolic extent (nothing is known to divide it). The
+launcher computes the grid from the sizes of each call (``runtime/launcher.py``).
+
+Rows of symbolic length get two kernels in one module: ``kernel``, looped (any length),
+and ``kernel_persistent``, persistent with the row masked by its length. A persistent
+kernel needs ``RBLOCK`` (a compile-time constant) to cover the row, so the launcher picks
+per size bucket: ``kernel_persistent`` with ``RBLOCK`` the bucket's row length when that
+is within ``meta["persistent_limit"]`` (``persistent_limit``: the static rule's bounds),
+``kernel`` otherwise. Both take the same arguments.
 """
 
 from __future__ import annotations
@@ -40,12 +57,18 @@ import torch
 from kiln_inductor.index_check import check_number
 from kiln_inductor.ir.nodes import Buffer, ComputedBuffer
 from kiln_inductor.ir.ops import ops_handler
-from kiln_inductor.ir.symbols import coefficients, contiguous_strides, product, simplify_index
+from kiln_inductor.ir.symbols import (
+    coefficients,
+    is_size_symbol,
+    product,
+    simplify_index,
+    size_symbols_in,
+)
 from kiln_inductor.scheduler.fuse import Block, FusedGroup
 
 from ..errors import TritonCodegenError
 from ..runtime.configs import looped_rows_divide, xblocks_divide
-from .index import print_index
+from .index import host_expr, print_index
 from .triton_ops import TritonOpsHandler, TritonValue
 
 HEADER = """import triton
@@ -60,24 +83,48 @@ XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 
 
 def _int(expr: Any, what: str) -> int:
+    """``expr`` as an int, for code that has no symbolic form (matmul templates, which the
+    backend refuses for symbolic shapes: ``TritonBackend.template_accepts``)."""
     expr = sympy.sympify(expr)
     if not expr.is_Integer:
         raise TritonCodegenError(
             f"a kernel over symbolic size {expr} ({what})",
-            "kiln-triton kernels are specialized to static sizes",
-            "compile with static shapes (dynamic=False)",
+            "this kernel shape is specialized to static sizes",
+            "report it; meanwhile mark the dimension static (kiln.mark_static)",
         )
     return int(expr)
+
+
+def is_static(expr: Any) -> bool:
+    return bool(sympy.sympify(expr).is_Integer)
 
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def block_extent(block: Block) -> int:
+def block_extent(block: Block) -> sympy.Expr:
     """Elements of the block's r dimension: its inner loops (pointwise) or reduction."""
     ranges = block.inner if block.kind == "pointwise" else block.rranges
-    return _int(product(ranges), "inner loops")
+    return sympy.sympify(product(ranges))
+
+
+def max_extent(extents: list[sympy.Expr]) -> sympy.Expr:
+    """The longest of the rows (an int when all are static, else a sympy ``Max``)."""
+    if all(is_static(e) for e in extents):
+        return sympy.Integer(max([int(e) for e in extents], default=1))
+    return sympy.Max(*extents) if len(extents) > 1 else extents[0]
+
+
+def contiguous(sizes: list[sympy.Expr]) -> list[sympy.Expr]:
+    """Row-major strides of ``sizes`` (static zeros count as one; a symbolic size that is
+    zero at run time leaves no element to index)."""
+    strides: list[sympy.Expr] = []
+    acc: sympy.Expr = sympy.Integer(1)
+    for n in reversed(sizes):
+        strides.append(acc)
+        acc = acc * (sympy.Integer(max(int(n), 1)) if is_static(n) else n)
+    return list(reversed(strides))
 
 
 # rows wider than this many bytes (of the widest input) are reduced in a loop: on the H200 a
@@ -87,6 +134,20 @@ def block_extent(block: Block) -> int:
 PERSISTENT_MAX_BYTES = 8192
 
 
+def persistent_limit(group: FusedGroup, persistent_max: int, buffers: dict[str, Buffer]) -> int:
+    """The longest row (a power of two) a persistent kernel of ``group`` may reduce in one
+    block under the rules of ``kernel_kind``; 0 where its rows always loop."""
+    from .scan import scan_across_memory
+
+    if scan_across_memory(group):
+        return 0
+    limit = persistent_max
+    if group.inputs and not any(b.kind == "scan" for b in group.blocks):
+        width = max(buffers[n].dtype.itemsize for n in group.inputs)
+        limit = min(limit, PERSISTENT_MAX_BYTES // width)
+    return 1 << (max(limit, 1).bit_length() - 1)  # a power of two at most the limit
+
+
 def kernel_kind(
     group: FusedGroup, persistent_max: int, buffers: dict[str, Buffer] | None = None
 ) -> str:
@@ -94,7 +155,12 @@ def kernel_kind(
         return "pointwise"
     from .scan import scan_across_memory
 
-    extent = max(block_extent(b) for b in group.blocks)
+    extents = [block_extent(b) for b in group.blocks]
+    if not all(is_static(e) for e in extents):
+        # a row of symbolic length loops: a persistent row needs RBLOCK >= its length, and
+        # RBLOCK is a constant of the compiled kernel, the length one of the call
+        return "looped"
+    extent = max(int(e) for e in extents)
     if extent > persistent_max or scan_across_memory(group):
         return "looped"
     if buffers is not None and group.inputs:
@@ -107,12 +173,27 @@ def kernel_kind(
 
 
 class TritonKernel:
-    def __init__(self, group: FusedGroup, buffers: dict[str, Buffer], persistent_max: int):
-        self.group, self.buffers = group, buffers
-        self.kind = kernel_kind(group, persistent_max, buffers)
-        self.xnumel = _int(product(group.outer), "outer loops")
-        self.extent = max((block_extent(b) for b in group.blocks), default=1)
-        self.rblock = next_power_of_2(max(self.extent, 1))
+    def __init__(
+        self,
+        group: FusedGroup,
+        buffers: dict[str, Buffer],
+        persistent_max: int,
+        kind: str | None = None,
+        name: str = "kernel",
+    ):
+        """``kind``: the kernel shape (default: ``kernel_kind``'s); ``name``: the
+        function's (a module holds ``kernel`` and, for rows of symbolic length, the
+        persistent ``kernel_persistent``)."""
+        self.group, self.buffers, self.name = group, buffers, name
+        self.kind = kind or kernel_kind(group, persistent_max, buffers)
+        self.xnumel: sympy.Expr = sympy.sympify(product(group.outer))
+        self.extent = max_extent([block_extent(b) for b in group.blocks])
+        # whether launch configurations and masks may be chosen from the sizes
+        self.static = is_static(self.xnumel) and is_static(self.extent)
+        self.rblock = next_power_of_2(max(int(self.extent), 1)) if is_static(self.extent) else 0
+        self.size_args: tuple[str, ...] = ()  # the size symbols it takes (``generate``)
+        # for rows of symbolic length: the longest row ``kernel_persistent`` takes (0: none)
+        self.persistent_limit = 0
         self.lines: list[str] = []
         self.depth = 1
         self.ptrs: dict[str, tuple[str, torch.dtype]] = {}
@@ -142,17 +223,26 @@ class TritonKernel:
         self.checks: list[Any] = []  # index checks (kiln_inductor.index_check), numbered from 1
 
     def meta(self) -> dict[str, Any]:
-        """What launch configurations depend on (``runtime.configs``)."""
+        """What launch configurations depend on (``runtime.configs``): ints, or for sizes
+        that are symbolic, Python expressions of the size arguments the launcher evaluates
+        on each call (``runtime.launcher.SizedLaunch``)."""
+
+        def value(e: sympy.Expr) -> int | str:
+            return int(e) if is_static(e) else host_expr(e)
+
         return {
             "kind": self.kind,
-            "xnumel": self.xnumel,
+            "xnumel": value(self.xnumel),
             "rblock": self.rblock,
-            "extent": self.extent,
+            "extent": value(self.extent),
         }
 
     def _needs_int64(self) -> bool:
-        spans = [_int(self.buffers[n].layout.storage_span(), "storage") for n in self.ptrs]
-        return max([self.xnumel * max(self.extent, 1), *spans]) > INT32_LIMIT
+        spans = [sympy.sympify(self.buffers[n].layout.storage_span()) for n in self.ptrs]
+        numel = self.xnumel * sympy.Max(self.extent, 1)
+        if not all(is_static(v) for v in (numel, *spans)):
+            return True  # symbols range up to 2**63 - 2: no size is provably small
+        return max([int(numel), *[int(v) for v in spans]]) > INT32_LIMIT
 
     # -- emitting ----------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -172,6 +262,8 @@ class TritonKernel:
     # -- indices, loads and stores -----------------------------------------------------------
     def _canonical(self, index: Any) -> Any:
         expr = simplify_index(sympy.expand(sympy.sympify(index).xreplace(self.subs)), self.ranges)
+        # size symbols are scalars of the program (its arguments), like a scalar loop's
+        self.scalar_syms |= {s for s in expr.free_symbols if is_size_symbol(s)}
         return self._flatten_outer(expr)
 
     def _flatten_outer(self, expr: Any) -> Any:
@@ -261,15 +353,25 @@ class TritonKernel:
             self.prologue()
             for k, block in enumerate(g.blocks):
                 self.block(k, block)
+        self.size_args = size_symbols_in("\n".join(self.lines))
+        return HEADER + self.render(self.size_args)
+
+    def render(self, size_args: tuple[str, ...]) -> str:
+        """The ``@triton.jit`` function (after ``generate``) taking ``size_args``."""
+        # sizes that vary between calls (kiln_shapes' symbols) are int arguments, int64
+        # in the kernel: Triton passes small ints as int32, and products of them overflow
+        widen = [f"    {s} = tl.cast({s}, tl.int64)" for s in size_args]
         params = [
             *(p for p, _ in self.ptrs.values()),
-            # a kernel with index checks takes its error row last (int64 [check, index])
+            # a kernel with index checks takes its error row (int64 [check, index]) after
+            # its tensors, then its sizes
             *(["index_err"] if self.checks else []),
+            *size_args,
             "XBLOCK: tl.constexpr",
             "RBLOCK: tl.constexpr",
         ]
-        head = f"@triton.jit\ndef kernel({', '.join(params)}):\n"
-        return self._evictions(HEADER + head + "\n".join(self.lines) + "\n")
+        head = f"@triton.jit\ndef {self.name}({', '.join(params)}):\n"
+        return self._evictions(head + "\n".join([*widen, *self.lines]) + "\n")
 
     def prologue(self) -> None:
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
@@ -277,10 +379,11 @@ class TritonKernel:
         arange = "tl.arange(0, XBLOCK)" + ("" if self.kind == "pointwise" else "[:, None]")
         self.emit(f"xoffset = {pid} * XBLOCK")
         self.emit(f"xindex = xoffset + {arange}")
-        if xblocks_divide(self.meta()):  # constant: Triton drops it from loads and stores
+        if self.static and xblocks_divide(self.meta()):
+            # constant: Triton drops it from loads and stores
             self.emit(f"xmask = tl.full({shape}, 1, tl.int1)")
         else:
-            self.emit(f"xmask = xindex < {self.xnumel}")
+            self.emit(f"xmask = xindex < {print_index(self.xnumel)}")
         self.emit(f"xzero = tl.zeros({shape}, tl.int32)")
         if self.kind != "pointwise":
             self.emit("rbase = tl.arange(0, RBLOCK)[None, :]")
@@ -290,29 +393,33 @@ class TritonKernel:
     def define_outer_vars(self) -> sympy.Expr:
         """Emit the outer variables from ``xindex``; returns their flat contiguous index."""
         g = self.group
-        sizes = [_int(s, "outer loops") for s in g.outer]
+        sizes = [sympy.sympify(s) for s in g.outer]
         for v, n in zip(g.outer_vars, sizes):
-            self.ranges[v] = sympy.Integer(n)
+            self.ranges[v] = n
         self._define_vars("xindex", list(g.outer_vars), sizes, self.xsyms)
-        strides = contiguous_strides([sympy.Integer(n) for n in sizes])
+        strides = contiguous(sizes)
         self.outer_strides = {v: st for v, n, st in zip(g.outer_vars, sizes, strides) if n != 1}
         self.xsyms.add(XINDEX)
-        self.ranges[XINDEX] = sympy.Integer(max(self.xnumel, 1))
+        self.ranges[XINDEX] = (
+            sympy.Integer(max(int(self.xnumel), 1)) if is_static(self.xnumel) else self.xnumel
+        )
         return sum((v * st for v, st in zip(g.outer_vars, strides)), sympy.Integer(0))
 
     def _define_vars(
-        self, flat: str, syms: list[sympy.Symbol], sizes: list[int], into: set[sympy.Symbol]
+        self, flat: str, syms: list[sympy.Symbol], sizes: list[Any], into: set[sympy.Symbol]
     ) -> None:
-        """Emit ``sym = flat // stride % size`` for each dimension; size-1 dims become 0."""
-        strides = [int(s) for s in contiguous_strides([sympy.Integer(n) for n in sizes])]
+        """Emit ``sym = flat // stride % size`` for each dimension; size-1 dims become 0
+        (a symbolic size is never assumed to be 1: its ``% size`` is emitted)."""
+        sizes = [sympy.sympify(n) for n in sizes]
+        strides = contiguous(sizes)
         nontrivial = [k for k, n in enumerate(sizes) if n != 1]
         for k, (v, n, st) in enumerate(zip(syms, sizes, strides)):
             if n == 1:
                 self.subs[v] = sympy.Integer(0)
                 continue
-            expr = flat if st == 1 else f"({flat} // {st})"
+            expr = flat if st == 1 else f"({flat} // {print_index(st)})"
             if k != nontrivial[0]:
-                expr = f"({expr} % {n})"
+                expr = f"({expr} % {print_index(n)})"
             self.emit(f"{v.name} = {expr}")
             into.add(v)
 
@@ -327,10 +434,10 @@ class TritonKernel:
         if not block.inner:
             self.reduction(k, block)
             return
-        sizes = [_int(s, "inner loops") for s in block.inner]
-        with self.scope(f"for yflat{k} in range(0, {product(sizes)}):"):
+        sizes = [sympy.sympify(s) for s in block.inner]
+        with self.scope(f"for yflat{k} in range(0, {print_index(product(sizes))}):"):
             for v, n in zip(block.vars, sizes):
-                self.ranges[v] = sympy.Integer(n)
+                self.ranges[v] = n
             scalars: set[sympy.Symbol] = set()
             self._define_vars(f"yflat{k}", list(block.vars), sizes, scalars)
             self.scalar_syms |= scalars
@@ -339,9 +446,9 @@ class TritonKernel:
     def r_region(self, k: int, block: Block, syms: list[Any], ranges: list[Any], body: Any) -> None:
         """Run ``body(block, subs)`` over the r dimension of ``block`` (its ``syms`` over
         ``ranges``): once with a full row (persistent) or in a loop of RBLOCK chunks."""
-        sizes = [_int(s, "inner loops") for s in ranges]
-        n = product(sizes)
-        if self.kind == "persistent":
+        sizes = [sympy.sympify(s) for s in ranges]
+        n = sympy.sympify(product(sizes))
+        if self.kind == "persistent":  # a row of symbolic length: RBLOCK covers it too
             key = tuple(sizes)
             if key not in self.canon:
                 t = len(self.canon)
@@ -350,8 +457,8 @@ class TritonKernel:
                     for j in range(len(sizes))
                 ]
                 for c, s in zip(canon, sizes):
-                    self.ranges[c] = sympy.Integer(s)
-                self.emit(f"rmask{t} = rbase < {n}")
+                    self.ranges[c] = s
+                self.emit(f"rmask{t} = rbase < {print_index(n)}")
                 self._define_vars("rbase", canon, sizes, self.rsyms)
                 self.canon[key] = [self.subs.get(c, c) for c in canon] + [f"rmask{t}", "rbase"]
             *canon, mask, flat = self.canon[key]
@@ -362,14 +469,19 @@ class TritonKernel:
             finally:
                 self.ctx_r = saved
             return
-        with self.scope(f"for roffset in range(0, {n}, RBLOCK):"):
+        with self.scope(f"for roffset in range(0, {print_index(n)}, RBLOCK):"):
             self.emit("rindex = roffset + rbase")
-            if looped_rows_divide(n, self.extent):  # constant: Triton drops it from loads
+            if (
+                is_static(self.extent)
+                and is_static(n)
+                and looped_rows_divide(int(n), int(self.extent))
+            ):
+                # constant: Triton drops it from loads
                 self.emit("rmask = tl.full([1, RBLOCK], 1, tl.int1)")
             else:
-                self.emit(f"rmask = rindex < {n}")
+                self.emit(f"rmask = rindex < {print_index(n)}")
             for v, s in zip(syms, sizes):
-                self.ranges[v] = sympy.Integer(s)
+                self.ranges[v] = s
             self._define_vars("rindex", syms, sizes, self.rsyms)
             saved, self.ctx_r = self.ctx_r, "rmask"
             outer_loop, self.loop = self.loop, self.loops
@@ -405,6 +517,18 @@ class TritonKernel:
 def generate_triton_kernel(
     group: FusedGroup, buffers: dict[str, Buffer], persistent_max: int
 ) -> TritonKernel:
+    """The group's kernel; for rows of symbolic length, its module also holds the persistent
+    variant ``kernel_persistent`` (module docstring, "Symbolic sizes")."""
     kernel = TritonKernel(group, buffers, persistent_max)
     kernel.source = kernel.generate()
+    limit = persistent_limit(group, persistent_max, buffers)
+    if kernel.kind != "looped" or is_static(kernel.extent) or limit < 2:
+        return kernel
+    variant = TritonKernel(group, buffers, persistent_max, "persistent", "kernel_persistent")
+    variant.generate()
+    if variant.checks != kernel.checks:  # the error rows' numbering must be the same
+        return kernel
+    sizes = size_symbols_in(" ".join([*kernel.size_args, *variant.size_args]))
+    kernel.source = HEADER + kernel.render(sizes) + "\n\n" + variant.render(sizes)
+    kernel.size_args, kernel.persistent_limit = sizes, limit
     return kernel

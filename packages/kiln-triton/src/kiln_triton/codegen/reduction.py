@@ -233,7 +233,8 @@ class ReductionCodegen:
                     dt, m = dts[id(r)], kern.mask_text()
                     v = value(r, subs)
                     s = h.value(f"tl.sum(tl.where({m}, {v}, 0), 1)[:, None]", dt)
-                    mean = h.truediv(s, h.constant(int(count), dt))
+                    n = h.constant(int(count), dt) if count.is_Integer else h.index_expr(count, dt)
+                    mean = h.truediv(s, n)
                     d = h.value(f"tl.where({m}, {v} - {mean}, 0)", dt)
                     means[id(r)] = mean
                     m2s[id(r)] = h.value(f"tl.sum({d} * {d}, 1)[:, None]", dt)

@@ -19,6 +19,11 @@ outside (graph inputs, extern and fallback results, any of which may be a view a
 offset). Reading ``data_ptr()`` costs up to a microsecond of Python per tensor, so a
 kernel reading only intermediates is launched with no check at all. ``build`` verifies
 the assumption once, on the first call's arguments.
+
+A kernel with symbolic sizes takes them as ints after its tensors (``nsizes``): its grid
+comes with each call, and the caller keeps one DirectLaunch per Triton specialization of
+the sizes (``runtime/buckets.py``), since each is a binary of its own. Such kernels use
+Triton's launcher, not ``kiln_triton._launch`` (which passes tensors only).
 """
 
 from __future__ import annotations
@@ -132,6 +137,7 @@ class DirectLaunch:
         tail: list[Any],
         aligned: tuple,
         checked: tuple[int, ...] | None = None,
+        ntensors: int | None = None,
     ):
         self.run = kernel.run
         self.function = kernel.function
@@ -142,6 +148,7 @@ class DirectLaunch:
         self.tails = [tail, []] if tail else [[]]
         self.tail: list[Any] | None = None  # the one that worked
         self.aligned, self.checked = aligned, checked
+        self.ntensors = ntensors  # the leading arguments that are tensors (None: all)
         # the device of the first launch: the kernel's function handle belongs to it
         self.device = driver.active.get_current_device()
         self.get_stream = driver.active.get_current_stream
@@ -161,10 +168,14 @@ class DirectLaunch:
         kwargs: dict[str, Any],
         grid: tuple,
         checked: Sequence[int] | None = None,
+        nsizes: int = 0,
     ) -> DirectLaunch | None:
         """A direct launch replaying ``kernel``'s first launch, checking the alignment of
-        the arguments at ``checked`` (all of them when None) on every call."""
-        if kernel is None or not all(isinstance(a, torch.Tensor) for a in args):
+        the tensors at ``checked`` (all of them when None) on every call. The last
+        ``nsizes`` arguments are ints (sizes), the rest tensors."""
+        ntensors = len(args) - nsizes
+        tensors = args[:ntensors]
+        if kernel is None or not all(isinstance(a, torch.Tensor) for a in tensors):
             return None
         names = [p.name for p in getattr(fn, "params", [])]
         rest = names[len(args) :]
@@ -172,7 +183,7 @@ class DirectLaunch:
             return None
         try:
             positions = None if checked is None else tuple(checked)
-            first = alignment(args)
+            first = alignment(tensors)
             if positions is not None and not all(
                 a for k, a in enumerate(first) if k not in positions
             ):
@@ -180,16 +191,20 @@ class DirectLaunch:
                 # allocates): check every argument rather than trust the assumption
                 positions = None
             tail = [kwargs[n] for n in rest]
-            direct = cls(kernel, grid, tail, alignment(args, positions), positions)
-            if read_triton_config().c_launch:
+            aligned = alignment(tensors, positions)
+            direct = cls(kernel, grid, tail, aligned, positions, ntensors if nsizes else None)
+            if read_triton_config().c_launch and not nsizes:
                 direct.c_shape = c_launch_shape(kernel, len(args))
             return direct
         except AttributeError as e:  # a Triton whose CompiledKernel looks otherwise
             log.log("kernels", f"direct launch unavailable ({e}); using Triton's launch path")
             return None
 
-    def __call__(self, args: Sequence[Any]) -> bool:
-        """Launch and return True, or return False: the caller must take Triton's path."""
+    def __call__(self, args: Sequence[Any], grid: tuple[int, ...] | None = None) -> bool:
+        """Launch and return True, or return False: the caller must take Triton's path.
+        ``grid``: this call's, for a kernel with symbolic sizes (else the first call's)."""
+        if grid is not None:
+            return self._sized(args, (*grid, 1, 1)[:3])
         shape = self.c_shape
         if shape is not None and not _hooked():
             g0, g1, g2 = self.grid
@@ -214,6 +229,23 @@ class DirectLaunch:
             return self._first(args)
         stream = self.get_stream(self.device)
         self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *tail)
+        return True
+
+    def _sized(self, args: Sequence[Any], grid: tuple[int, ...]) -> bool:
+        """A launch of a kernel with size arguments, on this call's grid."""
+        tensors = args[: self.ntensors]
+        if self.checked != () and alignment(tensors, self.checked) != self.aligned:
+            return False
+        if _hooked():
+            return False
+        if self.tail is None:
+            self.grid = grid
+            return self._first(args)
+        stream = self.get_stream(self.device)
+        g0, g1, g2 = grid
+        self.run(
+            g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *self.tail
+        )
         return True
 
     def _first(self, args: Sequence[Any]) -> bool:

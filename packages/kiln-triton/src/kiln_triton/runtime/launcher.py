@@ -8,6 +8,13 @@ candidate, or the fastest candidate measured on copies of the arguments (so kern
 write in place are not run twice on live data); winners are cached on disk per kernel,
 GPU and Triton version. Under the interpreter the largest block is used and nothing is
 measured.
+
+Kernels with symbolic sizes take them as ints after their tensors (``meta["size_args"]``):
+each call computes its grid from them, the launch configuration is chosen once per size
+bucket (``runtime/buckets.py``; autotuned and cached per bucket), and direct launches
+are kept per bucket and Triton specialization of the sizes. A kernel over rows of
+symbolic length runs its module's ``kernel_persistent`` in buckets whose rows fit it. They take the Python direct
+launch, not the C one (``kiln_triton._launch`` passes tensors only, with a fixed grid).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,7 @@ from kiln_inductor.runtime.cache import KernelCache, digest
 from .. import __version__
 from ..config import TritonConfig
 from ..errors import TritonCompileError
+from .buckets import SizedMeta, bucket_of, int_specialization
 from .configs import LaunchConfig, candidate_configs, interpreter_config
 from .direct import DirectLaunch, c_launcher
 
@@ -64,14 +73,42 @@ def load_module(source: str, key: str) -> Any:
     return _import(cache.get_or_build(key, build) / "kernel.py", key)
 
 
+def _device_name(args: Sequence[Any]) -> str:
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    if device is None or device.type != "cuda":
+        return "cuda" if device is None else device.type
+    return torch.cuda.get_device_name(device)
+
+
+@dataclass
+class _Bucket:
+    """What a kernel with size arguments chose for one size bucket."""
+
+    fn: Any  # the module's ``kernel`` or ``kernel_persistent``
+    config: LaunchConfig
+    kwargs: dict[str, int]
+    # direct launches per Triton specialization of the sizes (None: none could be built)
+    directs: dict[tuple[Any, ...], DirectLaunch | None] = field(default_factory=dict)
+
+
 class TritonLauncher:
     """A kernel's launches: its launch configuration chosen on the first call (one
     candidate, or the fastest measured; winners cached on disk), then direct launches.
     Subclasses change what a choice is (``grid``, ``candidates``, ``launcher_for``,
     ``encode``/``decode``) and keep the rest."""
 
-    def __init__(self, fn: Any, meta: dict[str, Any], key: str, cfg: TritonConfig):
+    def __init__(
+        self,
+        fn: Any,
+        meta: dict[str, Any],
+        key: str,
+        cfg: TritonConfig,
+        persistent: Any = None,
+    ):
+        """``persistent``: the module's ``kernel_persistent``, for rows of symbolic length
+        (``meta["persistent_limit"]``)."""
         self.fn, self.meta, self.key, self.cfg = fn, meta, key, cfg
+        self.persistent = persistent
         self.config: Any = None
         self._launch: Any = None
         self._kwargs: dict[str, int] = {}
@@ -82,8 +119,14 @@ class TritonLauncher:
         # the wrapper then calls with no Python frame in between (``_install_fast``)
         self.fast: Callable[..., Any] = self
         self._fast_c = False
+        # kernels with symbolic sizes: their sizes' meta and one choice per size bucket
+        self.sized = SizedMeta(meta) if meta.get("size_args") else None
+        self._buckets: dict[tuple[int, ...], _Bucket] = {}
 
     def __call__(self, *args: Any) -> None:
+        if self.sized is not None:
+            self._call_sized(args)
+            return
         direct = self._direct
         if direct is not None:
             if direct(args):
@@ -101,6 +144,72 @@ class TritonLauncher:
                 self.fn, kernel, args, self._kwargs, self._grid, checked
             )
             self._install_fast()
+
+    def _call_sized(self, args: Sequence[Any]) -> None:
+        """A launch of a kernel with size arguments (the last ``len(size_args)`` ints)."""
+        sized = self.sized
+        assert sized is not None
+        sizes = args[len(args) - len(sized.names) :]
+        xnumel, extent = sized.numels(sizes)
+        if xnumel <= 0:
+            return
+        bucket = bucket_of(sizes)
+        entry = self._buckets.get(bucket)
+        if entry is None:
+            entry = self._buckets[bucket] = self.choose_sized(bucket, args)
+        if entry.fn is not self.fn and extent > entry.config.RBLOCK:
+            # a row longer than the bucket's (a size that shrinks as a symbol grows): the
+            # looped kernel takes any length
+            looped = (-1, *bucket)
+            entry = self._buckets.get(looped) or self.choose_sized(bucket, args, looped=True)
+            self._buckets[looped] = entry
+        grid = (triton.cdiv(xnumel, entry.config.XBLOCK),)
+        spec = int_specialization(sizes)
+        direct = entry.directs.get(spec)
+        if direct is not None and direct(args, grid):
+            return
+        kernel = entry.fn[grid](*args, **entry.kwargs)
+        if spec not in entry.directs and self.cfg.direct_launch and not interpreting():
+            checked = self.meta.get("checked_args")
+            entry.directs[spec] = DirectLaunch.build(
+                entry.fn, kernel, args, entry.kwargs, grid, checked, nsizes=len(sizes)
+            )
+
+    def sized_meta(self, sizes: Sequence[int], looped: bool = False) -> tuple[Any, dict]:
+        """The kernel (``kernel`` or ``kernel_persistent``) and its meta at ``sizes``."""
+        assert self.sized is not None
+        meta = self.sized.at(sizes, looped or self.persistent is None)
+        return (self.persistent if meta["variant"] == "kernel_persistent" else self.fn), meta
+
+    def choose_sized(
+        self, bucket: tuple[int, ...], args: Sequence[Any], looped: bool = False
+    ) -> _Bucket:
+        """The kernel and launch configuration of a size bucket: candidates for the
+        bucket's sizes (the next power of two of each), the fastest measured on this
+        call's arguments, cached on disk per bucket."""
+        fn, meta = self.sized_meta(bucket, looped)
+
+        def chosen(config: LaunchConfig) -> _Bucket:
+            return _Bucket(fn, config, config.as_dict())
+
+        if interpreting():
+            return chosen(interpreter_config(meta))
+        cands = candidate_configs(meta, self.cfg.max_autotune)
+        cands = cands if self.cfg.autotune else cands[:1]
+        if len(cands) == 1:
+            return chosen(cands[0])
+        assert self.sized is not None
+        sizes = tuple(args[len(args) - len(self.sized.names) :])
+        xnumel, _ = self.sized.numels(sizes)
+        if torch.cuda.is_available() and self.cfg.compile_workers > 0:
+            compile_configs([(fn, self.meta, c, sizes) for c in cands], self.cfg.compile_workers)
+
+        def launcher_for(config: LaunchConfig) -> Callable[..., Any]:
+            launch, kw = fn[(triton.cdiv(xnumel, config.XBLOCK),)], config.as_dict()
+            return lambda *a: launch(*a, **kw)
+
+        key = f"bucket={bucket},{meta['kind']}"
+        return chosen(self.tuned(cands, args, key, launcher_for))
 
     def _install_fast(self) -> None:
         """Let the wrapper call a C Launcher for this kernel's direct launches; it calls
@@ -148,19 +257,31 @@ class TritonLauncher:
         cands = self.candidates()
         if len(cands) == 1:
             return cands[0]
-        device = torch.cuda.get_device_name(args[0].device) if args else "cuda"
-        tkey = digest(self.key, device, str(self.cfg.max_autotune))
+        return self.tuned(cands, args)
+
+    def tuned(
+        self,
+        cands: Sequence[Any],
+        args: Sequence[Any],
+        bucket: str | None = None,
+        launcher_for: Callable[[Any], Callable[..., Any]] | None = None,
+    ) -> Any:
+        """The fastest of ``cands``: cached on disk per kernel, GPU, mode (and size bucket,
+        for kernels with symbolic sizes), else measured on copies of ``args``."""
+        parts = [self.key, _device_name(args), str(self.cfg.max_autotune)]
+        tkey = digest(*parts, bucket) if bucket is not None else digest(*parts)
         cache = KernelCache("triton-autotune")
         found = cache.lookup(tkey)
         if found is not None:
             winner = self.decode(json.loads((found / "winner.json").read_text()))
             if winner in cands:
                 return winner
-        timings = self.measure(cands, args)
+        timings = self.measure(cands, args, launcher_for=launcher_for)
         winner = min(cands, key=lambda c: timings[c])
         log.log(
             "kernels",
-            f"autotuned {self.meta.get('kind')} kernel: {winner} ({timings[winner] * 1e3:.1f} us)",
+            f"autotuned {self.meta.get('kind')} kernel{f' ({bucket})' if bucket else ''}: "
+            f"{winner} ({timings[winner] * 1e3:.1f} us)",
         )
 
         def build(tmp: Path) -> None:
@@ -170,7 +291,11 @@ class TritonLauncher:
         return winner
 
     def measure(
-        self, candidates: Sequence[Any], args: Sequence[Any], rounds: int = 3
+        self,
+        candidates: Sequence[Any],
+        args: Sequence[Any],
+        rounds: int = 3,
+        launcher_for: Callable[[Any], Callable[..., Any]] | None = None,
     ) -> dict[Any, float]:
         """Milliseconds per launch of each candidate, on copies of the arguments: the median
         of ``rounds`` medians, the candidates taking turns so that clock drift during
@@ -182,7 +307,7 @@ class TritonLauncher:
         runs: dict[Any, Callable[..., Any]] = {}
         samples: dict[Any, list[float]] = {}
         for c in candidates:
-            run = self.launcher_for(c)
+            run = (launcher_for or self.launcher_for)(c)
             try:
                 run(*copies)
                 torch.cuda.synchronize()
@@ -209,42 +334,71 @@ def load_triton_kernels(sources: Sequence[Any], cfg: TritonConfig) -> list[Trito
     for src in sources:
         key = source_key(src.source, cfg)
         module = load_module(src.source, key)
-        launchers.append(TritonLauncher(module.kernel, src.meta, key, cfg))
+        persistent = getattr(module, "kernel_persistent", None)
+        launchers.append(TritonLauncher(module.kernel, src.meta, key, cfg, persistent))
     if cfg.compile_workers > 0 and not interpreting() and torch.cuda.is_available():
         precompile(launchers, cfg.compile_workers)
     return launchers
 
 
+# sizes a kernel with symbolic sizes is precompiled for, before its first call tells the
+# real ones: large (the candidates of every bucket past a few thousand agree) and not a
+# multiple of 16 (the specialization most sizes get)
+NOMINAL_SIZE = 4095
+
+# (the jit function, its kernel's meta, a launch configuration, the size arguments)
+_Job = tuple[Any, dict[str, Any], LaunchConfig, tuple[int, ...]]
+
+
 def precompile(launchers: Sequence[TritonLauncher], workers: int) -> None:
     """Compile every candidate configuration of every kernel in parallel threads, ahead of
     the first call (Triton compiles in C++ without the GIL). Argument types come from the
-    kernel's metadata; a failure here only means the kernel compiles at its first call."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    jobs = [(ln, c) for ln in launchers if int(ln.meta["xnumel"]) > 0 for c in ln.candidates()]
+    kernel's metadata; a failure here only means the kernel compiles at its first call.
+    A kernel with symbolic sizes compiles its first candidate at ``NOMINAL_SIZE`` (its
+    buckets' candidates compile when a call first reaches them: ``choose_sized``)."""
+    jobs: list[_Job] = []
+    owners: list[TritonLauncher] = []
+    for ln in launchers:
+        if ln.sized is not None:
+            sizes = (NOMINAL_SIZE,) * len(ln.sized.names)
+            fn, meta = ln.sized_meta(bucket_of(sizes))
+            jobs.append((fn, ln.meta, candidate_configs(meta, ln.cfg.max_autotune)[0], sizes))
+            owners.append(ln)
+        elif int(ln.meta["xnumel"]) > 0:
+            cands = ln.candidates()
+            jobs.extend((ln.fn, ln.meta, c, ()) for c in cands)
+            owners.extend([ln] * len(cands))
     if not jobs:
         return
+    t0 = time.perf_counter()
+    errors = compile_configs(jobs, workers)
+    log.log("timings", f"precompiled {len(jobs)} kernel configs in {time.perf_counter() - t0:.1f}s")
+    # a kernel Triton rejects in every configuration fails the compilation now, where the
+    # caller (kiln.compile) can still run the graph eagerly, rather than at its first call
+    for ln in launchers:
+        mine = [e for owner, e in zip(owners, errors) if owner is ln]
+        if mine and all(e is not None for e in mine):
+            raise TritonCompileError(f"cache entry {ln.key}", str(mine[0]))
+
+
+def compile_configs(jobs: Sequence[_Job], workers: int) -> list[Exception | None]:
+    """Compile ``(fn, meta, config, sizes)`` jobs in parallel threads; for each, the
+    error Triton raised compiling it (None: compiled, or failed in a way that only means
+    it compiles at its first launch)."""
+    from concurrent.futures import ThreadPoolExecutor
 
     from triton.compiler.errors import CompilationError
 
-    def compile_one(job: tuple[TritonLauncher, LaunchConfig]) -> Exception | None:
-        ln, c = job
-        dtypes = [getattr(torch, d) for d in ln.meta["arg_dtypes"]]
+    def compile_one(job: _Job) -> Exception | None:
+        fn, meta, c, sizes = job
+        dtypes = [getattr(torch, d) for d in meta["arg_dtypes"]]
         try:
-            ln.fn.warmup(*dtypes, grid=(1,), **c.as_dict())
+            fn.warmup(*dtypes, *sizes, grid=(1,), **c.as_dict())
         except CompilationError as e:
             return e
         except Exception as e:
             log.log("kernels", f"precompile of {c} failed (compiles at first call): {e}")
         return None
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        errors = list(pool.map(compile_one, jobs))
-    log.log("timings", f"precompiled {len(jobs)} kernel configs in {time.perf_counter() - t0:.1f}s")
-    # a kernel Triton rejects in every configuration fails the compilation now, where the
-    # caller (kiln.compile) can still run the graph eagerly, rather than at its first call
-    for ln in launchers:
-        failed = [e for (owner, _), e in zip(jobs, errors) if owner is ln and e is not None]
-        if failed and len(failed) == len(ln.candidates()):
-            raise TritonCompileError(f"cache entry {ln.key}", str(failed[0]))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+        return list(pool.map(compile_one, jobs))
