@@ -39,6 +39,18 @@ def _static(view: Any) -> bool:
     return all(sympy.sympify(v).is_Integer for v in (*lay.size, *lay.stride, lay.offset))
 
 
+def _static_group(group: FusedGroup, buffers: dict[str, Buffer]) -> bool:
+    """Whether a kernel of ``group`` takes no size arguments: static loops, static layouts
+    of what it reads and writes, and no size symbol in its text (``x / t``)."""
+    ranges = [*group.outer, *(r for b in group.blocks for r in (*b.inner, *b.rranges))]
+    if not all(sympy.sympify(r).is_Integer for r in ranges):
+        return False
+    if not all(_static(buffers[n]) for n in (*group.inputs, *group.outputs)):
+        return False
+    cfg = read_triton_config()
+    return not generate_triton_kernel(group, buffers, cfg.persistent_max).size_args
+
+
 def checked_args(names: Sequence[str], buffers: dict[str, Buffer]) -> list[int]:
     """Positions of the kernel arguments whose 16-byte alignment may change between calls
     (runtime/direct.py): graph inputs and what ATen calls return. Not the buffers kernels
@@ -109,13 +121,17 @@ class TritonBackend:
         self, extern: ExternKernel, epilogue: FusedGroup, buffers: dict[str, Buffer]
     ) -> bool:
         """Matmul templates are part of max-autotune, for static shapes in 16-bit or 32-bit
-        floats on the GPU (or the interpreter) with int32 indices."""
+        floats on the GPU (or the interpreter) with int32 indices. Symbolic shapes keep the
+        library matmul (cuBLAS) and the epilogue's own kernel: the template's tiles, grid and
+        autotuning are specialized to M, N and K."""
         if not read_triton_config().max_autotune:
             return False
         if any(node_access(n).indirect for b in epilogue.blocks for n in b.nodes):
             return False  # the template has no error row for index checks
         views = [a for a in extern.args if isinstance(a, StorageView)]
         if len(views) != len(extern.args) or not all(_static(v) for v in views):
+            return False
+        if not all(_static(o) for o in extern.outputs) or not _static_group(epilogue, buffers):
             return False
         dtypes = {v.dtype for v in views}
         device = views[0].layout.device
