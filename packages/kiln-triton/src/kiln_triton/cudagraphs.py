@@ -44,6 +44,17 @@ once). That first call returns the warm-up's result rather than replaying, which
 write them a second time. Training graphs never write their inputs (kiln-aot's forward
 returns the new values; its runtime writes them back, outside the forward's runner), so
 this concerns the runner around a whole call.
+
+Design note: "one graph per size bucket"
+----------------------------------------
+A graph compiled for symbolic sizes serves every size, but a CUDA graph replays the sizes
+it was recorded with. A runner records at most one CUDA graph per *size bucket* (the
+input signature with every size and stride rounded up to a power of two), and at most
+``MAX_GRAPHS`` in all: the first size of a bucket is recorded and replays whenever it
+comes again; other sizes of a recorded bucket, and new buckets past the bound, run the
+compiled function without a graph (its kernels take the sizes as arguments), logged once.
+So a sequence length that changes every call never records more than ``MAX_GRAPHS``
+graphs, each with its own static buffers; padding inputs to a few sizes makes them replay.
 """
 
 from __future__ import annotations
@@ -62,8 +73,8 @@ from kiln_inductor.index_check import deferred_checks
 # training graphs need grad for their inputs outside the runner: the runner around the
 # whole step passes such calls on to the forward and backward graphs' own runners
 TRAINING = "inputs require grad: the training graphs' own runners replay them"
-# graphs one runner captures (one per input signature) before new signatures run without
-MAX_GRAPHS = 32
+# graphs one runner records (one per size bucket) before new signatures run without
+MAX_GRAPHS = 8
 
 
 @dataclass
@@ -88,8 +99,25 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
             ptr = a.data_ptr() if isinstance(a, torch.nn.Parameter) else None
             sig.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, ptr))
         else:
-            sig.append(("value", repr(a)))
+            sig.append(("value", repr(a), a if type(a) is int else None))
     return tuple(sig)
+
+
+def _pow2(n: Any) -> Any:
+    return n if not isinstance(n, int) or n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _bucket(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The size bucket of a signature: sizes, strides and int arguments rounded up to a
+    power of two (the rest as it is)."""
+    out: list[Any] = []
+    for item in key:
+        if item[0] == "value":  # an int (a size passed as a number) is bucketed too
+            out.append(item if item[2] is None else ("value", _pow2(item[2])))
+            continue
+        shape, stride, *rest = item
+        out.append((tuple(map(_pow2, shape)), tuple(map(_pow2, stride)), *rest))
+    return tuple(out)
 
 
 def _lent_key(t: torch.Tensor) -> tuple[Any, ...]:
@@ -140,6 +168,9 @@ class CudaGraphRunner:
         structure, is copied."""
         self.fn, self.name, self.copied = fn, name, copied
         self.graphs: dict[tuple[Any, ...], _Captured | None] = {}
+        # size bucket -> the signature recorded for it ("one graph per size bucket")
+        self.buckets: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # why a bucket can never be captured, decided once per bucket (not per size)
         self.checked: dict[tuple[Any, ...], tuple[str | None, bool]] = {}
         self.pool: Any = None
         self.replays = 0
@@ -184,20 +215,32 @@ class CudaGraphRunner:
 
     def _call(self, args: tuple[Any, ...], run: Callable[..., Any]) -> Any:
         key = _signature(args)
-        reason = self.why_not(key, args)
+        bucket = _bucket(key)
+        reason = self.why_not(bucket, args)
         if reason is not None:
             if reason is not TRAINING:
                 log.warn_once(f"cudagraphs:{reason}", f"kiln-triton: CUDA graphs skipped: {reason}")
             return run(*args)
         if key not in self.graphs:
+            if bucket in self.buckets:
+                log.warn_once(
+                    f"cudagraphs-bucket:{self.name}",
+                    f"kiln-triton: {self.name} ran without a CUDA graph for sizes it has no "
+                    "graph of: it records one graph per size bucket (sizes rounded up to a "
+                    "power of two), for the first sizes of each (pad inputs to one size per "
+                    "bucket to replay)",
+                )
+                return run(*args)
             if len(self.graphs) >= MAX_GRAPHS:
                 log.warn_once(
                     f"cudagraphs-many:{self.name}",
                     f"kiln-triton: {self.name} has captured {MAX_GRAPHS} CUDA graphs, one per "
-                    "input signature (shapes, strides, dtypes): new ones run without a graph, "
-                    "and each graph keeps its own buffers (pad inputs to a few sizes to replay)",
+                    "input signature and size bucket (shapes, strides, dtypes): new ones run "
+                    "without a graph, and each graph keeps its own buffers (pad inputs to a "
+                    "few sizes to replay)",
                 )
                 return run(*args)
+            self.buckets[bucket] = key
             return self._first_call(key, args)
         entry = self.graphs[key]
         if entry is None:
