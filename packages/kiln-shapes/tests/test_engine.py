@@ -15,13 +15,19 @@ def _sym_tensor(env: ShapeEnv, t: torch.Tensor, name: str, dims=None) -> torch.T
     return env.meta_tensor(size, stride, t.dtype)
 
 
-def test_sizes_0_and_1_stay_specialized_and_equal_sizes_share_a_symbol():
+def test_sizes_0_and_1_stay_specialized_and_equal_sizes_get_their_own_symbols():
     env = ShapeEnv()
     m = _sym_tensor(env, torch.empty(1, 5, 0, 5), "x")
     s = [expr_of(d) for d in m.shape]
     assert s[0] == 1 and s[2] == 0
-    assert isinstance(s[1], sympy.Symbol) and s[1] == s[3]
-    assert env.symbols[s[1]].sources == ["L['x'].size(1)", "L['x'].size(3)"]
+    # no duck sizing of tensor sizes: a batch equal to the channels stays its own size
+    assert isinstance(s[1], sympy.Symbol) and isinstance(s[3], sympy.Symbol) and s[1] != s[3]
+    # an int that was a size asks for the symbol of the size it equals
+    assert env.create_symbol(5, "L['n']", duck=True) == s[1]
+    assert env.symbols[s[1]].sources == ["L['x'].size(1)", "L['n']"]
+    ducked = ShapeEnv(duck_sizing=True)
+    m = _sym_tensor(ducked, torch.empty(5, 5), "x")
+    assert expr_of(m.shape[0]) == expr_of(m.shape[1])
 
 
 def test_strides_of_dense_tensors_are_symbolic_in_any_dimension_order():

@@ -368,7 +368,7 @@ class OutputGraph:
         if type(value) is not int or self.dynamic is False:
             return self.wrap(value, source)
         env = self.shape_env
-        symbol = env.create_symbol(value, source.expr())
+        symbol = env.create_symbol(value, source.expr(), duck=True)
         if symbol.is_Integer:
             return self.wrap(value, source)
         self.guards.shapes.add_int(source.expr(), symbol, value)

@@ -37,7 +37,7 @@ from .ir.nodes import (
     View,
 )
 from .ir.ops import CountingHandler, ops_handler
-from .ir.symbols import coefficients, index_vars, sym
+from .ir.symbols import coefficients, index_vars, size_hint, sym
 from .lowering.context import lowering_context
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
 from .passes import is_channels_last, run_passes
@@ -56,23 +56,24 @@ def _layout_of(val: torch.Tensor, device: torch.device | None = None) -> Layout:
 def _dense_layout(val: torch.Tensor, device: torch.device) -> Layout:
     """meta's strides when they are a dense permutation (eager's output strides), else
     contiguous."""
-    shape, stride = list(val.shape), list(val.stride())
-    order = sorted(range(len(shape)), key=lambda d: (stride[d], -d))
-    expected = 1
+    shape, stride = [sym(s) for s in val.shape], [sym(s) for s in val.stride()]
+    hints = [size_hint(s) for s in stride]
+    order = sorted(range(len(shape)), key=lambda d: (hints[d], -d))
+    expected: Any = sympy.Integer(1)
     dense = True
     for d in order:
         if shape[d] == 1:
             continue
-        if stride[d] != expected:
+        if sympy.expand(stride[d] - expected) != 0:
             dense = False
             break
-        expected *= shape[d]
-    if dense and val.numel() > 0:
-        strides = [0] * len(shape)
-        acc = 1
+        expected = expected * shape[d]
+    if dense and size_hint(sym(val.numel())) > 0:
+        strides: list[Any] = [0] * len(shape)
+        acc: Any = sympy.Integer(1)
         for d in order:
             strides[d] = acc
-            acc *= max(shape[d], 1)
+            acc = acc * (shape[d] if not shape[d].is_Integer else max(int(shape[d]), 1))
         return Layout(
             device, val.dtype, tuple(sym(s) for s in shape), tuple(sym(s) for s in strides)
         )

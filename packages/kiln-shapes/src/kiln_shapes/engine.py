@@ -103,6 +103,15 @@ class _PythonPrinter(sympy.printing.str.StrPrinter):
     def _print_Or(self, e):
         return "(" + " or ".join(self._print(a) for a in e.args) + ")"
 
+    def _print_Equivalent(self, e):
+        return "(" + " == ".join(f"bool({self._print(a)})" for a in e.args) + ")"
+
+    def _print_Xor(self, e):
+        return "(" + " != ".join(f"bool({self._print(a)})" for a in e.args) + ")"
+
+    def _print_Abs(self, e):
+        return f"abs({self._print(e.args[0])})"
+
     def _print_Not(self, e):
         return f"(not {self._print(e.args[0])})"
 
@@ -136,7 +145,7 @@ def _user_frame() -> str:
 class ShapeEnv:
     """Symbols, their ranges and hints, guards and replacements of one compilation."""
 
-    def __init__(self, *, duck_sizing: bool = True):
+    def __init__(self, *, duck_sizing: bool = False):
         self.symbols: dict[sympy.Symbol, SymbolInfo] = {}
         self.guards: list[Guard] = []
         self.replacements: dict[sympy.Symbol, Expr] = {}
@@ -156,13 +165,19 @@ class ShapeEnv:
         *,
         lo: int | None = None,
         hi: int | None = None,
-        duck: bool = True,
+        duck: bool | None = None,
     ) -> Expr:
         """A symbol for a size read from ``source`` whose example value is ``hint``.
 
         Sizes 0 and 1 stay specialized (an ``Integer``) unless a range that includes them
-        is declared. With duck sizing (the default), sizes with equal hints and no declared
-        range share one symbol: the guard that they stay equal is the binding itself."""
+        is declared. With duck sizing (``duck=True``, or the env's ``duck_sizing``), a size
+        with no declared range shares the symbol of an earlier size of equal hint: the
+        guard that they stay equal is the binding itself. Tensor sizes are not ducked by
+        default: a batch of 3 that equals 3 channels would become 3 when the channels are
+        specialized; equal sizes are related by the guards that need them (``s1 == s0``
+        replaces ``s1``). An int argument that was a size (capture's continuations) asks
+        for duck sizing, to be bound to the tensor size it came from."""
+        duck = self.duck_sizing if duck is None else duck
         hint = int(hint)
         declared = lo is not None or hi is not None
         if lo is not None and hi is not None and lo > hi:
@@ -175,13 +190,13 @@ class ShapeEnv:
             raise ShapeGuardError(
                 f"kiln: {source} is {hint}, outside its declared range [{lo}, {hi}]"
             )
-        if duck and self.duck_sizing and not declared and hint in self._by_hint:
+        if duck and not declared and hint in self._by_hint:
             s = self._by_hint[hint]
             self.symbols[s].sources.append(source)
             return s
         s = sympy.Symbol(f"s{len(self.symbols)}", integer=True, positive=True)
         self.symbols[s] = SymbolInfo(s, hint, lo, top, [source], declared)
-        if duck and not declared:
+        if not declared:
             self._by_hint.setdefault(hint, s)
         return s
 
@@ -294,6 +309,12 @@ class ShapeEnv:
         if isinstance(cond, sympy.Not):
             inner = self.statically_known(cond.args[0])
             return None if inner is None else not inner
+        if isinstance(cond, (sympy.Equivalent, sympy.Xor)):
+            vals = [self.statically_known(a) for a in cond.args]
+            if any(v is None for v in vals):
+                return None
+            same = all(v == vals[0] for v in vals)
+            return same if isinstance(cond, sympy.Equivalent) else (sum(vals) % 2 == 1)
         if isinstance(cond, (sympy.And, sympy.Or)):
             vals = [self.statically_known(a) for a in cond.args]
             if isinstance(cond, sympy.And):
@@ -606,6 +627,10 @@ class SymNode:
         return not self.is_constant()
 
     def is_constant(self) -> bool:
+        # torch's magic methods call get_constant() on a constant node, which knows
+        # SymInt and SymBool only: a float is never constant (``t ** 0.5`` once t == 16)
+        if self.pytype is float:
+            return False
         return bool(self.expr.is_Number) or self.expr in (sympy.true, sympy.false)
 
     def has_hint(self) -> bool:

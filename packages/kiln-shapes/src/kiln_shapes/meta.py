@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
@@ -109,6 +110,61 @@ def run(func: Any, args: tuple, kwargs: dict, reenter: Any = None) -> Any:
         return meta_table[func](*args, **kwargs)
 
 
+def _linear(x, weight, bias=None):
+    out = torch.matmul(x, weight.t())
+    return out if bias is None else out + bias
+
+
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """The math of ``F.scaled_dot_product_attention``, for its output's metadata."""
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+    scores = torch.matmul(q, k.transpose(-2, -1))  # (the scale changes no metadata)
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    return torch.matmul(scores.softmax(-1), v)
+
+
+def _python_composites() -> dict:
+    """torch functions whose C++ composite kernels run before any dispatch mode sees the
+    call and, on some torch versions, read symbolic sizes as ints (torch 2.11's
+    ``matmul`` specializes every size, its ``linear`` raises, its ``scaled_dot_product_
+    attention`` specializes): computed here from ops that reach ``SymbolicMetaMode``
+    (``matmul``: the Python kernel torch registers; the others: their math)."""
+    table: dict = {}
+    matmul = aten.matmul.default
+    if torch._C.DispatchKey.CompositeImplicitAutograd in matmul.py_kernels:
+        for fn in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__):
+            table[fn] = matmul.decompose
+    table[torch.nn.functional.linear] = _linear
+    table[torch.nn.functional.scaled_dot_product_attention] = _sdpa
+    return table
+
+
+class CompositeMode(TorchFunctionMode):
+    """Calls of ``_python_composites()`` functions with symbolic arguments compute their
+    result from ops whose kernels see the symbolic sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = _python_composites()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rule = self.table.get(func)
+        if rule is not None and has_symbolic((args, kwargs)):
+            with self:  # the ops the rule calls come back here (matmul inside linear)
+                return rule(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
 class SymbolicMetaMode(TorchDispatchMode):
     """Routes every op through ``run`` (a no-op for ops without symbolic arguments)."""
 
@@ -122,5 +178,5 @@ def symbolic_meta() -> Iterator[None]:
     if any(isinstance(m, SymbolicMetaMode) for m in _get_current_dispatch_mode_stack()):
         yield
         return
-    with SymbolicMetaMode():
+    with SymbolicMetaMode(), CompositeMode():
         yield

@@ -77,11 +77,11 @@ def build_graph(
     sizes = SymEmitter(g)
     syms = {n for n in joint.graph.nodes if is_sym_node(n) and n not in env}
     needed = ancestors(outputs, stop=set(inputs) | syms)
+    for n in joint.graph.nodes:  # sizes first: they only read this graph's placeholders
+        if n in syms and n in needed:
+            env[n] = sizes.emit(expr_of(n.meta["val"]))
     order = [n for n in joint.graph.nodes if n in needed and n not in env and n.op != "output"]
     for n in _on_demand(order, set(lazy), set(env)):
-        if n in syms:
-            env[n] = sizes.emit(expr_of(n.meta["val"]))
-            continue
         if n.op == "placeholder":
             raise PartitionError(
                 f"{what} graph needs {n.name}, which is neither an input of it nor saved"

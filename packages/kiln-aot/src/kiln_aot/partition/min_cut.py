@@ -73,7 +73,9 @@ _REDUCTIONS = frozenset(
 
 
 def _numel(val: Any) -> int:
-    return val.numel() if isinstance(val, torch.Tensor) else 0
+    """Elements of a node's value; a symbolic count at its hint (a partition decision must
+    not put a guard on the sizes)."""
+    return hint_of(val.numel()) if isinstance(val, torch.Tensor) else 0
 
 
 def nbytes(node: fx.Node) -> int | None:

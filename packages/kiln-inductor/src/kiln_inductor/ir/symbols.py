@@ -92,6 +92,22 @@ def refine(expr: Any) -> Any:
     return env.refine(expr)
 
 
+def size_hint(value: Any) -> int:
+    """A size's value in the example the graph was traced with: the number itself, or a
+    symbolic size (a sympy expression or a SymInt) at its hint. For decisions that pick
+    among orders or layouts, which must not put guards on the sizes."""
+    if isinstance(value, torch.SymInt):
+        value = expr_of(value)
+    if isinstance(value, sympy.Basic):
+        if value.is_Number:
+            return int(value)
+        env = getattr(_active, "env", None)
+        if env is None:
+            raise ValueError(f"kiln: the size {value} has no hint outside a symbolic graph")
+        return int(env.hint(value))
+    return int(value)  # type: ignore[call-overload]
+
+
 def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
     strides: list[Expr] = []
     acc: Expr = sympy.Integer(1)

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from ..ir.nodes import Layout, StorageView, TensorValue, View
-from ..ir.symbols import FloorDiv, sym
+from ..ir.symbols import FloorDiv, size_hint, sym
 from .context import current_graph, current_node
 from .registry import register_extern, register_fallback, register_lowering
 
@@ -66,16 +66,15 @@ def _dense_in_stride_order(val: torch.Tensor, device: torch.device) -> Layout:
     Broadcast (stride 0) and size-1 dimensions go outermost: an attention mask expanded
     over batch and heads, strides (0, 0, 128, 1), keeps its last dimension contiguous,
     which CUDA's memory-efficient kernel requires of its bias."""
-    order = sorted(
-        range(val.dim()),
-        key=lambda d: (val.stride(d) == 0 or val.shape[d] == 1, val.stride(d), -d),
-    )
-    strides = [0] * val.dim()
-    acc = 1
+    st = [size_hint(x) for x in val.stride()]
+    sizes = [sym(n) for n in val.shape]
+    order = sorted(range(val.dim()), key=lambda d: (st[d] == 0 or sizes[d] == 1, st[d], -d))
+    strides: list[Any] = [0] * val.dim()
+    acc: Any = sympy.Integer(1)
     for d in order:
         strides[d] = acc
-        acc *= max(val.shape[d], 1)
-    return Layout(device, val.dtype, tuple(sym(n) for n in val.shape), tuple(map(sym, strides)))
+        acc = acc * (sizes[d] if not sizes[d].is_Integer else max(int(sizes[d]), 1))
+    return Layout(device, val.dtype, tuple(sizes), tuple(strides))
 
 
 # CUDA's memory-efficient attention reads its bias in 16-element aligned rows: eager pads

@@ -27,7 +27,7 @@ import sympy
 
 from ..ir.nodes import ComputedBuffer, Reduction, Scan
 from ..ir.ops import ops_handler
-from ..ir.symbols import Expr, index_vars
+from ..ir.symbols import Expr, index_vars, size_hint
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,11 @@ def loop_order(size: Sequence[Expr], strides: Sequence[Expr]) -> tuple[int, ...]
     logical = tuple(range(len(size)))
     if len(strides) != len(size) or any(s == 0 for s in size):
         return logical
-    if not all(sympy.sympify(st).is_number for st in strides):
+    try:  # symbolic strides order as they do at the hints (a dense layout keeps its order)
+        hints = [size_hint(sympy.sympify(st)) for st in strides]
+    except ValueError:
         return logical
-    return tuple(sorted(logical, key=lambda d: -int(strides[d])))
+    return tuple(sorted(logical, key=lambda d: -hints[d]))
 
 
 def _loop_index(
