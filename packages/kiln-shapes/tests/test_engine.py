@@ -148,3 +148,15 @@ def test_meta_kernels_the_dispatcher_refuses_and_size_queries_run_symbolically()
         assert [expr_of(d) for d in padded.shape] == [b, t + 3, c]
         up = F.interpolate(x.transpose(1, 2), scale_factor=2.0)  # calls aten.size
         assert list(up.shape) == [3, 16, 14]  # its float output size specializes
+
+
+def test_floor_division_by_a_symbolic_size_keeps_fractional_terms_in_the_remainder():
+    from kiln_shapes import FloorDiv
+
+    s = sympy.Symbol("s1", integer=True, positive=True)
+    a, b, c = (sympy.Symbol(n, integer=True, nonnegative=True) for n in "abc")
+    # an unexpanded base: (4a + b) s^2 // 4 s^2 is a + (b s^2 + c) // 4 s^2, never a + b/4
+    e = FloorDiv((4 * a + b) * s**2 + c, 4 * s**2)
+    assert e.has(FloorDiv)
+    assert sympy.expand(e - a).free_symbols >= {b}
+    assert all(t.is_integer for t in sympy.Add.make_args(sympy.expand(e)))

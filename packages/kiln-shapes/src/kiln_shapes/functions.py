@@ -17,19 +17,25 @@ def split_divisible(base: Expr, divisor: Expr) -> tuple[Expr, Expr]:
     """base = divisor * q + r, with q collecting the terms whose coefficient divides."""
     q: Expr = sympy.Integer(0)
     r: Expr = sympy.Integer(0)
-    for term in sympy.Add.make_args(base):
+    terms = sympy.Add.make_args(base if divisor.is_Integer else sympy.expand(base))
+    for term in terms:
         coeff, rest = term.as_coeff_Mul()
         if divisor.is_Integer and coeff.is_Integer and int(coeff) % int(divisor) == 0:
             q = q + (coeff // divisor) * rest
-        elif (
-            not divisor.is_Integer
-            and (term / divisor).is_polynomial()
-            and sympy.fraction(sympy.cancel(term / divisor))[1] == 1
-        ):
+        elif not divisor.is_Integer and _divides(term, divisor):
             q = q + sympy.cancel(term / divisor)
         else:
             r = r + term
     return q, r
+
+
+def _divides(term: Expr, divisor: Expr) -> bool:
+    """Whether a product term is an integer multiple of a symbolic divisor (``4*s**2*x`` of
+    ``4*s**2``; not ``s**2*x``, whose quotient ``x/4`` is not an integer)."""
+    quotient = sympy.cancel(term / divisor)
+    if not quotient.is_polynomial():
+        return False
+    return sympy.fraction(sympy.together(quotient))[1] == 1
 
 
 class FloorDiv(sympy.Function):

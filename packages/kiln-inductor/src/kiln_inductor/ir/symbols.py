@@ -50,6 +50,11 @@ def is_size_symbol(s: object) -> bool:
     return isinstance(s, sympy.Symbol) and _SIZE_SYMBOL.fullmatch(s.name) is not None
 
 
+def _is_size_expr(e: Expr) -> bool:
+    """An expression of size symbols only (``s1**2``, ``4*s0``): a constant of a loop nest."""
+    return bool(e.free_symbols) and all(is_size_symbol(v) for v in e.free_symbols)
+
+
 def is_int_like(value: object) -> bool:
     """A Python int (not bool) or an integer-valued sympy expression (a symbolic size)."""
     if isinstance(value, sympy.Basic):
@@ -154,10 +159,10 @@ def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
             continue  # dropping a negative term keeps the bound an upper bound
         # size symbols multiplying the term are constants of the loop nest
         factors = sympy.Mul.make_args(rest)
-        sizes = [f for f in factors if is_size_symbol(f)]
+        sizes = [f for f in factors if _is_size_expr(f)]
         if sizes and len(sizes) < len(factors):
             coeff = coeff * product(sizes)
-            rest = sympy.Mul(*(f for f in factors if not is_size_symbol(f)))
+            rest = sympy.Mul(*(f for f in factors if not _is_size_expr(f)))
         elif sizes:  # a product of sizes alone
             total = total + coeff * rest
             continue
@@ -181,9 +186,13 @@ def _less(a: Expr, b: Expr, ranges: dict[sympy.Symbol, Expr]) -> bool:
     if isinstance(a, FloorDiv):
         return _less(a.args[0], b * a.args[1], ranges)
     ub = upper_bound(a, ranges)
-    if ub is None:
-        return False
-    diff = sympy.expand(b - ub)
+    return ub is not None and statically_less(ub, b)
+
+
+def statically_less(a: Expr, b: Expr) -> bool:
+    """``a < b`` for every size in range (numbers compared; symbolic ones under the size
+    symbols' ranges while a symbolic graph compiles)."""
+    diff = sympy.expand(sympy.sympify(b) - sympy.sympify(a))
     if diff.is_Number:
         return bool(diff > 0)
     env = getattr(_active, "env", None)

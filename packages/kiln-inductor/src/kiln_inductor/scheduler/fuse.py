@@ -44,7 +44,10 @@ from ..ir.symbols import (
     coefficients,
     contiguous_strides,
     index_vars,
+    is_size_symbol,
     simplify_index,
+    size_hint,
+    statically_less,
     upper_bound,
 )
 from .access import Access, node_access, own_order
@@ -147,16 +150,25 @@ def _dense_inner(
     pairs = sorted(
         ((s, n) for s, n in zip(co[0][len(outer_vars) :], inner) if n != 1), key=lambda p: str(p[0])
     )
-    sizes = [n for _, n in sorted(pairs, key=lambda p: p[0] if p[0].is_number else 0, reverse=True)]
-    strides = [
-        s for s, _ in sorted(pairs, key=lambda p: p[0] if p[0].is_number else 0, reverse=True)
-    ]
-    if list(strides) != list(contiguous_strides(sizes)):
+    ordered = sorted(pairs, key=lambda p: _stride_hint(p[0]), reverse=True)
+    sizes = [n for _, n in ordered]
+    strides = [s for s, _ in ordered]
+    if [sympy.expand(a - b) for a, b in zip(strides, contiguous_strides(sizes))] != [0] * len(
+        strides
+    ):
         return None
     extent: Expr = sympy.Integer(1)
     for n in sizes:
         extent = extent * n
     return outer_strides, extent
+
+
+def _stride_hint(stride: Expr) -> int:
+    """A stride's value at the size symbols' hints (0 when it is not a size expression)."""
+    try:
+        return size_hint(sympy.sympify(stride))
+    except (ValueError, TypeError):
+        return 0
 
 
 def _row_shaped(blocks: Sequence[Block]) -> bool:
@@ -282,7 +294,8 @@ def _plan(
                     ok = False
                     break
                 rest = co[1]
-                if not rest.free_symbols <= set(block.vars) | set(block.rvars):
+                loop_syms = {v for v in rest.free_symbols if not is_size_symbol(v)}
+                if not loop_syms <= set(block.vars) | set(block.rvars):
                     ok = False
                     break
                 if not _within(rest, var_ranges, dense[1]):
@@ -327,14 +340,15 @@ def _sequential(block: Block) -> bool:
 
 def _within(rest: Expr, var_ranges: dict[sympy.Symbol, Expr], extent: Expr) -> bool:
     """0 <= rest <= extent - 1 over the loop ranges (rest affine, coefficients >= 0)."""
-    syms = sorted(rest.free_symbols, key=str)
+    syms = sorted((v for v in rest.free_symbols if not is_size_symbol(v)), key=str)
     co = coefficients(rest, syms)
-    if co is None or not co[1].is_number or co[1] < 0:
+    # coefficients may be sizes (products of the positive size symbols)
+    if co is None or not co[1].is_nonnegative:
         return False
-    if any(not c.is_number or c < 0 for c in co[0]):
+    if any(not c.is_nonnegative for c in co[0]):
         return False
     ub = upper_bound(rest, var_ranges)
-    return ub is not None and ub.is_number and bool(ub <= extent - 1)
+    return ub is not None and statically_less(ub, extent)
 
 
 def _users(ir: GraphIR, accesses: AccessTable) -> dict[str, set[str]]:

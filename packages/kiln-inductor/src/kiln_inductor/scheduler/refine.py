@@ -24,20 +24,26 @@ from ..ir.symbols import Expr
 from .access import Access
 
 
-def _split(ranges: Sequence[Expr], target: Sequence[Expr]) -> list[list[int]] | None:
+def _split(ranges: Sequence[Expr], target: Sequence[Expr]) -> list[list[Expr]] | None:
     """For each range, the consecutive ranges of ``target`` whose product it is (a prefix
-    of ``target`` is consumed), or None."""
-    if not all(sympy.sympify(n).is_Integer for n in [*ranges, *target]):
-        return None  # symbolic sizes: only equal ranges share loops
-    parts: list[list[int]] = []
+    of ``target`` is consumed), or None. Symbolic ranges split where the product of the
+    consumed ranges equals the range as an expression (``4*s0`` is ``(s0, 4)``'s product)."""
+    parts: list[list[Expr]] = []
     j = 0
     for n in ranges:
-        n, got, prod = int(n), [], 1
-        while j < len(target) and prod < n:
-            got.append(int(target[j]))
-            prod *= int(target[j])
+        n = sympy.sympify(n)
+        got: list[Expr] = []
+        prod: Expr = sympy.Integer(1)
+        while j < len(target):
+            if got and sympy.expand(prod - n) == 0:
+                break
+            if n.is_Integer and prod.is_Integer and prod >= n:
+                break
+            t = sympy.sympify(target[j])
+            got.append(t)
+            prod = prod * t
             j += 1
-        if prod != n or not got:
+        if not got or sympy.expand(prod - n) != 0:
             return None
         parts.append(got)
     return parts
@@ -56,7 +62,7 @@ def refine(access: Access, target: Sequence[Expr]) -> Access | None:
     vars_: list[sympy.Symbol] = []
     for v, sizes in zip(access.vars, parts):
         if len(sizes) == 1:
-            ranges.append(sympy.Integer(sizes[0]))
+            ranges.append(sizes[0])
             vars_.append(v)
             continue
         new = [
@@ -66,7 +72,7 @@ def refine(access: Access, target: Sequence[Expr]) -> Access | None:
         for s, n in zip(new, sizes):
             flat = flat * n + s
         subs[v] = flat
-        ranges += [sympy.Integer(n) for n in sizes]
+        ranges += list(sizes)
         vars_ += new
 
     def sub(e: Expr) -> Expr:
