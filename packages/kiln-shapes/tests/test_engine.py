@@ -160,3 +160,21 @@ def test_floor_division_by_a_symbolic_size_keeps_fractional_terms_in_the_remaind
     assert e.has(FloorDiv)
     assert sympy.expand(e - a).free_symbols >= {b}
     assert all(t.is_integer for t in sympy.Add.make_args(sympy.expand(e)))
+
+
+def test_composites_that_read_sizes_as_ints_stay_symbolic():
+    """matmul, linear and scaled_dot_product_attention run C++ composites before any
+    dispatch mode; on torch 2.11 those specialize (or refuse) symbolic sizes."""
+    import torch.nn.functional as F
+
+    env = ShapeEnv()
+    x = _sym_tensor(env, torch.empty(3, 7, 16), "x", dims=[0, 1])
+    b, t = (expr_of(d) for d in x.shape[:2])
+    w = torch.empty(8, 16, device="meta")
+    with symbolic_meta():
+        assert [expr_of(d) for d in (x @ x.transpose(1, 2)).shape] == [b, t, t]
+        assert [expr_of(d) for d in F.linear(x, w, w[:, 0]).shape] == [b, t, 8]
+        out = F.scaled_dot_product_attention(x, x, x, is_causal=True)
+        assert [expr_of(d) for d in out.shape] == [b, t, 16]
+        assert x.shape[-1] ** 0.5 == 4.0  # a float that is a number (torch's get_constant)
+    assert env.guards == []

@@ -362,7 +362,7 @@ class OutputGraph:
 
     def wrap_size(self, value: object, source: Source) -> Var:
         """An int argument that was a symbolic size where this continuation's frame broke:
-        a symbol (the same as a tensor argument's size equal to it: duck sizing) bound
+        a symbol (that of a tensor argument's size equal to it: duck sizing) bound
         from ``source`` by the shape guard; a plain guarded constant if it is 0 or 1, not
         an int, or ``dynamic=False``."""
         if type(value) is not int or self.dynamic is False:

@@ -8,7 +8,7 @@ the entry's guard function (so every other guard, the inputs' types included, pa
 
 1. each tensor's dtype, device, number of dimensions and ``requires_grad``;
 2. each symbol bound from its first source (``s0 = x.size(0)``), later sources of the
-   same symbol (duck sizing) compared with it, static sizes compared with their value;
+   same symbol (a duck-sized one) compared with it, static sizes compared with their value;
 3. each tensor's strides equal to its symbolic strides (products of sizes: dense, in
    the example's dimension order);
 4. each symbol in its range (``[2, inf)``, or the range ``mark_dynamic`` declared);
@@ -106,7 +106,7 @@ class ShapeGuards:
                 elif s in bound:
                     check(
                         f"__z{i}[{d}] == {s}",
-                        f"{src} == {bound[s]} (equal sizes in the example share the symbol {s})",
+                        f"{src} == {bound[s]} (both are the symbol {s})",
                     )
                 else:
                     lines.append(f"{s} = __z{i}[{d}]")
