@@ -92,7 +92,6 @@ def _reset() -> None:
 
 def worker(name: str, device: str, scale: int, samples: int, calls: int) -> dict:
     import torch
-
     from dynamic_programs import PROGRAMS, loss_of
 
     program = next(p for p in PROGRAMS if p.name == name)

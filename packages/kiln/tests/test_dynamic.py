@@ -16,7 +16,7 @@ import kiln
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from dynamic_programs import PROGRAMS, Program, loss_of  # noqa: E402
+from dynamic_programs import PROGRAMS, Program, loss_of
 
 
 def _leaves(out):
