@@ -2,8 +2,7 @@
 graph (one source of each kernel) serves every size, with kernels taking the sizes as
 int arguments; results equal eager at odd and prime sizes; autotuning once per size
 bucket; CUDA graph runners recording at most one graph per bucket. The same on a GPU:
-test_gpu.py (``-k dynamic``); kiln-cpp's version of these tests: kiln-cpp's
-tests/test_dynamic.py."""
+test_gpu_dynamic.py; kiln-cpp's version of these tests: kiln-cpp's tests/test_dynamic.py."""
 
 from __future__ import annotations
 
@@ -263,7 +262,7 @@ def test_reduce_overhead_records_one_graph_per_size_bucket_up_to_a_bound(caplog)
     """A CUDA graph runner around a graph with symbolic sizes: the first size of each
     bucket is recorded and replayed when it comes again; other sizes of the bucket and
     buckets past MAX_GRAPHS run the compiled graph without one (simulated on the CPU:
-    test_cudagraph_lending.py's CpuGraphRunner; on a GPU: test_gpu.py)."""
+    test_cudagraph_lending.py's CpuGraphRunner; on a GPU: test_gpu_dynamic.py)."""
     from test_cudagraph_lending import CpuGraphRunner
 
     from kiln_triton.cudagraphs import MAX_GRAPHS

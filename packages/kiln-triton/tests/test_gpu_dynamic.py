@@ -30,6 +30,7 @@ CUDA = "cuda"
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_dynamic_sizes_one_compilation_and_direct_launches(dtype, monkeypatch):
     monkeypatch.setenv("KILN_TRITON_AUTOTUNE", "0")
+    torch.manual_seed(0)
     w = torch.randn(768, device=CUDA, dtype=dtype)
 
     def fn(x, y):
@@ -51,11 +52,17 @@ def test_dynamic_sizes_one_compilation_and_direct_launches(dtype, monkeypatch):
     for b, t in sizes:
         # a bfloat16 sum of the fused layer_norm's float32 values (eager sums them rounded,
         # static shapes differ alike): about one rounding of each term, sqrt(t) of them
-        total = {"rtol": 2e-2, "atol": 0.05 * t**0.5} if dtype == torch.bfloat16 else low
-        tols = [low, total, {"rtol": 1e-4, "atol": 1e-5}, {"rtol": 1e-4, "atol": 1e-2}]
+        # (float32: another summation order)
+        wide = {"rtol": 1e-4, "atol": 2e-5 * t**0.5}
+        total = {"rtol": 2e-2, "atol": 0.05 * t**0.5} if dtype == torch.bfloat16 else wide
+        # a bfloat16 softmax of layer_norm values: a value rounded to the other side of a
+        # bfloat16 boundary (an ulp of 0.0625 past 8) moves its exp by up to 6.5%
+        soft = {"rtol": 0.1, "atol": 1e-2} if dtype == torch.bfloat16 else low
+        tols = [soft, total, {"rtol": 1e-4, "atol": 1e-5}, {"rtol": 1e-4, "atol": 1e-2}]
         x, y = inputs(b, t)
-        for got, want, tol in zip(compiled(x, y), fn(x, y), tols):
-            torch.testing.assert_close(got, want, **tol)
+        for k, (got, want, tol) in enumerate(zip(compiled(x, y), fn(x, y), tols)):
+            where = f"sizes {(b, t)}, output {k}"
+            torch.testing.assert_close(got, want, **tol, msg=lambda m, w=where: f"{w}: {m}")
     assert len(counting.graphs) == 1
     sized = [ln for ln in launchers(counting.graphs[0]) if ln.sized is not None]
     assert sized
