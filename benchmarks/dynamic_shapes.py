@@ -174,6 +174,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=4, help="largest size = scale * corpus' largest")
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--out", help="where the JSON goes (default: benchmarks/results/)")
     ap.add_argument("--worker")
     a = ap.parse_args()
     if a.worker:
@@ -220,7 +221,7 @@ def main() -> None:
               f"{geo:.3f}x (goal >= 0.9x)")  # fmt: skip
     res = HERE / "results"
     res.mkdir(exist_ok=True)
-    path = res / f"dynamic_shapes_{a.device}.json"
+    path = Path(a.out) if a.out else res / f"dynamic_shapes_{a.device}.json"
     path.write_text(json.dumps({"commit": _commit(), "scale": a.scale, "rows": rows}, indent=1))
     print(f"written {path}")
 

@@ -172,6 +172,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", help="where the JSON goes (default: benchmarks/results/)")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "VARIANT"))
     a = ap.parse_args()
     prompts = [int(p) for p in a.prompts.split(",")]
@@ -215,7 +216,7 @@ def main() -> None:
         )
     res_dir = HERE / "results"
     res_dir.mkdir(exist_ok=True)
-    path = res_dir / f"generate_{a.device}_{a.dtype}.json"
+    path = Path(a.out) if a.out else res_dir / f"generate_{a.device}_{a.dtype}.json"
     meta = {"commit": _commit(), "prompts": prompts, "new_tokens": a.new_tokens, "batch": 2}
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\nwritten {path}")
