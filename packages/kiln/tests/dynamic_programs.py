@@ -71,7 +71,7 @@ class _Causal(torch.nn.Module):
 class _Positions(torch.nn.Module):
     def __init__(self, d: int = 32):
         super().__init__()
-        self.pos = torch.nn.Embedding(64, d)
+        self.pos = torch.nn.Embedding(512, d)
 
     def forward(self, x):
         t = x.shape[1]

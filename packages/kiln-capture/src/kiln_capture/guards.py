@@ -216,10 +216,17 @@ class GuardSet:
         """Whether a tensor guard checks each of ``exprs`` against exactly the metadata of
         the matching tensor in ``tensors`` (what a backend's ``kiln_guarded_call`` may
         then assume)."""
-        return len(exprs) == len(tensors) and all(
-            isinstance(t, torch.Tensor) and self.tensor_meta.get(e) == tensor_metadata(t)
-            for e, t in zip(exprs, tensors)
-        )
+        symbolic = {t.expr: t for t in self.shapes.tensors} if self.shapes is not None else {}
+
+        def guarded(e: str, t: object) -> bool:
+            if not isinstance(t, torch.Tensor):
+                return False
+            if e in symbolic:  # the shape guard checks all of it, sizes as symbols
+                s = symbolic[e]
+                return (s.dtype, s.device, s.requires_grad) == (t.dtype, t.device, t.requires_grad)
+            return self.tensor_meta.get(e) == tensor_metadata(t)
+
+        return len(exprs) == len(tensors) and all(guarded(e, t) for e, t in zip(exprs, tensors))
 
     def length(self, src: Source, n: int) -> None:
         e = src.expr()

@@ -29,7 +29,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln_inductor.ir.symbols import simplify_index
+from kiln_inductor.ir.symbols import FloorDiv, ModIndex, simplify_index
 
 from .cpp_ops import CppOpsHandler, CppValue, ctype, literal, print_index
 from .prelude import SIMD_MATH_BINARY, SIMD_MATH_DOUBLE, SIMD_MATH_FLOAT
@@ -96,6 +96,11 @@ class KernelOpsHandler(CppOpsHandler):
         v = super().constant(value, dtype)
         self.literals.add(v.name)
         return v
+
+    def index_expr(self, expr: Any, dtype: torch.dtype) -> CppValue:
+        if isinstance(expr, sympy.Basic) and expr.has(FloorDiv, ModIndex):
+            expr = simplify_index(sympy.expand(expr), self.ranges)
+        return super().index_expr(expr, dtype)
 
     def load(self, name: str, index: Any) -> CppValue:
         index = simplify_index(sympy.expand(index), self.ranges)

@@ -233,7 +233,10 @@ class WrapperCodegen:
                 continue
             self.globals["restride"] = _restride
             want = _tuple(lay.stride)
-            lines.append(f"{b.name} = restride({b.name}, {want}, 'input {b.name}')")
+            lines.append(
+                f"if {b.name}.stride() != {want}: "
+                f"{b.name} = restride({b.name}, {want}, 'input {b.name}')"
+            )
         return lines
 
     def _need_symbols(self, names: Any, where: str) -> None:

@@ -422,15 +422,19 @@ class ShapeEnv:
             self._replace(cond)
 
     def _replace(self, eq: sympy.Eq) -> None:
-        """s_new == expr: later expressions use ``expr`` for the newer symbol."""
-        for a, b in ((eq.lhs, eq.rhs), (eq.rhs, eq.lhs)):
-            if isinstance(a, sympy.Symbol) and a in self.symbols and a not in b.free_symbols:
-                if isinstance(b, sympy.Symbol) and _index(b) > _index(a):
-                    continue  # replace the newer of two symbols
-                self.replacements[a] = b
-                for k, v in list(self.replacements.items()):
-                    self.replacements[k] = v.xreplace({a: b})
-                return
+        """s_new == expr: later expressions use ``expr`` for the newer symbol. A linear
+        relation is solved for its newest symbol (``s9 + 1 == s5 + 1``: ``s9 -> s5``)."""
+        diff = sympy.expand(eq.lhs - eq.rhs)
+        for a in sorted(diff.free_symbols & self.symbols.keys(), key=_index, reverse=True):
+            c = diff.coeff(a, 1)
+            rest = sympy.expand(diff - c * a)
+            if c not in (1, -1) or a in rest.free_symbols:
+                continue
+            b = sympy.expand(-rest / c)
+            self.replacements[a] = b
+            for k, v in list(self.replacements.items()):
+                self.replacements[k] = v.xreplace({a: b})
+            return
 
     # ----------------------------------------------------------------- call time
     def check(self, values: dict[sympy.Symbol, int]) -> str | None:

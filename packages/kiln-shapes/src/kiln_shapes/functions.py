@@ -26,7 +26,28 @@ def split_divisible(base: Expr, divisor: Expr) -> tuple[Expr, Expr]:
             q = q + sympy.cancel(term / divisor)
         else:
             r = r + term
+    if not divisor.is_Integer and r != 0 and isinstance(divisor, sympy.Add):
+        # a sum divides sums of its multiples: x*s*(t + 1) + y*(t + 1) + z over (t + 1)
+        q2, r2 = _poly_divide(r, divisor)
+        if q2 != 0:
+            q, r = q + q2, r2
     return q, r
+
+
+def _poly_divide(base: Expr, divisor: Expr) -> tuple[Expr, Expr]:
+    """Polynomial division of ``base`` by ``divisor`` with the divisor's symbols leading,
+    when the quotient has integer coefficients; (0, base) otherwise."""
+    gens = sorted(divisor.free_symbols, key=str)
+    gens += sorted(base.free_symbols - divisor.free_symbols, key=str)
+    try:
+        q, r = sympy.div(sympy.Poly(base, *gens), sympy.Poly(divisor, *gens))
+    except (sympy.PolynomialError, sympy.GeneratorsNeeded, ValueError):
+        return sympy.Integer(0), base
+    if q.is_zero or not all(c.is_Integer for c in q.coeffs()):
+        return sympy.Integer(0), base
+    if not all(c.is_Integer for c in r.coeffs()) if not r.is_zero else False:
+        return sympy.Integer(0), base
+    return q.as_expr(), r.as_expr()
 
 
 def _divides(term: Expr, divisor: Expr) -> bool:

@@ -10,6 +10,7 @@ keeps reshapes of contiguous data vectorizable.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import re
 import threading
@@ -224,10 +225,44 @@ def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
                 return q if isinstance(e, FloorDiv) else r
             scaled = _factor_common_stride(e, ranges)
             if scaled is not None:
-                return scaled
+                return visit(scaled) if scaled.has(FloorDiv, ModIndex) else scaled
+            split = _split_symbolic_divisor(e, ranges)
+            if split is not None:
+                return visit(split)
         return e
 
     return _merge_div_mod(visit(sympy.expand(expr)))
+
+
+def _split_symbolic_divisor(e: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
+    """base // (f*g) -> (base // f) // g, and base % (f*g) -> f*((base // f) % g) + base % f,
+    where the factor f of a symbolic divisor divides base up to a remainder r with
+    0 <= r < f (a flat index over (s1, s2, s5 + 1) divided by s1*s2*s5 + s1*s2)."""
+    base, div = e.args
+    if div.is_Integer:
+        return None
+    coeff, symbolic = sympy.factor(div).as_coeff_Mul()
+    factors = [f for f in sympy.Mul.make_args(symbolic) if f != 1]
+    if not coeff.is_Integer or coeff <= 0 or not factors:
+        return None
+    expanded = sympy.expand(base)
+    candidates = []
+    for k in range(1, len(factors) + 1):
+        for subset in itertools.combinations(factors, k):
+            for d in sympy.divisors(int(coeff)):
+                f = d * sympy.Mul(*subset)
+                if sympy.expand(f - div) != 0:
+                    candidates.append(f)
+    for f in candidates:
+        if True:
+            q, r = _split_divisible(expanded, f)
+            if q == 0 or not (r == 0 or _less(r, f, ranges)):
+                continue
+            g = sympy.cancel(div / f)
+            if isinstance(e, FloorDiv):
+                return FloorDiv(q, g)
+            return f * ModIndex(q, g) + r
+    return None
 
 
 def _factor_common_stride(e: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
@@ -264,9 +299,12 @@ def _merge_div_mod(expr: Expr) -> Expr:
     """c*(a % m) + c*m*(a // m) -> c*a, the inverse of splitting a flat index."""
     terms = list(sympy.Add.make_args(expr))
     for i, t in enumerate(terms):
-        c, rest = t.as_coeff_Mul()
-        if not isinstance(rest, ModIndex):
+        # c may be a number or a product of sizes (s2*s5*(x0 % s1))
+        mods = [f for f in sympy.Mul.make_args(t) if isinstance(f, ModIndex)]
+        if len(mods) != 1:
             continue
+        rest = mods[0]
+        c = sympy.cancel(t / rest)
         a, m = rest.args
         partner = c * m * FloorDiv(a, m)
         for j, u in enumerate(terms):
