@@ -26,7 +26,7 @@ import operator
 from typing import Any
 
 import torch
-from kiln_shapes import hint_of
+from kiln_shapes import hint_of, is_symbolic
 from torch import fx
 
 from kiln_aot import config, core_ops
@@ -100,7 +100,12 @@ def recomputable(node: fx.Node) -> bool:
     if target in core_ops.VIEW_OPS or target in _CHEAP:
         return True
     if target in _REDUCTIONS:
-        return _numel(node.args[0].meta.get("val")) <= config.current().recompute_reduction_numel
+        val = node.args[0].meta.get("val")
+        if isinstance(val, torch.Tensor) and is_symbolic(val.numel()):
+            # the graph serves every size: a reduction is recomputed only when it is small
+            # for all of them, which a symbolic size is not
+            return False
+        return _numel(val) <= config.current().recompute_reduction_numel
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
 
 

@@ -176,6 +176,17 @@ def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
             if inner is None:
                 return None
             total = total + coeff * FloorDiv(inner, rest.args[1])
+        elif isinstance(rest, sympy.Min):  # a clamped index: below each bounded argument
+            bounds = [b for b in (upper_bound(a, ranges) for a in rest.args) if b is not None]
+            numbers = [b for b in bounds if b.is_Number]
+            if not bounds:
+                return None
+            total = total + coeff * (min(numbers) if numbers else bounds[0])
+        elif isinstance(rest, sympy.Max):
+            bounds = [upper_bound(a, ranges) for a in rest.args]
+            if any(b is None for b in bounds):
+                return None
+            total = total + coeff * sympy.Max(*bounds)
         else:
             return None
     return total
