@@ -8,6 +8,7 @@ operations become FX nodes whose ``meta["val"]`` is computed on the meta device
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import types
@@ -46,7 +47,7 @@ from kiln_capture.variables.contexts import (
 )
 from kiln_capture.variables.functions import BoundMethodVar, TorchFnVar, UserFunctionVar
 from kiln_capture.variables.modules import ModuleVar
-from kiln_capture.variables.objects import ObjectVar
+from kiln_capture.variables.objects import ObjectVar, RecordVar, is_record_type
 from kiln_capture.variables.sizes import SYM_TYPES, SymIntVar, expr_value
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 
@@ -246,6 +247,18 @@ class OutputGraph:
                     g.dict_keys(source, tuple(value))
                 items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
                 return DictVar(items, source, cls=type(value))
+        if rooted and is_record_type(type(value)) and all(isinstance(k, str) for k in value):
+            # a ModelOutput handed in (generate()'s encoder outputs): its fields are read
+            # through the record's protocol (ModelOutput.__getitem__ -> to_tuple -> keys())
+            g.type_is(source, value)
+            g.dict_keys(source, tuple(value))
+            fields = {
+                f.name: self.wrap(value[f.name], ItemSource(source, f.name))
+                if f.name in value
+                else ConstVar(None)
+                for f in dataclasses.fields(value)
+            }
+            return RecordVar(type(value), fields, source=source)
         if type(value) in LIST_ITERATOR_TYPES and rooted:  # a continuation's loop iterator
             g.type_is(source, value)
             return SourcedIteratorVar(self, value, source)

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import inspect
 import types
+from typing import Any
 
 import torch
 
@@ -68,6 +69,9 @@ class ObjectVar(Var):
             return True
         if inspect.isfunction(getattr(t, "__bool__", None)):
             return self.call_method(tx, "__bool__", [], {}).truth(tx)
+        if getattr(t, "__bool__", None) is None and inspect.isfunction(getattr(t, "__len__", None)):
+            # Python's rule without __bool__: true when its __len__ is not 0 (a cache)
+            return self.call_method(tx, "__len__", [], {}).truth(tx)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"truth value of {t.__name__}")
 
     def _child(self, tx, value, name):
@@ -241,9 +245,12 @@ def length_by_protocol(tx, var: Var, cls: type) -> int:
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"len() of a {cls.__name__}")
 
 
-def _is_record(cls: type) -> bool:
+def is_record_type(cls: type) -> bool:
     """dataclasses that are also dicts (transformers' ModelOutput): built opaquely."""
     return dataclasses.is_dataclass(cls) and issubclass(cls, dict)
+
+
+_is_record = is_record_type
 
 
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
@@ -363,12 +370,22 @@ class RecordVar(Var):
     Indexing follows ModelOutput: string keys and integer positions over non-None fields.
     """
 
-    def __init__(self, cls: type, values: dict[str, Var]) -> None:
+    def __init__(self, cls: type, values: dict[str, Var], source: Any = None) -> None:
         self.cls = cls
         self.values = values
+        # set for a record read from the frame's inputs: writes to it would have to be
+        # replayed on the caller's object, which kiln does not do (they break the graph)
+        self.source = source
 
     def __repr__(self) -> str:
         return f"Record({self.cls.__name__})"
+
+    def _writable(self, what: str) -> None:
+        if self.source is not None:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE,
+                f"{what} of a {self.cls.__name__} passed in ({self.source.expr()})",
+            )
 
     def python_type(self) -> type:
         return self.cls
@@ -406,15 +423,22 @@ class RecordVar(Var):
         return present[k][1]
 
     def setattr(self, tx, name, value):
+        self._writable(f"setting .{name}")
         self.values[name] = value
 
     def setitem(self, tx, key, value):
+        self._writable("setting an item")
         self.values[key.as_const()] = value
 
     def unpack(self, tx):
         return [ConstVar(k) for k, _ in self._present()]
 
+    def length(self, tx) -> int:
+        return len(self._present())  # a dict of its non-None fields
+
     def call_method(self, tx, name, args, kwargs):
+        if name == "__len__":
+            return ConstVar(self.length(tx))
         if name == "__getitem__":
             return self.getitem(tx, args[0])
         if name == "keys":
@@ -424,6 +448,8 @@ class RecordVar(Var):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def reconstruct(self, cg) -> str:
+        if self.source is not None:  # the caller's own object, unchanged
+            return self.source.expr()
         fields = ", ".join(f"{k}={cg.rebuild(v)}" for k, v in self.values.items())
         return f"{cg.const(self.cls)}({fields})"
 
