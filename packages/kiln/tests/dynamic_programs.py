@@ -94,7 +94,7 @@ class _GPT2(torch.nn.Module):
         super().__init__()
         from transformers import GPT2Config, GPT2Model
 
-        cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
+        cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=1024)
         self.m = GPT2Model(cfg).eval()
 
     def forward(self, ids):

@@ -221,10 +221,15 @@ class WrapperCodegen:
         for b in self.ir.inputs:
             if b is None:
                 continue
-            for d, s in enumerate(b.layout.size):
+            names = []
+            for s in b.layout.size:
                 if is_size_symbol(s) and s.name not in self.bound:
                     self.bound.add(s.name)
-                    lines.append(f"{s.name} = {b.name}.size({d})")
+                    names.append(s.name)
+                else:
+                    names.append("_")
+            if any(n != "_" for n in names):  # one unpack of the shape: cheaper than size(d)s
+                lines.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = {b.name}.shape")
         for b in self.ir.inputs:
             if b is None:
                 continue
