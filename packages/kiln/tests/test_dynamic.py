@@ -68,3 +68,16 @@ def test_static_compiles_per_size():
     program = PROGRAMS[0]
     stats = _run(program, dynamic=False)
     assert stats["graphs"] == len(set(program.sizes)), stats
+
+
+def test_a_row_sliced_from_a_batch_is_symbolic_whatever_its_size_1_stride():
+    """The stride of a size-1 dimension is never read: a row sliced from a wider batch
+    (shape (1, n), strides (64, 1)) gets a symbolic length like a contiguous row."""
+    kiln.reset()
+    f = kiln.compile(lambda x: x.softmax(-1) * 2 + x.shape[-1], dynamic=True)
+    base = torch.randn(4, 64)
+    for n in (5, 9, 17, 33):
+        x = base[:1, :n]
+        torch.testing.assert_close(f(x), x.softmax(-1) * 2 + n)
+    stats = kiln.stats()
+    assert stats["graphs"] == 1 and stats["fallbacks"] == 0, stats

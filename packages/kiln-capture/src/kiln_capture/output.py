@@ -674,10 +674,13 @@ def _index_for_meta(key):
 
 def _strides_follow_sizes(t: torch.Tensor) -> bool:
     """Whether each stride of ``t`` is the product of the sizes of the dimensions faster
-    than it (dense in some dimension order, size-1 dimensions included): the strides a
-    symbolic input's meta tensor gets (``ShapeEnv.symbolic_sizes``) and its guard checks."""
+    than it (dense in some dimension order): the strides a symbolic input's meta tensor
+    gets (``ShapeEnv.symbolic_sizes``) and its guard checks. A size-1 dimension's stride is
+    never read (a row sliced from a batch keeps the batch's stride there)."""
     acc = 1
     for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), -d)):
+        if t.shape[d] == 1:
+            continue
         if t.stride(d) != acc:
             return False
         acc *= max(t.shape[d], 1)

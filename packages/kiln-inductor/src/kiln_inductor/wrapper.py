@@ -238,9 +238,16 @@ class WrapperCodegen:
                 continue
             self.globals["restride"] = _restride
             want = _tuple(lay.stride)
+            # strides of size-1 dimensions are never read (and eager leaves them arbitrary)
+            kept = [d for d, n in enumerate(lay.size) if n != 1]
+            if len(kept) == len(lay.size):
+                have, need = f"{b.name}.stride()", want
+            else:
+                have = f"{b.name}.stride()"
+                have = "(" + "".join(f"{have}[{d}], " for d in kept) + ")"
+                need = _tuple([lay.stride[d] for d in kept])
             lines.append(
-                f"if {b.name}.stride() != {want}: "
-                f"{b.name} = restride({b.name}, {want}, 'input {b.name}')"
+                f"if {have} != {need}: {b.name} = restride({b.name}, {want}, 'input {b.name}')"
             )
         return lines
 
