@@ -133,3 +133,17 @@ def test_a_graph_built_with_a_declared_range_refuses_other_sizes_at_capture():
     env = ShapeEnv()
     with pytest.raises(ValueError, match="min <= max"):
         env.symbolic_tensor(torch.randn(4, 8), "L['x']", [0], {0: (8, 2)})
+
+
+def test_graphs_from_torch_capture_with_dynamic_sizes_compile_per_size():
+    """DESIGN.md contract 1: kiln's compiler as a backend of torch's capture. With
+    ``dynamic=True`` torch hands a graph with torch's own symbolic sizes and SymInt inputs;
+    kiln compiles it for each size it is called with (torch's symbols are not kiln's)."""
+
+    def fn(x, y):
+        return (x.sin() * y).softmax(-1) + x.shape[1]
+
+    compiled = torch.compile(fn, backend=kiln_inductor.compile_fx, dynamic=True)
+    for n in (5, 9, 17):
+        x, y = torch.randn(3, n), torch.randn(3, n)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))

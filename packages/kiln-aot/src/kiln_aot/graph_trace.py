@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from kiln_shapes import is_symbolic
+from kiln_shapes import env_of, is_symbolic
 from torch import fx
 from torch.utils import _pytree as pytree
 
@@ -78,9 +78,19 @@ def make_inputs(
             fakes.append(tracer.input(f"{prefix}_{i + 1}", a, i, rg, symbolic=sym))
         else:
             node = tracer.graph.placeholder(f"{prefix}_{i + 1}")
+            a = _concrete(a)
             node.meta["val"] = a
             fakes.append(a)
     return fakes
+
+
+def _concrete(a: Any) -> Any:
+    """A symbolic number of another shape engine (torch's capture hands SymInt inputs of a
+    dynamic graph) as its value: kiln then compiles the graph for it (torch's capture keeps
+    the guard that this asks for)."""
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)) and env_of([a]) is None:
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(a)](a)
+    return a
 
 
 def collect_outputs(
@@ -153,7 +163,12 @@ def symbolic_inputs(gm: Any) -> list[Any] | None:
     if not isinstance(gm, fx.GraphModule):
         return None
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    vals = [v if isinstance(v, torch.Tensor) and is_symbolic(v) else None for v in vals]
+    # only kiln's own symbols: a graph from torch's capture carries torch's (FakeTensor and
+    # torch's SymNode); kiln then traces it per signature, as for static graphs
+    vals = [
+        v if isinstance(v, torch.Tensor) and is_symbolic(v) and env_of([v]) is not None else None
+        for v in vals
+    ]
     return vals if any(v is not None for v in vals) else None
 
 
