@@ -173,7 +173,8 @@ def sweep(request):
     """One graph of every case, compiled with the kernel sources recorded."""
     long = request.param == "looped"
     cases = _sweep_cases(long)
-    gm, flat, labels = build_graph([c for c, _ in cases])
+    gm, flat, outputs, _ = build_graph([c for c, _ in cases])
+    labels = [label for label, _ in outputs]
     sources: list[str] = []
     with settings_scope(persistent_max=64 if long else 8192), use_triton_for_cpu() as backend:
         codegen = backend.codegen_kernel

@@ -151,6 +151,18 @@ def slice_(
     )
 
 
+@register_lowering(aten.flip)
+def flip(x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    """A view reading index ``n - 1 - i`` along each flipped dimension (no copy)."""
+    flipped = {normalize_dim(d, x.ndim) for d in dims}
+    size = tuple(x.size)
+    return View(
+        x,
+        size,
+        lambda index: [size[d] - 1 - i if d in flipped else i for d, i in enumerate(index)],
+    )
+
+
 @register_lowering(aten.select)
 def select(x: TensorValue, dim: int, index: Any) -> TensorValue:
     dim = normalize_dim(dim, x.ndim)
