@@ -81,3 +81,39 @@ def test_a_row_sliced_from_a_batch_is_symbolic_whatever_its_size_1_stride():
         torch.testing.assert_close(f(x), x.softmax(-1) * 2 + n)
     stats = kiln.stats()
     assert stats["graphs"] == 1 and stats["fallbacks"] == 0, stats
+
+
+def test_fuzzer_findings_with_symbolic_sizes():
+    """Programs the differential fuzzer found wrong or failing under dynamic=True:
+    an output that is a view of an input (its geometry computed per call), a size guarded
+    to 1 by a broadcast (a stride-2 slice of 2 elements), a slice write with symbolic
+    bounds (slice_scatter)."""
+
+    def view_out(a):
+        return a.unsqueeze(0), a * 2
+
+    def broadcast_guarded_one(a):
+        return torch.maximum(a, a[:, :, ::2])
+
+    def slice_write(a, b):
+        x = a.clone()
+        x[:, 1:3] = b
+        return x
+
+    cases = [
+        (view_out, lambda n: (torch.randn(n, 3),)),
+        (broadcast_guarded_one, lambda n: (torch.randn(3, n, 2),)),
+        (slice_write, lambda n: (torch.randn(4, n), torch.randn(4, 2))),
+    ]
+    for fn, make in cases:
+        kiln.reset()
+        compiled = kiln.compile(fn, dynamic=True)
+        for n in (5, 9, 13):
+            args = make(n)
+            got, want = compiled(*args), fn(*args)
+            for g, w in zip(_leaves(got), _leaves(want), strict=True):
+                torch.testing.assert_close(g, w)
+            if fn is view_out:
+                assert got[0].data_ptr() == args[0].data_ptr()  # a view, as eager returns
+        stats = kiln.stats()
+        assert stats["graphs"] == 1 and stats["fallbacks"] == 0, (fn.__name__, stats)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from kiln_shapes import env_of, is_symbolic
+from kiln_shapes import env_of, expr_of, is_symbolic, python_expr
 from torch import fx
 from torch.utils import _pytree as pytree
 
@@ -46,6 +46,8 @@ class OutputInfo:
     stride: tuple[int, ...] = ()
     storage_offset: int = 0
     requires_grad: bool = False
+    # for an alias with symbolic sizes: args -> (size, stride, storage_offset) of this call
+    geometry: Any = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ def collect_outputs(
                     stride=geometry[1],
                     storage_offset=geometry[2],
                     requires_grad=leaf.requires_grad,
+                    geometry=_symbolic_geometry(tracer, geometry),
                 )
             )
         else:
@@ -131,6 +134,43 @@ def _input_view_geometry(
     for step in views:
         m = step.op(m, *step.args)
     return tuple(m.shape), tuple(m.stride()), m.storage_offset()
+
+
+def _symbolic_geometry(tracer: Tracer, geometry: tuple) -> Any:
+    """For a view geometry with symbolic sizes: a function of the call's flat arguments
+    computing it (each size symbol read from the input that has it as a dimension)."""
+    values = [*geometry[0], *geometry[1], geometry[2]]
+    if not any(isinstance(v, torch.SymInt) for v in values):
+        return None
+    exprs = [expr_of(v) for v in values]
+    needed = set().union(*(e.free_symbols for e in exprs))
+    placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
+    lines, bound = [], set()
+    for k, ph in enumerate(placeholders):
+        val = ph.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for d, size in enumerate(val.shape):
+            e = expr_of(size) if isinstance(size, torch.SymInt) else None
+            if e is not None and e in needed and e not in bound:
+                bound.add(e)
+                lines.append(f"    {e} = args[{k}].shape[{d}]")
+    if bound != needed:
+        return None
+    n = len(geometry[0])
+    out = [python_expr(e) for e in exprs]
+
+    def tup(items: list[str]) -> str:
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+    body = "\n".join(lines)
+    src = (
+        f"def geometry(args):\n{body}\n"
+        f"    return {tup(out[:n])}, {tup(out[n : 2 * n])}, {out[-1]}\n"
+    )
+    ns: dict = {}
+    exec(compile(src, "<kiln_aot alias geometry>", "exec"), ns)
+    return ns["geometry"]
 
 
 def mutated_inputs(tracer: Tracer, fakes: Sequence[Any]) -> list[tuple[int, fx.Node]]:

@@ -64,6 +64,9 @@ def finish(
     for o in info.outputs:
         if o.kind == "constant":
             leaves.append(o.value)
+        elif o.kind == "alias" and o.geometry is not None:  # symbolic: this call's sizes
+            size, stride, offset = o.geometry(flat_args)
+            leaves.append(flat_args[o.input_index].as_strided(size, stride, offset))
         elif o.kind == "alias":
             leaves.append(_alias(flat_args[o.input_index], o))
         else:

@@ -421,6 +421,17 @@ class GraphLowering:
             out = lowering(*args, **kwargs)
         except LoweringUnsupported as e:
             return self.fallback(n, tuple(args), dict(kwargs), str(e))
+        except TypeError as e:
+            if "convert symbols" not in str(e) and "expression to" not in str(e):
+                raise
+            # the lowering needs a concrete size and this one is symbolic: the op runs as a
+            # library call inside the graph (sizes bound at call time), not the graph eagerly
+            return self.fallback(
+                n,
+                tuple(args),
+                dict(kwargs),
+                "its lowering needs concrete sizes, these are symbolic",
+            )
         # an explicit clone to channels-last (depthwise_layout.py) is realized so
         if self.channels_last or (
             target is torch.ops.aten.clone.default

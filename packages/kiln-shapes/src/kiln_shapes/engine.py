@@ -149,6 +149,8 @@ class ShapeEnv:
         self.symbols: dict[sympy.Symbol, SymbolInfo] = {}
         self.guards: list[Guard] = []
         self.replacements: dict[sympy.Symbol, Expr] = {}
+        # guarded values of expressions no symbol can be solved for: FloorDiv(s2 + 1, 2) -> 1
+        self.expr_values: dict[Expr, Expr] = {}
         self.duck_sizing = duck_sizing
         # where a guard recorded without an explicit location comes from: a capture engine
         # that evaluates the user's code symbolically (so that the user's frame is not on
@@ -215,6 +217,10 @@ class ShapeEnv:
         if self.replacements and expr.free_symbols & self.replacements.keys():
             expr = expr.xreplace(self.replacements)
             expr = self.simplify(expr)
+        if self.expr_values and expr.free_symbols:
+            replaced = expr.xreplace(self.expr_values)
+            if replaced != expr:
+                expr = self.simplify(replaced)
         return expr
 
     # ----------------------------------------------------------------- symbolic values
@@ -354,7 +360,7 @@ class ShapeEnv:
     def refine(self, expr: Any) -> Any:
         """``expr`` with Max/Min whose winner the ranges decide, and remainders and floor
         divisions of a smaller non-negative number by a larger one, resolved."""
-        expr = sympy.sympify(expr)
+        expr = self.simplify(expr)
         if not expr.has(sympy.Max, sympy.Min, ModIndex, FloorDiv):
             return expr
 
@@ -435,6 +441,11 @@ class ShapeEnv:
             for k, v in list(self.replacements.items()):
                 self.replacements[k] = v.xreplace({a: b})
             return
+        # no symbol to solve for: an expression guarded to a number is that number
+        for lhs, rhs in ((eq.lhs, eq.rhs), (eq.rhs, eq.lhs)):
+            if rhs.is_Number and not lhs.is_Number and not isinstance(lhs, sympy.Add):
+                self.expr_values[lhs] = rhs
+                return
 
     # ----------------------------------------------------------------- call time
     def check(self, values: dict[sympy.Symbol, int]) -> str | None:

@@ -12,7 +12,7 @@ import torch
 from ..index_check import OUT_OF_BOUNDS, IndexCheck, index_check
 from ..ir.nodes import Pointwise, TensorValue
 from ..ir.ops import ops
-from ..ir.symbols import Expr, FloorDiv, is_int_like, sym
+from ..ir.symbols import Expr, FloorDiv, is_int_like, refine, sym
 from .context import current_graph, current_node
 from .graph_unsupported import unsupported
 from .registry import register_lowering
@@ -400,17 +400,22 @@ def slice_scatter(
     step: int = 1,
 ) -> TensorValue:
     dim = normalize_dim(dim, x.ndim)
-    n = int(x.size[dim])
-    start = 0 if start is None else (start + n if start < 0 else start)
-    end = n if end is None else (end + n if end < 0 else end)
-    start, end = max(min(start, n), 0), max(min(end, n), 0)
+    n = sym(x.size[dim])  # a symbolic size too
+    start = sym(0 if start is None else start)
+    end = n if end is None else sym(end)
+    if start.is_Integer and start < 0:
+        start = start + n
+    if end.is_Integer and end < 0:
+        end = end + n
+    start = refine(sympy.Max(sympy.Min(start, n), 0))
+    end = refine(sympy.Max(sympy.Min(end, n), 0))
     xl, sl = x.make_loader(), to_dtype(src, x.dtype).make_loader()
-    m = int(src.size[dim]) if src.ndim else 1
+    m = sym(src.size[dim]) if src.ndim else sympy.Integer(1)
 
     def inner(idx: Sequence[Expr]) -> Any:
         i = idx[dim]
         j = list(idx)
-        j[dim] = _clamp_index(FloorDiv(i - start, step), 0, max(m - 1, 0))
+        j[dim] = _clamp_index(FloorDiv(i - start, step), 0, refine(sympy.Max(m - 1, 0)))
         ii = ops.index_expr(i, torch.int64)
         inside = ops.logical_and(
             ops.ge(ii, ops.constant(start, torch.int64)), ops.lt(ii, ops.constant(end, torch.int64))

@@ -11,7 +11,7 @@ import torch
 
 from ..ir.nodes import Loader, Pointwise, TensorValue, View
 from ..ir.ops import ops
-from ..ir.symbols import Expr, sym
+from ..ir.symbols import Expr, refine, sym
 
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -82,7 +82,7 @@ def broadcast_sizes(*sizes: Sequence[Expr]) -> tuple[Expr, ...]:
             k = d - (ndim - len(s))
             if k < 0:
                 continue
-            if s[k] != 1:
+            if refine(s[k]) != 1:  # a symbolic size guarded to 1 broadcasts too
                 dim = s[k]
         out.append(dim)
     return tuple(out)
@@ -95,7 +95,10 @@ def broadcast_loader(value: TensorValue, size: Sequence[Expr]) -> Loader:
     vsize = value.size
 
     def load(index: Sequence[Expr]) -> Any:
-        idx = [sympy.Integer(0) if vsize[k] == 1 else index[k + offset] for k in range(len(vsize))]
+        idx = [
+            sympy.Integer(0) if refine(vsize[k]) == 1 else index[k + offset]
+            for k in range(len(vsize))
+        ]
         return inner(idx)
 
     return load
