@@ -102,3 +102,19 @@ def test_encoder_decoder_generate_matches_eager_without_breaks(name):
     stats = kiln.stats()
     assert stats["graphs"] == graphs and 1 <= graphs <= 6, stats
     assert stats["breaks"] == 0 and stats["fallbacks"] == 0 and stats["eager_frames"] == 0, stats
+
+
+def test_generate_with_a_static_cache():
+    """``cache_implementation="static"``: the cache is preallocated and written in place
+    at the current positions; the prompt and the decode step are one graph each."""
+    eager, model = _model("llama"), _model("llama")
+    kiln.reset()
+    model.forward = kiln.compile(model.forward)
+    ids = torch.randint(1, 256, (2, 7), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        want = eager.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        got = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    assert torch.equal(got, want)
+    stats = kiln.stats()
+    assert stats["graphs"] <= 2 and stats["breaks"] == 0 and stats["fallbacks"] == 0, stats
