@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from provenance import commit  # noqa: E402
+
 sys.path.insert(0, str(HERE.parent / "packages" / "kiln" / "tests"))
 
 
@@ -222,19 +225,8 @@ def main() -> None:
     res = HERE / "results"
     res.mkdir(exist_ok=True)
     path = Path(a.out) if a.out else res / f"dynamic_shapes_{a.device}.json"
-    path.write_text(json.dumps({"commit": _commit(), "scale": a.scale, "rows": rows}, indent=1))
+    path.write_text(json.dumps({"commit": commit(), "scale": a.scale, "rows": rows}, indent=1))
     print(f"written {path}")
-
-
-def _commit() -> str:
-    import os
-
-    if os.environ.get("KILN_COMMIT"):
-        return os.environ["KILN_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 if __name__ == "__main__":

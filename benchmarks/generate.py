@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from provenance import commit  # noqa: E402
+
 VARIANTS = ["eager", "torch.compile", "kiln"]
 
 
@@ -217,20 +220,9 @@ def main() -> None:
     res_dir = HERE / "results"
     res_dir.mkdir(exist_ok=True)
     path = Path(a.out) if a.out else res_dir / f"generate_{a.device}_{a.dtype}.json"
-    meta = {"commit": _commit(), "prompts": prompts, "new_tokens": a.new_tokens, "batch": 2}
+    meta = {"commit": commit(), "prompts": prompts, "new_tokens": a.new_tokens, "batch": 2}
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\nwritten {path}")
-
-
-def _commit() -> str:
-    import os
-
-    if os.environ.get("KILN_COMMIT"):
-        return os.environ["KILN_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -148,13 +147,10 @@ def main() -> int:
         res = worker(a.worker, a.device, a.dtype, a.size, a.calls, a.samples)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
-    # KILN_COMMIT where the checkout's git is not the source's (the device tool's copy)
-    commit = (
-        os.environ.get("KILN_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
-        ).stdout.strip()
-    )
+    sys.path.insert(0, str(HERE))
+    from provenance import commit as source_commit
+
+    commit = source_commit()
     results = []
     names = [n for n in a.models.split(",") if n]
     for k, name in enumerate(names, 1):

@@ -13,33 +13,10 @@ from kiln_shapes import ShapeEnv
 
 import kiln_cpp  # noqa: F401  (registers the CPU backend)
 import kiln_inductor
+from kiln_inductor.testing import CountingCompiler as Counting
+from kiln_inductor.testing import symbolic_graph
 
 SIZES = [(3, 5), (4, 7), (2, 11), (13, 4), (17, 13), (6, 2)]
-
-
-def symbolic_graph(fn, examples, dynamic):
-    """``fn`` as an FX graph whose inputs have the dims in ``dynamic[i]`` symbolic."""
-    gm = torch.fx.symbolic_trace(fn)
-    env = ShapeEnv()
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, (ph, x) in enumerate(zip(phs, examples)):
-        ph.meta["val"] = env.symbolic_tensor(x, f"L['arg{i}']", dynamic[i])
-    gm.meta["shape_env"] = env
-    return gm, env
-
-
-class Counting:
-    """Counts compiled ATen graphs and kernel builds, checks none fell back."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, inputs):
-        compiled = kiln_inductor.compile_aten_graph(gm, inputs)
-        assert compiled.stats["fallbacks"] == [], compiled.stats["fallbacks"]
-        assert compiled.stats["kernels"] >= 1
-        self.graphs.append(compiled)
-        return compiled
 
 
 def _check_sizes(fn, make_inputs, dynamic, sizes=SIZES, grad=False):

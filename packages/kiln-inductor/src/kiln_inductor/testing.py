@@ -279,3 +279,39 @@ def _check_bad_index_case(name: str, fn: Callable[..., Any], good: list, bad: li
         raise AssertionError(f"{name}: kiln returned {got} where eager raises {want.__name__}")
     same(compiled(*good), "after the bad call")
     return graphs
+
+
+def symbolic_graph(
+    fn: Callable[..., Any],
+    examples: Sequence[torch.Tensor],
+    dynamic: Sequence[Sequence[int]],
+    ranges: Sequence[Any] | None = None,
+) -> tuple[torch.fx.GraphModule, Any]:
+    """``fn`` as an FX graph whose inputs have the dims in ``dynamic[i]`` symbolic (with
+    the declared ``ranges[i]``: ``{dim: (min, max)}``, if given), as kiln-capture hands
+    graphs to a backend: placeholders' ``meta["val"]`` carry kiln-shapes sizes."""
+    from kiln_shapes import ShapeEnv
+
+    gm = torch.fx.symbolic_trace(fn)
+    env = ShapeEnv()
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (ph, x) in enumerate(zip(phs, examples)):
+        declared = ranges[i] if ranges else None
+        ph.meta["val"] = env.symbolic_tensor(x, f"L['arg{i}']", dynamic[i], declared)
+    gm.meta["shape_env"] = env
+    return gm, env
+
+
+class CountingCompiler:
+    """A ``compile_graph`` for ``compile_fx`` that keeps every compiled ATen graph and
+    asserts each generated kernels and fell back on no op."""
+
+    def __init__(self) -> None:
+        self.graphs: list[Any] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        compiled = compile_aten_graph(gm, inputs)
+        assert compiled.stats["fallbacks"] == [], compiled.stats["fallbacks"]
+        assert compiled.stats["kernels"] >= 1
+        self.graphs.append(compiled)
+        return compiled

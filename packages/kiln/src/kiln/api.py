@@ -116,21 +116,9 @@ def _original_module(self: torch.nn.Module) -> torch.nn.Module:
     return _COMPILED_STATE[self][0]
 
 
-def mark_dynamic(
-    t: torch.Tensor,
-    dim: int | list[int] | tuple[int, ...],
-    min: int | None = None,
-    max: int | None = None,
-) -> None:
-    """Compile ``t``'s dimension(s) ``dim`` for every size in ``[min, max]`` from the first
-    compile on (``torch._dynamo.mark_dynamic``); a size outside the range compiles a
-    specialized graph (with ``fullgraph=True`` it raises). ``min > max`` is a ValueError."""
-    kiln_capture.mark_dynamic(t, dim, min=min, max=max)
-
-
-def mark_static(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
-    """Keep ``t``'s dimension(s) ``dim`` specialized, even with ``dynamic=True``."""
-    kiln_capture.mark_static(t, dim)
+# per-dimension dynamic-shape marks (torch._dynamo.mark_dynamic / mark_static): capture's own
+mark_dynamic = kiln_capture.mark_dynamic
+mark_static = kiln_capture.mark_static
 
 
 def disable(fn: F | None = None, recursive: bool = True) -> Any:

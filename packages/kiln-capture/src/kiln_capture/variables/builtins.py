@@ -60,21 +60,7 @@ COMPARE_OPS = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-_INPLACE_TO_PLAIN = {
-    operator.iadd: operator.add,
-    operator.isub: operator.sub,
-    operator.imul: operator.mul,
-    operator.itruediv: operator.truediv,
-    operator.ifloordiv: operator.floordiv,
-    operator.imod: operator.mod,
-    operator.ipow: operator.pow,
-    operator.imatmul: operator.matmul,
-    operator.iand: operator.and_,
-    operator.ior: operator.or_,
-    operator.ixor: operator.xor,
-    operator.ilshift: operator.lshift,
-    operator.irshift: operator.rshift,
-}
+_INPLACE_TO_PLAIN = sizes.INPLACE_TO_PLAIN
 
 
 def binary(tx, fn, a: Var, b: Var) -> Var:

@@ -33,7 +33,8 @@ NUMBER_TYPES = (int, float, bool)
 _COMPARISONS = frozenset(
     {operator.lt, operator.le, operator.eq, operator.ne, operator.gt, operator.ge}
 )
-_INPLACE = {
+# x += y is x = x + y (one table for sizes and every other value: builtins uses it)
+INPLACE_TO_PLAIN = {
     operator.iadd: operator.add,
     operator.isub: operator.sub,
     operator.imul: operator.mul,
@@ -41,7 +42,14 @@ _INPLACE = {
     operator.ifloordiv: operator.floordiv,
     operator.imod: operator.mod,
     operator.ipow: operator.pow,
+    operator.imatmul: operator.matmul,
+    operator.iand: operator.and_,
+    operator.ior: operator.or_,
+    operator.ixor: operator.xor,
+    operator.ilshift: operator.lshift,
+    operator.irshift: operator.rshift,
 }
+_INPLACE = INPLACE_TO_PLAIN
 # operators whose result stays symbolic; the others (bitwise ones) specialize
 SYMBOLIC_BINARY = frozenset(
     {
