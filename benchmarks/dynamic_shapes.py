@@ -6,7 +6,7 @@ one graph for every size costs against a graph compiled for one size.
     python benchmarks/dynamic_shapes.py --programs causal_attention,hf_gpt2 --scale 8
 
 The corpus is kiln's dynamic-shape test corpus (packages/kiln/tests/dynamic_programs.py:
-16 programs, six sizes each, odd and prime ones included). Per program, in one process:
+17 programs, six sizes each, odd and prime ones included). Per program, in one process:
 
 - graphs built over the six sizes by kiln ``dynamic=True``, kiln's default (automatic),
   torch.compile ``dynamic=True`` and torch.compile's default, each checked against eager
@@ -28,7 +28,6 @@ import copy
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from provenance import commit  # noqa: E402
+from workers import progress, result, run_worker  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent / "packages" / "kiln" / "tests"))
 
@@ -128,6 +128,7 @@ def worker(name: str, device: str, scale: int, samples: int, calls: int) -> dict
                 torch.allclose(g, w, **program.tol) for g, w in zip(_leaves(got), _leaves(want))
             )
         graphs, breaks = _graphs(variant)
+        progress(f"{name} {variant}: {graphs} graphs, {time.perf_counter() - t0:.1f} s")
         out[variant] = {
             "graphs": graphs,
             "breaks_fallbacks": breaks,
@@ -145,6 +146,7 @@ def worker(name: str, device: str, scale: int, samples: int, calls: int) -> dict
     for fn in timed.values():  # warm-up (the static one compiles here)
         for _ in range(3):
             call(fn, args)
+    progress(f"{name}: warm at size {largest}, timing")
     times: dict = {k: [] for k in timed}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(samples):
@@ -178,26 +180,25 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--out", help="where the JSON goes (default: benchmarks/results/)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per program")
     ap.add_argument("--worker")
     a = ap.parse_args()
     if a.worker:
-        res = worker(a.worker, a.device, a.scale, a.samples, a.calls)
-        print("RESULT " + json.dumps(res))
+        result(worker(a.worker, a.device, a.scale, a.samples, a.calls))
         return
     from dynamic_programs import PROGRAMS
 
     names = a.programs.split(",") if a.programs else [p.name for p in PROGRAMS]
+    res = HERE / "results"
+    res.mkdir(exist_ok=True)
+    path = Path(a.out) if a.out else res / f"dynamic_shapes_{a.device}.json"
     rows = []
     for k, name in enumerate(names, 1):
         print(f"[dynamic_shapes] {k}/{len(names)} {name} ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, __file__, "--worker", name, "--device", a.device,
                "--scale", str(a.scale), "--samples", str(a.samples), "--calls", str(a.calls)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if not line:
-            rows.append({"program": name, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]})
-            continue
-        rows.append(json.loads(line[0][7:]))
+        rows.append({"program": name, **run_worker(cmd, a.timeout)})
+        path.write_text(json.dumps({"commit": commit(), "scale": a.scale, "rows": rows}, indent=1))
     head = (f"{'program':20} {'graphs kiln dyn/def':>19} {'torch dyn/def':>13} {'ok':>3} {'size':>5} "
             f"{'eager ms':>9} {'kiln dyn ms':>11} {'spread':>13} {'kiln static':>11} "
             f"{'torch dyn':>9} {'dyn/static':>10}")  # fmt: skip
@@ -222,10 +223,6 @@ def main() -> None:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         print(f"\ngeomean dynamic vs static (static ms / dynamic ms) over {len(ratios)} programs: "
               f"{geo:.3f}x (goal >= 0.9x)")  # fmt: skip
-    res = HERE / "results"
-    res.mkdir(exist_ok=True)
-    path = Path(a.out) if a.out else res / f"dynamic_shapes_{a.device}.json"
-    path.write_text(json.dumps({"commit": commit(), "scale": a.scale, "rows": rows}, indent=1))
     print(f"written {path}")
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from provenance import commit  # noqa: E402
+from workers import progress, result, run_worker  # noqa: E402
 
 VARIANTS = ["eager", "torch.compile", "kiln"]
 
@@ -148,6 +148,7 @@ def worker(name: str, variant: str, device: str, dtype_name: str, prompts, new_t
         t_first += t
         want = gen(eager_model, p, new_tokens)
         equal = equal and torch.equal(toks, want)
+        progress(f"{name} {variant}: prompt {p} first round {t:.1f} s {_counts(variant)}")
     out["first_round_s"] = t_first
     out["tokens_equal_eager"] = bool(equal)
     out.update(_counts(variant))
@@ -155,6 +156,7 @@ def worker(name: str, variant: str, device: str, dtype_name: str, prompts, new_t
     for _ in range(2):  # warm-up
         gen(model, longest, new_tokens)
         gen(model, longest, 1)
+    progress(f"{name} {variant}: warm, timing")
     per_token = []
     for _ in range(samples):
         tn, _ = timer(lambda: gen(model, longest, new_tokens))
@@ -176,13 +178,17 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", help="where the JSON goes (default: benchmarks/results/)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per row")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "VARIANT"))
     a = ap.parse_args()
     prompts = [int(p) for p in a.prompts.split(",")]
     if a.worker:
-        res = worker(*a.worker, a.device, a.dtype, prompts, a.new_tokens, a.samples)
-        print("RESULT " + json.dumps(res))
+        result(worker(*a.worker, a.device, a.dtype, prompts, a.new_tokens, a.samples))
         return
+    res_dir = HERE / "results"
+    res_dir.mkdir(exist_ok=True)
+    path = Path(a.out) if a.out else res_dir / f"generate_{a.device}_{a.dtype}.json"
+    meta = {"commit": commit(), "prompts": prompts, "new_tokens": a.new_tokens, "batch": 2}
     rows = []
     for m in a.models.split(","):
         base = None
@@ -191,19 +197,18 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--worker", m, v, "--device", a.device,
                    "--dtype", a.dtype, "--prompts", a.prompts, "--new-tokens", str(a.new_tokens),
                    "--samples", str(a.samples)]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if not line:
-                err = (proc.stderr.strip().splitlines() or ["?"])[-1]
-                rows.append({"model": m, "variant": v, "error": err})
+            r = {"model": m, "variant": v, **run_worker(cmd, a.timeout)}
+            if "error" in r:
+                rows.append(r)
+                path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
                 continue
-            r = json.loads(line[0][7:])
             if v == "eager":
                 base = r
             if base is not None:
                 r["speedup_vs_eager"] = base["ms_per_token"] / r["ms_per_token"]
                 r["compile_s"] = r["first_round_s"] - base["first_round_s"]
             rows.append(r)
+            path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\n{'model':8} {'compiler':14} {'graphs':>6} {'breaks':>6} {'tokens==eager':>13} "
           f"{'ms/token':>9} {'spread':>15} {'vs eager':>8} {'compile s':>9}")  # fmt: skip
     for r in rows:
@@ -217,11 +222,6 @@ def main() -> None:
             f"{r['ms_per_token']:9.2f} {spread:>15} {r.get('speedup_vs_eager', 1):8.2f}x "
             f"{r.get('compile_s', 0):9.1f}"
         )
-    res_dir = HERE / "results"
-    res_dir.mkdir(exist_ok=True)
-    path = Path(a.out) if a.out else res_dir / f"generate_{a.device}_{a.dtype}.json"
-    meta = {"commit": commit(), "prompts": prompts, "new_tokens": a.new_tokens, "batch": 2}
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\nwritten {path}")
 
 

@@ -133,6 +133,12 @@ PROGRAMS: list[Program] = [
             torch.randn(2, 4, 1, 16),
         ),
     ),
+    Program(  # a bfloat16 LM head over a varying length (torch 2.11's linear read its sizes)
+        "lm_head_bf16",
+        lambda: torch.nn.Linear(32, 64, bias=False).to(torch.bfloat16),
+        lambda n: (torch.randn(2, n, 32, dtype=torch.bfloat16),),
+        tol={"rtol": 2e-2, "atol": 2e-2},
+    ),
     Program("train_mlp", _mlp, lambda n: (torch.randn(n, 32, requires_grad=True),), train=True),
     Program(
         "train_attention",

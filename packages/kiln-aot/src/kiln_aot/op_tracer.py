@@ -38,6 +38,7 @@ from typing import Any
 
 import kiln_shapes
 import torch
+from kiln_shapes.meta import CompositeMode
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -176,7 +177,9 @@ class Tracer:
         self.active = True
         _ACTIVE.append(self)
         try:
-            with redirect_mode(), self.mode:
+            # symbolic calls of C++ composites that read sizes as ints (torch 2.11's linear
+            # on bfloat16) run as the ops they are made of
+            with redirect_mode(), CompositeMode(metadata_only=False), self.mode:
                 yield
         finally:
             _ACTIVE.pop()

@@ -132,29 +132,33 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
     return torch.matmul(scores.softmax(-1), v)
 
 
-def _python_composites() -> dict:
+def _python_composites(metadata_only: bool = True) -> dict:
     """torch functions whose C++ composite kernels run before any dispatch mode sees the
     call and, on some torch versions, read symbolic sizes as ints (torch 2.11's
-    ``matmul`` specializes every size, its ``linear`` raises, its ``scaled_dot_product_
-    attention`` specializes): computed here from ops that reach ``SymbolicMetaMode``
-    (``matmul``: the Python kernel torch registers; the others: their math)."""
+    ``matmul`` specializes every size, its ``linear`` raises on bfloat16 inputs, its
+    ``scaled_dot_product_attention`` specializes): computed here from ops that reach
+    ``SymbolicMetaMode`` (``matmul``: the Python kernel torch registers; the others: their
+    math). ``metadata_only=False`` leaves out the rules that get only the result's metadata
+    right (attention), for traces whose ops must compute the same values."""
     table: dict = {}
     matmul = aten.matmul.default
     if torch._C.DispatchKey.CompositeImplicitAutograd in matmul.py_kernels:
         for fn in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__):
             table[fn] = matmul.decompose
     table[torch.nn.functional.linear] = _linear
-    table[torch.nn.functional.scaled_dot_product_attention] = _sdpa
+    if metadata_only:
+        table[torch.nn.functional.scaled_dot_product_attention] = _sdpa
     return table
 
 
 class CompositeMode(TorchFunctionMode):
     """Calls of ``_python_composites()`` functions with symbolic arguments compute their
-    result from ops whose kernels see the symbolic sizes."""
+    result from ops whose kernels see the symbolic sizes. ``metadata_only=False``: only
+    rules that compute the same values (for graph traces)."""
 
-    def __init__(self) -> None:
+    def __init__(self, metadata_only: bool = True) -> None:
         super().__init__()
-        self.table = _python_composites()
+        self.table = _python_composites(metadata_only)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
