@@ -146,7 +146,14 @@ def worker(name: str, device: str, scale: int, samples: int, calls: int) -> dict
     for fn in timed.values():  # warm-up (the static one compiles here)
         for _ in range(3):
             call(fn, args)
-    progress(f"{name}: warm at size {largest}, timing")
+    if calls <= 0:  # enough calls for a sample of about 50 ms (µs-scale calls are noisy)
+        t0 = time.perf_counter()
+        call(timed["kiln static"], args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        calls = max(5, min(2000, int(0.05 / max(time.perf_counter() - t0, 1e-6))))
+    out["calls_per_sample"] = calls
+    progress(f"{name}: warm at size {largest}, timing ({calls} calls a sample)")
     times: dict = {k: [] for k in timed}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(samples):
@@ -178,7 +185,7 @@ def main() -> None:
     ap.add_argument("--programs", default="")
     ap.add_argument("--scale", type=int, default=4, help="largest size = scale * corpus' largest")
     ap.add_argument("--samples", type=int, default=5)
-    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=0, help="calls a sample (0: ~50 ms worth)")
     ap.add_argument("--out", help="where the JSON goes (default: benchmarks/results/)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per program")
     ap.add_argument("--worker")

@@ -17,5 +17,5 @@ timeout ${GEN_TIMEOUT:-260} python3 benchmarks/generate.py --device cuda --dtype
     --out "$OUT/generate_cuda_bfloat16.json" 2>&1 | tee "$OUT/generate_cuda.log" | tail -12
 timeout ${DYN_TIMEOUT:-150} python3 benchmarks/dynamic_shapes.py --device cuda \
     --programs ${DYN_PROGRAMS:-causal_attention,layer_norm,mlp_varying_batch,kv_decode_step,hf_gpt2} \
-    --scale 16 --samples 5 --calls 20 --out "$OUT/dynamic_shapes_cuda.json" \
+    --scale 16 --samples 5 --out "$OUT/dynamic_shapes_cuda.json" \
     2>&1 | tee "$OUT/dynamic_shapes_cuda.log" | tail -10

@@ -520,3 +520,52 @@ def test_a_size_after_a_break_with_no_tensor_of_its_size_specializes(capsys):
         x = torch.randn(3, t)
         assert_same(compiled(x), f(x))
     assert len(backend.graphs) == 2  # one continuation graph per n
+
+
+# -- the native shape check ----------------------------------------------------------------
+
+
+def _broadcast_add(x, y, n):
+    return x.transpose(1, 2) * y + n
+
+
+def test_the_native_shape_check_agrees_with_the_generated_one():
+    """Cache hits call the native ShapeBinder (a guard equating two symbols is one slot);
+    on every input that must miss (dtype, device, requires_grad, rank, a constant size, a
+    size two symbols share, layout, range, a remaining Python guard) it answers as the
+    generated Python check does."""
+    from kiln_capture.guards import ShapeBinder
+
+    if ShapeBinder is None:
+        pytest.skip("kiln-capture built without its native guards")
+    backend = RecordingBackend()
+
+    def f(x, y, n):
+        if x.shape[1] > 3:  # a guard that stays in Python
+            return _broadcast_add(x, y, n)
+        return y
+
+    compiled = kiln_capture.optimize(backend, dynamic=True)(f)
+    x, y = torch.randn(4, 6, 5), torch.randn(4, 5, 6)
+    assert_same(compiled(x, y, 3), f(x, y, 3))
+    (entry,) = hook.cache_entries(f.__code__)
+    shapes = entry.guard_set.shapes
+    assert shapes.call is not shapes.fn
+    assert "__k_bind" in shapes.call.__code__.co_names
+
+    def agree(*args) -> bool:
+        native = shapes.call(*args) is None
+        python = shapes.fn(*args) is None
+        assert native == python, args
+        return native
+
+    assert agree(torch.randn(3, 9, 7), torch.randn(3, 7, 9))
+    assert not agree(x.double(), y)  # dtype
+    assert not agree(x.requires_grad_(), y)  # requires_grad
+    x.requires_grad_(False)
+    assert not agree(x[None], y)  # rank
+    assert not agree(torch.randn(4, 6, 5), torch.randn(4, 5, 7))  # shared symbol differs
+    assert not agree(torch.randn(4, 5, 6).transpose(1, 2), y)  # layout
+    assert not agree(torch.randn(4, 6, 5)[:, :, :3].contiguous(), y)  # 3 against y
+    assert not agree(torch.randn(4, 2, 5), torch.randn(4, 5, 2))  # s >= 2 holds; 2 > 3 fails
+    assert not agree(torch.randn(4, 1, 5), torch.randn(4, 5, 1))  # a size-1 dimension

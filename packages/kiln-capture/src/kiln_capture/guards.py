@@ -62,6 +62,7 @@ TensorGuards = (
     if _tensor_guards is not None and _tensor_guards.built_for_torch == torch.__version__
     else None
 )
+ShapeBinder = getattr(_tensor_guards, "ShapeBinder", None) if TensorGuards else None
 
 CONST_TYPES = (int, float, bool, str, bytes, type(None), complex)
 
@@ -278,7 +279,7 @@ class GuardSet:
             "__k_tensors": self.native.check if self.native is not None else None,
             "__k_attrs": CHECK_ATTRS,
             "__k_same_literal": same_literal,
-            "__k_shapes": self.shapes.fn if self.shapes is not None else None,
+            "__k_shapes": self.shapes.call if self.shapes is not None else None,
         }
         exec(compile(src, "<kiln guard>", "exec"), ns)
         fn = ns["__guard"]

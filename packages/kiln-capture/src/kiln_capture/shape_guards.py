@@ -17,7 +17,8 @@ the entry's guard function (so every other guard, the inputs' types included, pa
 
 The function returns None when everything holds, else the number of the first check
 that failed; ``first_failure`` turns that into text naming the check, its source line
-and the symbols' values. Building the function checks it on the example inputs: a guard
+and the symbols' values. Cache hits call a faster form (``_native``): steps 1-4 and the
+guards that equate two symbols in one native call, the remaining guards in Python. Building the function checks it on the example inputs: a guard
 that rejects its own example would recompile forever, so it is a capture bug.
 """
 
@@ -54,7 +55,8 @@ class ShapeGuards:
         default_factory=list
     )  # (source, symbol, example)
     checks: list[str] = field(default_factory=list)  # what check i is, as text
-    fn: types.FunctionType | None = None
+    fn: types.FunctionType | None = None  # the generated check (first_failure reads it)
+    call: types.FunctionType | None = None  # what cache hits call: _native's, else fn
     _source: str = ""
     _consts: list[object] = field(default_factory=list)  # the entry's GuardSet.consts
 
@@ -152,16 +154,99 @@ class ShapeGuards:
         self._source = f"def __shapes({params}):\n{body}    return None\n"
         self._consts = consts
         self.fn = self._compile("return {}")
+        self.call, passed = self._native(params) or (self.fn, "is None")
         examples = [t.example for t in self.tensors] + [v for _, _, v in self.ints]
         for t in self.tensors:
             t.example = None  # the cache entry must not keep the example alive
         failed = self.fn(*examples)
-        if failed is not None:
+        if failed is not None or (self.call(*examples) is None) != (passed == "is None"):
             raise RuntimeError(
-                f"kiln: the shape guards reject their own example: {self.checks[failed]}\n"
-                + self._source
+                "kiln: the shape guards reject their own example: "
+                f"{self.checks[failed] if failed is not None else 'native check'}\n" + self._source
             )
-        return f"__k_shapes({', '.join(self.exprs())}) is None"
+        return f"__k_shapes({', '.join(self.exprs())}) {passed}"
+
+    def _native(self, params: str) -> Any:
+        """The hot-path check: a native ``ShapeBinder`` (tensor_guards.cpp) does steps 1-4
+        of the design note, and the trace's guards that equate two symbols by sharing one
+        slot; the other guards run in Python over the values it returns. Returns what
+        cache hits call and the condition on its result, or None (the generated function
+        serves) without the extension or for strides that are not dense products of sizes."""
+        from kiln_capture.guards import ShapeBinder
+
+        if ShapeBinder is None:
+            return None
+        import sympy
+        from kiln_shapes import python_expr
+
+        # symbols a guard equates share a slot (union-find over ``s_a == s_b`` guards)
+        rep: dict[Any, Any] = {}
+
+        def find(s: Any) -> Any:
+            while rep.get(s, s) is not s:
+                s = rep[s]
+            return s
+
+        rest = []
+        for g in self.env.guards:
+            e = g.expr
+            if isinstance(e, sympy.Eq) and e.lhs.is_Symbol and e.rhs.is_Symbol:
+                a, b = find(e.lhs), find(e.rhs)
+                if a is not b:
+                    rep[b] = a
+                continue
+            rest.append(g)
+        slots: dict[Any, int] = {}  # class representative -> slot, in binding order
+
+        def dim(s: Any) -> tuple[int, int, bool] | None:
+            if s.is_Integer:
+                return int(s), -1, False
+            if not s.is_Symbol:
+                return None
+            r = find(s)
+            first = r not in slots
+            return 0, slots.setdefault(r, len(slots)), first
+
+        specs = []
+        for t in self.tensors:
+            sizes = [dim(s) for s in t.size]
+            strides = _dense_strides(t)
+            if None in sizes or strides is None:
+                return None
+            specs.append((t.example, sizes, strides))
+        ints = [dim(s) for _, s, _ in self.ints]
+        symbols = set(self.env.symbols)
+        if None in ints or any(d[1] < 0 for d in ints) or {find(s) for s in symbols} - set(slots):
+            return None
+        binder = ShapeBinder(len(slots))
+        for example, sizes, strides in specs:
+            binder.add_tensor(example, sizes, strides)
+        for _, slot, first in ints:
+            binder.add_int(slot, first)
+        ranges: dict[int, tuple[float, float]] = {}
+        for s, info in self.env.symbols.items():
+            lo, hi = ranges.get(slots[find(s)], (0, math.inf))
+            ranges[slots[find(s)]] = (max(lo, info.lo), min(hi, info.hi))
+        for slot, (lo, hi) in ranges.items():
+            binder.set_range(slot, int(lo), -1 if hi == math.inf else int(hi))
+        if not rest:
+            return binder.bind, "is not None"
+        # every symbol a remaining guard reads, from its class's slot
+        read = sorted({s for g in rest for s in g.expr.free_symbols}, key=str)
+        lines = [f"__v = __k_bind({params})", "if __v is None: return -1"]
+        lines += [f"{s} = __v[{slots[find(s)]}]" for s in read]
+        first = len(self.checks) - len(self.env.guards)  # the trace's guards' check numbers
+        lines += [
+            f"if not ({python_expr(g.expr)}): return {first + self.env.guards.index(g)}"
+            for g in rest
+        ]
+        src = f"def __shapes({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
+        src += "    return None\n"
+        ns = {**_namespace(self._consts), "__k_bind": binder.bind}
+        exec(compile(src, "<kiln shape guard>", "exec"), ns)
+        fn = ns["__shapes"]
+        fn.__kiln_source__ = src
+        return fn, "is None"
 
     def _compile(self, fail: str) -> types.FunctionType:
         """The generated function, each ``FAIL(i)`` written as ``fail.format(i)``."""
@@ -200,6 +285,28 @@ class ShapeGuards:
         symbols = [info.describe() for info in self.env.symbols.values()]
         symbols += [f"{a} -> {b} (by a guard)" for a, b in self.env.replacements.items()]
         return symbols, [str(g) for g in self.env.guards]
+
+
+def _dense_strides(t: SymbolicTensor) -> list[list[int] | None] | None:
+    """Per dimension, the dimensions whose sizes multiply to its stride (dense in the
+    example's order; None for size-1 dimensions, never checked), or None when a stride is
+    something else."""
+    import sympy
+
+    ex = t.example
+    if ex is None:
+        return None
+    kept = [d for d, n in enumerate(t.size) if n != 1]
+    out: list[list[int] | None] = [None] * len(t.size)
+    for d in kept:
+        inner = [e for e in kept if ex.stride(e) < ex.stride(d)]
+        if any(ex.stride(e) == ex.stride(d) for e in kept if e != d):
+            return None
+        want = sympy.Mul(*[t.size[e] for e in inner])
+        if sympy.expand(want - t.stride[d]) != 0:
+            return None
+        out[d] = inner
+    return out
 
 
 __all__ = ["ShapeGuards"]

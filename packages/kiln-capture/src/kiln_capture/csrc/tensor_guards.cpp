@@ -10,7 +10,11 @@
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <optional>
+#include <tuple>
 #include <vector>
+
+#include <pybind11/stl.h>
 
 namespace py = pybind11;
 
@@ -72,6 +76,109 @@ class TensorGuards {
   std::vector<Spec> specs_;
 };
 
+// The shape guard of inputs with symbolic sizes (shape_guards.py) in one native call:
+// each tensor's dtype, device, requires_grad and number of dimensions; its sizes bound
+// to symbol slots (the first source of a symbol binds it, later ones compare) or equal to
+// a constant; its strides dense like the example's (each the product of the sizes of the
+// dimensions inside it; size-1 dimensions ignored); int inputs bound like sizes; each
+// slot in its range. Returns the slots' values, or None when a check fails; guards on
+// relations between symbols stay in Python, over the returned values.
+struct SymDim {
+  int64_t value;  // the constant size (slot < 0)
+  int slot;
+  bool bind;  // the first source of the slot's symbol
+};
+
+struct SymSpec {
+  at::ScalarType dtype;
+  c10::Device device;
+  bool requires_grad;
+  std::vector<SymDim> sizes;
+  std::vector<std::vector<int>> strides;  // per dim: the dims whose sizes multiply to it
+  std::vector<bool> stride_checked;       // false for size-1 dims
+};
+
+class ShapeBinder {
+ public:
+  explicit ShapeBinder(int slots) : lo_(slots, 0), hi_(slots, -1) {}
+
+  void add_tensor(const py::handle& example, const std::vector<std::tuple<int64_t, int, bool>>& sizes,
+                  const std::vector<std::optional<std::vector<int>>>& strides) {
+    if (!THPVariable_Check(example.ptr())) throw py::type_error("ShapeBinder takes a tensor");
+    const at::Tensor& t = THPVariable_Unpack(example.ptr());
+    SymSpec spec{t.scalar_type(), t.device(), t.requires_grad(), {}, {}, {}};
+    for (const auto& [value, slot, bind] : sizes) spec.sizes.push_back(SymDim{value, slot, bind});
+    for (const auto& st : strides) {
+      spec.stride_checked.push_back(st.has_value());
+      spec.strides.push_back(st.value_or(std::vector<int>{}));
+    }
+    order_.push_back(specs_.size());
+    specs_.push_back(std::move(spec));
+  }
+
+  void add_int(int slot, bool bind) {
+    order_.push_back(-1 - static_cast<int64_t>(ints_.size()));
+    ints_.push_back(SymDim{0, slot, bind});
+  }
+
+  void set_range(int slot, int64_t lo, int64_t hi) {
+    lo_.at(slot) = lo;
+    hi_.at(slot) = hi;
+  }
+
+  py::object bind(const py::args& args) const {
+    if (args.size() != order_.size()) return py::none();
+    std::vector<int64_t> v(lo_.size(), 0);
+    for (size_t i = 0; i < order_.size(); i++) {
+      PyObject* obj = PyTuple_GET_ITEM(args.ptr(), i);
+      if (order_[i] < 0) {
+        const SymDim& d = ints_[-1 - order_[i]];
+        if (!PyLong_CheckExact(obj)) return py::none();
+        int overflow = 0;
+        int64_t x = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (overflow) return py::none();
+        if (!take(d, x, v)) return py::none();
+        continue;
+      }
+      const SymSpec& s = specs_[order_[i]];
+      if (!THPVariable_Check(obj)) return py::none();
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      if (t.scalar_type() != s.dtype || t.device() != s.device ||
+          t.requires_grad() != s.requires_grad || t.dim() != static_cast<int64_t>(s.sizes.size()))
+        return py::none();
+      c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
+      for (size_t d = 0; d < s.sizes.size(); d++)
+        if (!take(s.sizes[d], sizes[d], v)) return py::none();
+      for (size_t d = 0; d < s.strides.size(); d++) {
+        if (!s.stride_checked[d]) continue;
+        int64_t want = 1;
+        for (int e : s.strides[d]) want *= sizes[e];
+        if (strides[d] != want) return py::none();
+      }
+    }
+    for (size_t k = 0; k < v.size(); k++)
+      if (v[k] < lo_[k] || (hi_[k] >= 0 && v[k] > hi_[k])) return py::none();
+    py::tuple out(v.size());
+    for (size_t k = 0; k < v.size(); k++) out[k] = py::int_(v[k]);
+    return std::move(out);
+  }
+
+ private:
+  static bool take(const SymDim& d, int64_t x, std::vector<int64_t>& v) {
+    if (d.slot < 0) return x == d.value;
+    if (d.bind) {
+      v[d.slot] = x;
+      return true;
+    }
+    return v[d.slot] == x;
+  }
+
+  std::vector<SymSpec> specs_;
+  std::vector<SymDim> ints_;
+  std::vector<int64_t> order_;  // >= 0: a tensor spec; < 0: int spec -1 - k
+  std::vector<int64_t> lo_, hi_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_tensor_guards, m) {
@@ -89,4 +196,14 @@ PYBIND11_MODULE(_tensor_guards, m) {
       .def("first_mismatch", &TensorGuards::first_mismatch,
            "first_mismatch(*tensors) -> index of the first tensor that fails, or -1")
       .def("__len__", &TensorGuards::size);
+  py::class_<ShapeBinder>(m, "ShapeBinder")
+      .def(py::init<int>(), py::arg("slots"))
+      .def("add_tensor", &ShapeBinder::add_tensor, py::arg("example"), py::arg("sizes"),
+           py::arg("strides"),
+           "sizes: (value, slot, bind) per dim (slot -1: the constant value); strides: per "
+           "dim the dims whose sizes multiply to it, or None (not checked)")
+      .def("add_int", &ShapeBinder::add_int, py::arg("slot"), py::arg("bind"))
+      .def("set_range", &ShapeBinder::set_range, py::arg("slot"), py::arg("lo"), py::arg("hi"),
+           "hi < 0: no upper bound")
+      .def("bind", &ShapeBinder::bind, "bind(*inputs) -> the slots' values, or None");
 }
