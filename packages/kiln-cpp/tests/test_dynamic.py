@@ -79,6 +79,24 @@ def test_reductions_over_a_prime_length_vectorize_with_a_tail():
     )
 
 
+def test_values_shared_between_loops_of_symbolic_rows_live_in_scratch_rows_that_fit(
+    tmp_path, monkeypatch
+):
+    """softmax's exp, computed by its sum loop and reused by its normalizing loop: a
+    symbolic row keeps it in a stack array when the row fits, else recomputes it; one
+    kernel has both versions and picks per call."""
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+
+    def fn(x):
+        return x.softmax(-1) * 2
+
+    sizes = [(3, 5), (2, 9), (2, 20000 // 37), (3, 17000 // 37)]  # rows of 185..20000
+    _check_sizes(fn, lambda b, t: (torch.randn(b, t * 37),), [[0, 1]], sizes=sizes)
+    (src,) = [p.read_text() for p in tmp_path.rglob("kernel*.cpp")]
+    assert "static int64_t kernel_rows(" in src and "static int64_t kernel_recompute(" in src
+    assert "scr0[" in src and ") * 8 <= 131072) return kernel_rows(" in src
+
+
 def test_training_step_gradients_at_every_size():
     class Block(torch.nn.Module):
         def __init__(self):

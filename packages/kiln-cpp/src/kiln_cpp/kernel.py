@@ -284,7 +284,9 @@ class CppKernel:
             cls=self.block_class[k],
             loop_names=frozenset(v.name for v in loop_vars),
             flat=print_index(flat),
-            scratch_ok=bool(n.is_number) and int(n) * 8 <= MAX_SCRATCH_BYTES,
+            # a symbolic extent too: its kernel runs the scratch version only for rows that
+            # fit (generate_cpp_kernel)
+            scratch_ok=not n.is_number or int(n) * 8 <= MAX_SCRATCH_BYTES,
         )
         try:
             body()
@@ -297,9 +299,20 @@ class CppKernel:
             dtype = self.sharing.wanted[key][2]
             b = self.group.blocks[block]
             n = product((*b.inner, *b.rranges))
-            self.emit(f"alignas(64) {ctype(dtype)} {array}[{print_index(n)}];")
+            align = "alignas(64) " if n.is_number else ""  # (a variable-length array)
+            self.emit(f"{align}{ctype(dtype)} {array}[{print_index(n)}];")
         for row in self.streamed.values():
             self.emit(f"alignas(64) float {row.array}[{print_index(row.length)}];")
+
+    def symbolic_scratch_rows(self) -> list[Any]:
+        """The symbolic lengths of this kernel's scratch arrays."""
+        out = []
+        for _, block in self.sharing.arrays.values():
+            b = self.group.blocks[block]
+            n = product((*b.inner, *b.rranges))
+            if not n.is_number and n not in out:
+                out.append(n)
+        return out
 
     def prefetch_next_rows(self) -> None:
         """Prefetch the rows the next outer iteration reads (see prefetch.py)."""
@@ -718,5 +731,26 @@ def generate_cpp_kernel(
     if not first.sharing.wanted:
         return source, first.h.checks, first.size_args
     second = CppKernel(group, buffers, RowSharing.from_pass(first.sharing))
-    source = second.generate()
-    return source, second.h.checks, second.size_args
+    shared = second.generate()
+    rows = second.symbolic_scratch_rows()
+    if not rows:
+        return shared, second.h.checks, second.size_args
+    # Scratch rows of a symbolic length live on each thread's stack: the kernel runs the
+    # version that keeps them for rows that fit (MAX_SCRATCH_BYTES), else the first pass's
+    # version, which recomputes the values instead.
+    if first.size_args != second.size_args or len(first.h.checks) != len(second.h.checks):
+        return source, first.h.checks, first.size_args
+    fits = " && ".join(f"({print_index(n)}) * 8 <= {MAX_SCRATCH_BYTES}" for n in rows)
+    head = 'extern "C" int64_t kernel('
+    prelude, plain = source.split(head, 1)
+    _, with_rows = shared.split(head, 1)
+    params = plain.split(")", 1)[0]
+    args = ", ".join(p.rsplit(" ", 1)[-1] for p in params.split(", "))
+    combined = (
+        f"{prelude}static int64_t kernel_rows({with_rows}\n"
+        f"static int64_t kernel_recompute({plain}\n"
+        f"{head}{params})\n{{\n"
+        f"  if ({fits}) return kernel_rows({args});\n"
+        f"  return kernel_recompute({args});\n}}\n"
+    )
+    return combined, second.h.checks, second.size_args
