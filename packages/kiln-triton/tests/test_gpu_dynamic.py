@@ -68,6 +68,10 @@ def test_dynamic_sizes_one_compilation_and_direct_launches(dtype, monkeypatch):
     assert sized
     # sizes seen again launched directly (one direct launch per bucket and specialization)
     assert all(any(b.directs for b in ln._buckets.values()) for ln in sized)
+    # and through kiln_triton._launch, the sizes after the tensors (the sizes seen again
+    # above were checked against eager on that path)
+    directs = [d for ln in sized for b in ln._buckets.values() for d in b.directs.values() if d]
+    assert any(d.c_shape is not None for d in directs)
     # rows of symbolic length t (softmax and sum over dim 1): the module's persistent
     # kernel up to its limit (t = 5, 17, 128, 1021), the looped one past it (t = 9001)
     variants = {(b, e.fn is ln.persistent) for ln in sized for b, e in ln._buckets.items()}

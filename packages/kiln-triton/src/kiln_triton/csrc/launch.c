@@ -6,7 +6,10 @@
  * more on that than on the kernels. kiln's kernels take only tensors (every size is baked
  * into the code), so a launch is: each tensor's data_ptr(), NULL for the pointers Triton
  * appends (global and profile scratch, used only when their size is non-zero, which the
- * caller checks), and cuLaunchKernel.
+ * caller checks), and cuLaunchKernel. A kernel with symbolic sizes takes them as ints
+ * after its tensors (`launch`'s optional last argument): each is written as a 64-bit slot,
+ * which a 32-bit parameter reads as its low half (little-endian hosts; Triton compiles
+ * another binary, with 64-bit parameters, for values that do not fit 32 bits).
  *
  * libcuda is opened on first use, so the module imports (and is tested) on machines
  * without a GPU.
@@ -55,8 +58,9 @@ static int as_u64(PyObject *o, unsigned long long *out) {
 static int launch_tensors(unsigned long long function, const unsigned long long grid[3],
                           unsigned long long threads, unsigned long long shared, void *stream,
                           Py_ssize_t hidden, PyObject *const *tensors, Py_ssize_t n,
-                          PyObject *aligned) {
-    if (n + hidden > MAX_PARAMS) {
+                          PyObject *aligned, PyObject *sizes) {
+    Py_ssize_t nsizes = sizes != NULL ? PyTuple_GET_SIZE(sizes) : 0;
+    if (n + nsizes + hidden > MAX_PARAMS) {
         PyErr_SetString(PyExc_ValueError, "launch(): too many kernel parameters");
         return -1;
     }
@@ -81,8 +85,14 @@ static int launch_tensors(unsigned long long function, const unsigned long long 
         }
         if (slots[i] & 15) return 0; /* Triton's path specializes for it */
     }
+    for (Py_ssize_t k = 0; k < nsizes; k++) {
+        long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, k));
+        if (v == -1 && PyErr_Occurred()) return -1;
+        slots[n + k] = (uint64_t)v;
+        params[n + k] = &slots[n + k];
+    }
     if (load_driver() < 0) return -1;
-    for (Py_ssize_t i = n; i < n + hidden; i++) {
+    for (Py_ssize_t i = n + nsizes; i < n + nsizes + hidden; i++) {
         slots[i] = 0;
         params[i] = &slots[i];
     }
@@ -100,12 +110,17 @@ static int launch_tensors(unsigned long long function, const unsigned long long 
 }
 
 /* launch(function, grid_x, grid_y, grid_z, threads, shared_bytes, stream, hidden, tensors,
- *        aligned) -> bool: False, with nothing launched, when a tensor at one of the
- * positions in `aligned` is not 16-byte aligned */
+ *        aligned[, sizes]) -> bool: False, with nothing launched, when a tensor at one of
+ * the positions in `aligned` is not 16-byte aligned; `sizes`: ints after the tensors */
 static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     (void)self;
-    if (argc != 10) {
-        PyErr_SetString(PyExc_TypeError, "launch() takes 10 arguments");
+    if (argc != 10 && argc != 11) {
+        PyErr_SetString(PyExc_TypeError, "launch() takes 10 or 11 arguments");
+        return NULL;
+    }
+    PyObject *sizes = argc == 11 ? argv[10] : NULL;
+    if (sizes != NULL && !PyTuple_Check(sizes)) {
+        PyErr_SetString(PyExc_TypeError, "launch(): sizes is a tuple of ints");
         return NULL;
     }
     unsigned long long v[8];
@@ -117,7 +132,8 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
         return NULL;
     }
     int r = launch_tensors(v[0], &v[1], v[4], v[5], (void *)(uintptr_t)v[6], (Py_ssize_t)v[7],
-                           &PyTuple_GET_ITEM(argv[8], 0), PyTuple_GET_SIZE(argv[8]), argv[9]);
+                           &PyTuple_GET_ITEM(argv[8], 0), PyTuple_GET_SIZE(argv[8]), argv[9],
+                           sizes);
     if (r < 0) return NULL;
     return PyBool_FromLong(r);
 }
@@ -183,7 +199,7 @@ static PyObject *launcher_call(PyObject *obj, PyObject *const *args, size_t narg
     Py_DECREF(stream);
     if (bad < 0) return NULL;
     int r = launch_tensors(self->function, self->grid, self->threads, self->shared,
-                           (void *)(uintptr_t)s, self->hidden, args, n, self->aligned);
+                           (void *)(uintptr_t)s, self->hidden, args, n, self->aligned, NULL);
     if (r < 0 && PyErr_ExceptionMatches(PyExc_RuntimeError)) {
         /* the launch failed (no driver, no current context on this thread...): the
          * fallback's path reports it and stops using this launcher */

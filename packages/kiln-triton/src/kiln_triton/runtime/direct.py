@@ -22,8 +22,10 @@ the assumption once, on the first call's arguments.
 
 A kernel with symbolic sizes takes them as ints after its tensors (``nsizes``): its grid
 comes with each call, and the caller keeps one DirectLaunch per Triton specialization of
-the sizes (``runtime/buckets.py``), since each is a binary of its own. Such kernels use
-Triton's launcher, not ``kiln_triton._launch`` (which passes tensors only).
+the sizes (``runtime/buckets.py``), since each is a binary of its own. Such kernels launch
+through ``kiln_triton._launch`` too, the sizes after the tensors, when the binary's PTX
+has one parameter per tensor and size (a size Triton specialized away, a 1, has none:
+Triton's launcher runs those).
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ class DirectLaunch:
             tail = [kwargs[n] for n in rest]
             aligned = alignment(tensors, positions)
             direct = cls(kernel, grid, tail, aligned, positions, ntensors if nsizes else None)
-            if read_triton_config().c_launch and not nsizes:
+            if read_triton_config().c_launch:
                 direct.c_shape = c_launch_shape(kernel, len(args))
             return direct
         except AttributeError as e:  # a Triton whose CompiledKernel looks otherwise
@@ -234,6 +236,19 @@ class DirectLaunch:
     def _sized(self, args: Sequence[Any], grid: tuple[int, ...]) -> bool:
         """A launch of a kernel with size arguments, on this call's grid."""
         tensors = args[: self.ntensors]
+        shape = self.c_shape
+        if shape is not None and self.tail is not None and not _hooked():
+            threads, shared, hidden = shape
+            try:
+                # checks the alignment the kernel assumes while reading the pointers
+                return _c_launch.launch(  # type: ignore[union-attr]
+                    self.function, grid[0], grid[1], grid[2], threads, shared,
+                    self.get_stream(self.device), hidden, tuple(tensors), self.must_align,
+                    tuple(args[self.ntensors :]),
+                )  # fmt: skip
+            except (RuntimeError, TypeError, OverflowError, IndexError) as e:
+                log.log("kernels", f"C launch failed ({e}); using Triton's launcher")
+                self.c_shape = None
         if self.checked != () and alignment(tensors, self.checked) != self.aligned:
             return False
         if _hooked():
