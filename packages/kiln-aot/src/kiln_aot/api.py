@@ -239,8 +239,9 @@ def guarded_call(
                 return checked(*args)
         if mutates and _inputs_share_storage(args):
             return checked(*args)
-        return plan(args)
+        return run(args)
 
+    run = plan.guarded if isinstance(plan, InferencePlan) else plan
     return call
 
 

@@ -74,6 +74,7 @@ _INTERNAL = (
     "/kiln_aot/",
     "/kiln_capture/",
     "/kiln_inductor/",
+    "/kiln_shapes/",
     "/kiln_cpp/",
     "/kiln_triton/",
     "/kiln/",

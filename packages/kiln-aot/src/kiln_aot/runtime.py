@@ -95,9 +95,18 @@ class InferencePlan:
 
     def __post_init__(self) -> None:
         self.plain = returns_graph_outputs(self.info)  # read on every call
+        # the compiled graph's call for inputs the caller has guarded, where it has one
+        self._guarded = getattr(self.compiled, "kiln_guarded_call", self.compiled)
 
     def __call__(self, flat_args: Sequence[Any]) -> Any:
-        outs = _as_tuple(self.compiled(*flat_args))
+        return self._finish(flat_args, _as_tuple(self.compiled(*flat_args)))
+
+    def guarded(self, flat_args: Sequence[Any]) -> Any:
+        """``self(flat_args)`` for inputs matching the plan's examples in dtype, device,
+        sizes and strides (api.guarded_call's callers check them)."""
+        return self._finish(flat_args, _as_tuple(self._guarded(*flat_args)))
+
+    def _finish(self, flat_args: Sequence[Any], outs: tuple) -> Any:
         if self.plain:
             return outs if len(outs) == self.num_user else outs[: self.num_user]
         return finish(self.info, flat_args, outs[: self.num_user], outs[self.num_user :])

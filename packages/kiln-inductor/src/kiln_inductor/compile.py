@@ -62,6 +62,12 @@ class CompiledGraph:
                 args = self._restride(args, i, self._layouts[i])
         return self._call(args)
 
+    def kiln_guarded_call(self, *args: Any) -> tuple:
+        """The call for inputs whose dtype, device, sizes and strides the caller has
+        checked against the graph's (kiln-aot's protocol; kiln-capture's guards do):
+        no layout check of the inputs."""
+        return self._call(args, False)
+
     @staticmethod
     def _restride(args: tuple, i: int, want: tuple[tuple[int, ...], tuple[int, ...]]) -> tuple:
         x = args[i]
