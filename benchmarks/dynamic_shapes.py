@@ -146,6 +146,8 @@ def worker(name: str, device: str, scale: int, samples: int, calls: int) -> dict
     for fn in timed.values():  # warm-up (the static one compiles here)
         for _ in range(3):
             call(fn, args)
+    graphs, breaks = _graphs("kiln static")
+    out["kiln static"] = {"graphs": graphs, "breaks_fallbacks": breaks}
     if calls <= 0:  # enough calls for a sample of about 50 ms (µs-scale calls are noisy)
         t0 = time.perf_counter()
         call(timed["kiln static"], args)
@@ -206,7 +208,8 @@ def main() -> None:
                "--scale", str(a.scale), "--samples", str(a.samples), "--calls", str(a.calls)]  # fmt: skip
         rows.append({"program": name, **run_worker(cmd, a.timeout)})
         path.write_text(json.dumps({"commit": commit(), "scale": a.scale, "rows": rows}, indent=1))
-    head = (f"{'program':20} {'graphs kiln dyn/def':>19} {'torch dyn/def':>13} {'ok':>3} {'size':>5} "
+    head = (f"{'program':20} {'graphs kiln dyn/def':>19} {'brk+fb d/d/s':>12} {'torch dyn/def':>13} "
+            f"{'ok':>3} {'size':>5} "
             f"{'eager ms':>9} {'kiln dyn ms':>11} {'spread':>13} {'kiln static':>11} "
             f"{'torch dyn':>9} {'dyn/static':>10}")  # fmt: skip
     print("\n" + head)
@@ -219,9 +222,15 @@ def main() -> None:
         sp = "{:.3f}-{:.3f}".format(*r["spread"]["kiln dynamic"])
         kg = f"{r['kiln dynamic']['graphs']}/{r['kiln default']['graphs']}"
         tg = f"{r['torch dynamic']['graphs']}/{r['torch default']['graphs']}"
+        # graph breaks plus graphs that fell back to eager: a row with any is not compiled
+        bf = "/".join(
+            str(r.get(v, {}).get("breaks_fallbacks", "-"))
+            for v in ("kiln dynamic", "kiln default", "kiln static")
+        )
         ms = r["ms"]
         print(
-            f"{r['program']:20} {kg:>19} {tg:>13} {'yes' if ok else 'NO':>3} {r['largest']:>5} "
+            f"{r['program']:20} {kg:>19} {bf:>12} {tg:>13} {'yes' if ok else 'NO':>3} "
+            f"{r['largest']:>5} "
             f"{ms['eager']:9.3f} {ms['kiln dynamic']:11.3f} {sp:>13} {ms['kiln static']:11.3f} "
             f"{ms['torch dynamic']:9.3f} {r['dyn_over_static']:9.2f}x"
         )

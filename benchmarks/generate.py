@@ -209,7 +209,8 @@ def main() -> None:
                 r["compile_s"] = r["first_round_s"] - base["first_round_s"]
             rows.append(r)
             path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"\n{'model':8} {'compiler':14} {'graphs':>6} {'breaks':>6} {'tokens==eager':>13} "
+    print(f"\n{'model':8} {'compiler':14} {'graphs':>6} {'breaks':>6} {'fallbacks':>9} "
+          f"{'tokens==eager':>13} "
           f"{'ms/token':>9} {'spread':>15} {'vs eager':>8} {'compile s':>9}")  # fmt: skip
     for r in rows:
         if "error" in r:
@@ -218,7 +219,8 @@ def main() -> None:
         spread = "{:.2f}-{:.2f}".format(*r["ms_per_token_spread"])
         print(
             f"{r['model']:8} {r['variant']:14} {r.get('after_graphs', '-')!s:>6} "
-            f"{r.get('after_breaks', '-')!s:>6} {r['tokens_equal_eager']!s:>13} "
+            f"{r.get('after_breaks', '-')!s:>6} {r.get('after_fallbacks', '-')!s:>9} "
+            f"{r['tokens_equal_eager']!s:>13} "
             f"{r['ms_per_token']:9.2f} {spread:>15} {r.get('speedup_vs_eager', 1):8.2f}x "
             f"{r.get('compile_s', 0):9.1f}"
         )

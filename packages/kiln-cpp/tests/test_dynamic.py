@@ -6,6 +6,8 @@ symbolic sizes of a ``kiln_shapes.ShapeEnv``; the example inputs are real tensor
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.fx
@@ -142,3 +144,24 @@ def test_graphs_from_torch_capture_with_dynamic_sizes_compile_per_size():
     for n in (5, 9, 17):
         x, y = torch.randn(3, n), torch.randn(3, n)
         torch.testing.assert_close(compiled(x, y), fn(x, y))
+
+
+def test_memory_efficient_attention_bias_of_symbolic_length_is_padded():
+    """CUDA's memory-efficient attention reads its bias in 16-element rows: a bias of
+    symbolic length computed in the graph is realized with rows rounded up at call time
+    (the lowering compared symbolic strides and failed, so HF GPT-2 ran eagerly on the
+    H200). Compiled here, not run: the CPU has no kernel for the op."""
+    aten = torch.ops.aten
+
+    def fn(q, k, v, m):
+        bias = (m[:, None, :, None] * m[:, None, None, :]).expand(-1, 4, -1, -1)
+        return (aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)[0] * 2,)
+
+    t = 7
+    ins = [torch.randn(2, 4, t, 16) for _ in range(3)] + [torch.randn(2, t)]
+    gm, _ = symbolic_graph(fn, ins, [[2], [2], [2], [1]])
+    counting = Counting()
+    kiln_inductor.compile_fx(gm, ins, compile_graph=counting)
+    (graph,) = counting.graphs
+    # the bias's rows: 16 * ceil(t / 16) elements
+    assert re.search(r"16\*\(\(s\d+ \+ 15\) // 16\), 1\)", graph.wrapper_source)

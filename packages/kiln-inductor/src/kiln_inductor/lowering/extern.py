@@ -96,8 +96,9 @@ def _aligned_bias(value: Any, val: Any) -> Any:
     size = list(dense.size)
     if dense.stride[-1] != 1:
         return _in_traced_strides(value, val)
-    order = sorted(
-        range(len(size)), key=lambda d: (dense.stride[d] == 0 or size[d] == 1, dense.stride[d])
+    order = sorted(  # (symbolic strides ordered at the sizes' hints)
+        range(len(size)),
+        key=lambda d: (dense.stride[d] == 0 or size[d] == 1, size_hint(dense.stride[d])),
     )
     strides: list[Any] = [0] * len(size)
     acc: Any = sympy.Integer(1)
