@@ -24,17 +24,45 @@ def _model(name: str):
             num_key_value_heads=2, vocab_size=256,
         )  # fmt: skip
         model = transformers.LlamaForCausalLM(cfg)
-    else:
-        cfg = transformers.Qwen2Config(
+    elif name == "phi":
+        cfg = transformers.PhiConfig(
             num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=256,
+            vocab_size=256,
         )  # fmt: skip
-        model = transformers.Qwen2ForCausalLM(cfg)
+        model = transformers.PhiForCausalLM(cfg)
+    else:  # qwen2, mistral, gemma: LLaMA-like configs
+        config_cls, model_cls = {
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+            "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+        }[name]
+        cfg = config_cls(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=256,
+        )  # fmt: skip
+        model = model_cls(cfg)
     model.generation_config.pad_token_id = 0
     return model.eval()
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
+_INT_ATTRIBUTES = (
+    "Mistral's sliding-window cache layer keeps its length as a Python int attribute "
+    "(cumulative_length) that grows every step: kiln specializes ints held in objects, so "
+    "each step recompiles until the cache limit (torch.compile makes such ints symbolic)"
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt2",
+        "llama",
+        "qwen2",
+        pytest.param("mistral", marks=pytest.mark.xfail(strict=True, reason=_INT_ATTRIBUTES)),
+        "gemma",
+        "phi",
+    ],
+)
 def test_generate_matches_eager_with_few_graphs(name):
     eager, model = _model(name), _model(name)
     kiln.reset()
