@@ -10,7 +10,9 @@ Prefetching the next outer iteration's row at the start of each iteration overla
 A load is prefetched when its index is, for each outer iteration, a contiguous range of the
 block's loop variables starting at an offset that moves with the innermost outer loop,
 spanning ``MIN_ROW_BYTES`` to ``MAX_ROW_BYTES``, of an input large enough not to be
-resident in L2 anyway.
+resident in L2 anyway. A row or input of symbolic size is prefetched whatever its size
+(its hint is the first call's, often a small one): the prefetch loop costs one instruction
+per cache line, capped at ``MAX_ROW_BYTES`` a row.
 """
 
 from __future__ import annotations
@@ -49,11 +51,11 @@ def plan_row_prefetch(group: FusedGroup, buffers: dict[str, Buffer]) -> list[Pre
         loop_vars = [*block.vars, *block.rvars]
         extents = [*block.inner, *block.rranges]
         n = product(extents)
-        if not loop_vars or not n.is_number:
+        if not loop_vars:
             continue
         for node in block.nodes:
             for name, index in group.bound[node.name][3]:
-                row = _row(name, index, loop_vars, extents, int(n), last_outer, buffers)
+                row = _row(name, index, loop_vars, extents, n, last_outer, buffers)
                 if row is None or name not in inputs:
                     continue
                 key = (name, str(row.next_base))
@@ -68,7 +70,7 @@ def _row(
     index: Expr,
     loop_vars: list[sympy.Symbol],
     extents: list[Expr],
-    n: int,
+    n: Expr,
     last_outer: sympy.Symbol,
     buffers: dict[str, Buffer],
 ) -> PrefetchedRow | None:
@@ -77,9 +79,9 @@ def _row(
         return None
     layout = buf.layout
     itemsize = layout.dtype.itemsize
-    if not layout.numel.is_number or int(layout.numel) * itemsize < MIN_INPUT_BYTES:
+    if layout.numel.is_number and int(layout.numel) * itemsize < MIN_INPUT_BYTES:
         return None
-    if not MIN_ROW_BYTES <= n * itemsize <= MAX_ROW_BYTES:
+    if n.is_number and not MIN_ROW_BYTES <= int(n) * itemsize <= MAX_ROW_BYTES:
         return None
     co = coefficients(index, loop_vars)
     if co is None:
@@ -94,6 +96,6 @@ def _row(
     return PrefetchedRow(
         name,
         sympy.expand(base.xreplace({last_outer: last_outer + 1})),
-        sympy.Integer(n),
+        n if n.is_number else sympy.Min(n, MAX_ROW_BYTES // itemsize),
         max(1, LINE_BYTES // itemsize),
     )
