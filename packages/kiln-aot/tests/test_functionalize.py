@@ -119,10 +119,33 @@ def test_returning_the_mutated_input_is_an_alias_output():
     assert out_info.kind == "alias" and out_info.input_index == 0
 
 
-def test_metadata_mutation_is_unsupported():
+def test_metadata_mutation_of_an_input_is_unsupported():
+    """The caller's tensor would change shape after the call: the graph does not."""
     with pytest.raises(Unsupported) as e:
         trace(lambda x: x.t_(), [torch.randn(2, 3)])
     assert "t_" in str(e.value.op)
+    with pytest.raises(Unsupported):
+        trace(lambda x: x.clone().resize_(6), [torch.randn(2, 3)])
+
+
+def test_inplace_views_of_intermediates_turn_the_tensor_into_the_view():
+    """t_/transpose_/squeeze_/unsqueeze_ on a tensor the graph made: later reads see the
+    view, writes through it reach the storage (and views taken before), the result is
+    returned in the view's shape."""
+
+    def f(x):
+        y = x * 2
+        before = y[0]  # a view taken before the in-place transpose
+        y.t_()
+        y[0] += 1  # a write through the transposed tensor
+        z = x + 1
+        z.unsqueeze_(0).transpose_(1, 2).squeeze_(0)
+        z[:, 1] *= 3
+        return y, before, y.sum(0), z
+
+    gm = _run_and_compare(f, torch.randn(3, 4))
+    ops = _ops(gm)
+    assert "aten.permute.default" in ops and "aten.select_scatter.default" in ops
 
 
 def test_functional_variants():

@@ -11,8 +11,12 @@ aliases of the storage are regenerated from the root when next read (``Tracer.no
 
 Writes to graph inputs are remembered in order of first write: the trace returns each
 mutated input's final value as an extra output, and the runtime wrapper copies it back
-into the input. Ops that change a tensor's metadata in place (``resize_``, ``t_``,
-``as_strided_``, ...) are ``Unsupported``.
+into the input. The in-place view ops (``t_``, ``transpose_``, ``squeeze_``,
+``unsqueeze_``, ``swapdims_``) on a tensor the graph made turn that tensor object into the
+view (its metadata and trace state become the view's): later reads and writes through it
+go through the view. On a graph input they, and the other ops that change a tensor's
+metadata in place (``resize_``, ``set_``, ``as_strided_``), are ``Unsupported``: the
+caller's tensor would have to change shape after the call.
 """
 
 from __future__ import annotations
@@ -51,6 +55,39 @@ METADATA_MUTATIONS = frozenset(
 )
 
 
+# in-place view ops -> the view they make the tensor into
+INPLACE_VIEWS = {
+    aten.t_.default: aten.t.default,
+    aten.transpose_.default: aten.transpose.int,
+    aten.swapdims_.default: aten.transpose.int,
+    aten.swapaxes_.default: aten.transpose.int,
+    aten.squeeze_.default: aten.squeeze.default,
+    aten.squeeze_.dim: aten.squeeze.dim,
+    aten.unsqueeze_.default: aten.unsqueeze.default,
+}
+if hasattr(aten.squeeze_, "dims"):
+    INPLACE_VIEWS[aten.squeeze_.dims] = aten.squeeze.dims
+
+
+def _inplace_view(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``x.t_()`` on a tensor the graph made: ``x`` becomes ``x.t()``; None when ``x`` is
+    a graph input's storage (or not traced), which the caller reports."""
+    x = args[0]
+    st = getattr(x, "trace_state", None)
+    if not isinstance(x, FakeTensor) or st is None or st.storage.input_index is not None:
+        return None
+    if st.storage.root is x:  # the storage keeps its root value under another object
+        st.storage.root = tracer.alias_of(x)
+    view = tracer.dispatch(INPLACE_VIEWS[func], args, kwargs)
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch():
+        torch.Tensor.as_strided_(x, view.shape, view.stride(), view.storage_offset())
+    x.meta = view.meta
+    x.trace_state = view.trace_state
+    return x
+
+
 @functools.cache
 def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The non-mutating overload computing what ``op`` writes: ``add_.Tensor`` ->
@@ -79,6 +116,10 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
 
 
 def functionalize_call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    if func in INPLACE_VIEWS:
+        out = _inplace_view(tracer, func, args, kwargs)
+        if out is not None:
+            return out
     if func in METADATA_MUTATIONS:
         raise tracer.unsupported(
             func,
