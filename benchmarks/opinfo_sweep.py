@@ -38,6 +38,7 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+NOT_COUNTED = ("eager-error", "random")  # statuses of cases no compiler is judged on
 COMPILERS = ("kiln", "kiln-cpp@torch", "kiln-triton@torch", "torch.compile")
 
 
@@ -258,7 +259,7 @@ def run(compiler: str, ops: list[str], samples: int, chunk: int, timeout: int) -
 
 
 def summarize(results: list[dict]) -> dict:
-    counted = [r for r in results if r["status"] not in ("eager-error", "random")]
+    counted = [r for r in results if r["status"] not in NOT_COUNTED]
     by = {s: sum(r["status"] == s for r in counted) for s in ("pass", "wrong", "error", "eager")}
     kinds: dict[str, int] = {}
     for r in counted:
@@ -312,8 +313,11 @@ def main() -> int:
     for c, s in summaries.items():
         rel = ""
         if ref and c != "torch.compile":
+            # over the cases both count (an uninitialized or RNG result, or eager raising,
+            # in either run is not a case)
             ok = {r["case"] for r in all_results[c] if r["status"] == "pass"}
-            rel = f"{len(ok & ref) / len(ref):.1%}"
+            both = ref - {r["case"] for r in all_results[c] if r["status"] in NOT_COUNTED}
+            rel = f"{len(ok & both) / max(len(both), 1):.1%}"
         print(
             f"{c:20} {s['cases']:6d} {s['pass']:6d} {s['rate']:7.1%} {s['wrong']:6d} {s['error']:6d} {s['eager']:6d} {rel:>13}"
         )
