@@ -177,3 +177,27 @@ def test_capture_in_another_thread_while_a_cache_hit_runs():
 
 def double_minus_one(x):
     return x * 2 - 1
+
+
+def test_a_frame_capture_gives_up_on_is_warned_counted_and_explained(monkeypatch):
+    """A frame capture chooses to leave to Python (a SkipFrame: a break it cannot resume,
+    arguments it cannot wrap) warns once with its line, counts in stats()["eager_frames"]
+    and is listed by explain(); its result is eager's."""
+    from kiln_capture import capture
+
+    def give_up(code, func, args, ctx, frame_shapes):
+        return capture.SkipFrame("a reason capture gave")
+
+    monkeypatch.setattr(hook, "compile_frame", give_up)
+
+    def f(x):
+        return x * 2
+
+    kiln_capture.reset()
+    x = torch.randn(3)
+    with pytest.warns(RuntimeWarning, match="runs eagerly: a reason capture gave"):
+        out = kiln_capture.explain(f, x)
+    torch.testing.assert_close(out.result, x * 2)
+    assert out.eager_frames and "a reason capture gave" in out.eager_frames[0]
+    assert "runs eagerly" in str(out)
+    assert kiln_capture.stats()["eager_frames"] == 1

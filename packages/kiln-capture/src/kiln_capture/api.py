@@ -108,6 +108,7 @@ class ExplainOutput:
     result: Any = None
     symbols: list[str] = field(default_factory=list)  # "s0 in [2, inf] (hint 8) from x.size(0)"
     shape_guards: list[str] = field(default_factory=list)  # "s0 > 8  # model.py:12"
+    eager_frames: list[str] = field(default_factory=list)  # frames that run eagerly, and why
 
     @property
     def graph_count(self) -> int:
@@ -155,6 +156,8 @@ class ExplainOutput:
             lines.append("--- shape guards ---\n  " + "\n  ".join(self.shape_guards))
         for r in self.recompiles:
             lines.append(f"--- recompile ---\n{r}")
+        for e in self.eager_frames:
+            lines.append(f"--- runs eagerly ---\n{e}")
         return "\n".join(lines)
 
 
@@ -188,6 +191,7 @@ def explain(fn, *args, **kwargs):
             result,
             rec.symbols,
             rec.shape_guards,
+            rec.eager_frames,
         )
 
     if args or kwargs:

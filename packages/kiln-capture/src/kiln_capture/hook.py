@@ -81,6 +81,7 @@ class Recorder:
     recompiles: list = field(default_factory=list)
     symbols: list = field(default_factory=list)  # symbols of sizes, with ranges and sources
     shape_guards: list = field(default_factory=list)  # relations between sizes, with lines
+    eager_frames: list = field(default_factory=list)  # frames left to run eagerly, and why
 
 
 @dataclass
@@ -148,6 +149,7 @@ def _callback(code: types.CodeType, func, args: tuple):
         if config.raise_internal:
             raise
         _run_eagerly(
+            ctx,
             key,
             code,
             "internal error",
@@ -162,8 +164,14 @@ def _callback(code: types.CodeType, func, args: tuple):
         f"backend_s={backend_s:.4f} (capture_s = frame_s - backend_s)",
     )
     if isinstance(result, SkipFrame):
-        log("breaks", f"{code.co_qualname} runs eagerly: {result.reason}")
-        _eager_codes[key] = result.reason
+        _run_eagerly(
+            ctx,
+            key,
+            code,
+            "skipped",
+            f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}) runs eagerly: "
+            f"{result.reason}",
+        )
         return RUN_DEFAULT
     if ctx.recorder is not None:
         ctx.recorder.guards.extend(g.what for g in result.guard_set.guards)
@@ -177,14 +185,17 @@ def _callback(code: types.CodeType, func, args: tuple):
     return result.run(func, *args)
 
 
-def _run_eagerly(key: tuple, code: types.CodeType, kind: str, message: str) -> None:
+def _run_eagerly(ctx: Context, key: tuple, code: types.CodeType, kind: str, message: str) -> None:
     """From now on ``code`` runs eagerly: warned once (with its source line), counted in
-    ``stats()["eager_frames"]`` by ``kind``, and logged under KILN_LOG=breaks."""
+    ``stats()["eager_frames"]`` by ``kind``, listed by explain(), and logged under
+    KILN_LOG=breaks."""
     import warnings
 
     log("breaks", message)
     _eager_codes[key] = message
     counters.eager_frame(kind)
+    if ctx.recorder is not None:
+        ctx.recorder.eager_frames.append(message)
     warnings.warn_explicit(
         f"kiln: {message}",
         RuntimeWarning,
@@ -206,6 +217,7 @@ def _cache_limit(ctx: Context, key: tuple, code: types.CodeType, why: str | None
     log("recompiles", reason)
     _record_recompile(ctx, reason)
     _run_eagerly(
+        ctx,
         key,
         code,
         "cache size limit",
