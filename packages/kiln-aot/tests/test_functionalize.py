@@ -226,3 +226,19 @@ def test_printed_graph_of_a_write_through_a_view():
             "return (sum_dim_int_list, slice_scatter_default)",
         ],
     )
+
+
+def test_views_between_real_and_complex_of_intermediates_are_library_copies():
+    """view_as_real/view_as_complex of a tensor the graph made: their copy forms as library
+    calls, with writes through either carried back (torch.complex writes ``.real``)."""
+
+    def f(x):
+        c = torch.complex(x, x + 1)
+        r = torch.view_as_real(c)
+        r.mul_(2)  # reaches c
+        return c * 1j, r + 1, torch.view_as_complex(r * 3)
+
+    gm = _run_and_compare(f, torch.randn(4, 3))
+    library = [n.target for n in gm.graph.nodes if n.meta.get("kiln_library_op")]
+    assert aten.view_as_real_copy.default in library
+    assert aten.view_as_real.default not in [n.target for n in gm.graph.nodes]

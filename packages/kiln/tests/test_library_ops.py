@@ -75,3 +75,19 @@ def test_a_library_check_that_returns_nothing_is_kept():
     assert kiln.stats()["graphs"] == 1 and kiln.stats()["fallbacks"] == 0
     with pytest.raises(torch.linalg.LinAlgError):
         f(-torch.eye(4))
+
+
+def test_complex_numbers_made_in_the_graph_compile_as_library_calls():
+    """torch.complex / polar / view_as_real in the middle of a program: one graph, no
+    fallback (their views between real and complex are library copies)."""
+
+    def f(x):
+        c = torch.polar(x.abs(), x) + torch.complex(x, x * 2)
+        return torch.view_as_real(c * 1j).sum(-1) * 2
+
+    kiln.reset()
+    compiled = kiln.compile(f)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(compiled(x), f(x))
+    stats = kiln.stats()
+    assert stats["graphs"] == 1 and stats["fallbacks"] == 0 and stats["breaks"] == 0, stats

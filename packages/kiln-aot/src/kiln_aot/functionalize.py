@@ -229,7 +229,7 @@ def mutate(tracer: Tracer, target: FakeTensor, new: fx.Node) -> None:
     if st.views:
         values = [tracer.node_of(storage.root)]
         for step in st.views[:-1]:
-            values.append(tracer.emit_node(step.op, (values[-1], *step.args), {}))
+            values.append(tracer.replay_view(step, values[-1]))
         cur = new
         for step, prev in zip(reversed(st.views), reversed(values)):
             cur = _inverse_view(tracer, step, prev, cur)
@@ -261,6 +261,12 @@ def _inverse_view(tracer: Tracer, step: ViewStep, prev: fx.Node, new: fx.Node) -
         return tracer.emit_node(aten.select_scatter.default, (prev, new, *a), {})
     if op is aten.as_strided.default:
         return tracer.emit_node(aten.as_strided_scatter.default, (prev, new, *a), {})
+    from kiln_aot.op_tracer import LIBRARY_VIEW_COPIES
+
+    if op in LIBRARY_VIEW_COPIES:  # view_as_real_copy <-> view_as_complex_copy
+        node = tracer.emit_node(LIBRARY_VIEW_COPIES[op], (new,), {})
+        node.meta["kiln_library_op"] = True
+        return node
     raise tracer.unsupported(
         op,
         f"a write through the view {step} cannot be carried back to its base",

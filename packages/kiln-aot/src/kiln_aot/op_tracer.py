@@ -203,7 +203,7 @@ class Tracer:
             if st.version != st.storage.version:
                 cur = st.storage.root.trace_state.node
                 for step in st.views:
-                    cur = self.emit_node(step.op, (cur, *step.args), {})
+                    cur = self.replay_view(step, cur)
                 st.node, st.version = cur, st.storage.version
             return st.node
         if isinstance(x, torch.Tensor):
@@ -339,6 +339,10 @@ class Tracer:
             return func(*args, **kwargs)
         if func in _IDENTITY_OPS:
             return self._identity(args[0])
+        if func in COPIED_VIEWS:
+            out = self._copied_view(func, args, kwargs)
+            if out is not None:
+                return out
         if func is aten.lift_fresh_copy.default:
             return self.dispatch(aten.clone.default, (args[0],), {})
         if func._schema.is_mutable:
@@ -348,6 +352,28 @@ class Tracer:
         if core_ops.is_allowed(func) and not _decomposed_by_config(func):
             return self.emit_call(func, args, kwargs)
         return self.decompose(func, args, kwargs)
+
+    def replay_view(self, step: ViewStep, base: fx.Node) -> fx.Node:
+        """The node of ``step`` applied to ``base`` (a copy form stays a library call)."""
+        node = self.emit_node(step.op, (base, *step.args), {})
+        if step.op in LIBRARY_VIEW_COPIES:
+            node.meta["kiln_library_op"] = True
+        return node
+
+    def _copied_view(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``view_as_real``/``view_as_complex`` of a tensor the graph made: the library's
+        copy form in the graph (kernels do not compute complex numbers, and a library
+        call's result must not alias its input), a view for the functionalization. None
+        for a graph input's storage (the output would have to alias the caller's tensor)."""
+        x = args[0]
+        st = getattr(x, "trace_state", None)
+        if not isinstance(x, FakeTensor) or st is None or st.storage.input_index is not None:
+            return None
+        copy = COPIED_VIEWS[func]
+        out = self.emit_library_call(copy, args, kwargs)
+        # a view of x for the functionalization: writes through it are carried back by
+        # the inverse copy (functionalize._inverse_view), stale reads replay the copy
+        return self.wrap(self.node_of(out), x, ViewStep(copy, ()))
 
     def _masked_assign(self, x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
         """``x[mask] = value`` (one bool mask over leading dims, one value) has a
@@ -418,6 +444,18 @@ class Tracer:
     def next_mutation_order(self) -> int:
         self._mutations += 1
         return self._mutations
+
+
+# views between real and complex dtypes -> their copy forms (Tracer._copied_view)
+COPIED_VIEWS = {
+    aten.view_as_real.default: aten.view_as_real_copy.default,
+    aten.view_as_complex.default: aten.view_as_complex_copy.default,
+}
+# a copy form -> the one that undoes it (writes carried back through it)
+LIBRARY_VIEW_COPIES = {
+    aten.view_as_real_copy.default: aten.view_as_complex_copy.default,
+    aten.view_as_complex_copy.default: aten.view_as_real_copy.default,
+}
 
 
 def _decomposed_by_config(func: Any) -> bool:
