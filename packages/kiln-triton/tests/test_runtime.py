@@ -443,3 +443,41 @@ def test_a_kernel_with_size_arguments_gets_its_grid_from_each_calls_sizes(monkey
     assert grids == [((1, 1, 1), 7), ((1, 1, 1), 6), ((2, 1, 1), 301)]
     assert sorted(ln._buckets) == [(8,), (16,), (512,)]
     assert ln._buckets[(8,)].config.XBLOCK == 32 and ln._buckets[(512,)].config.XBLOCK == 1024
+
+
+def test_direct_launch_passes_sizes_after_the_tensors_to_the_c_launcher(monkeypatch):
+    """With kiln_triton._launch (stubbed: no GPU here), a static call passes the tensors
+    and the first call's grid; a call of a kernel with sizes passes its tensors, this
+    call's grid and the sizes after them. A failing C launch falls back to Triton's
+    launcher and stops trying."""
+    import torch
+
+    from kiln_triton.runtime import direct
+
+    fake_driver(monkeypatch, direct)
+    calls = []
+
+    class Stub:
+        fail = False
+
+        @staticmethod
+        def launch(function, g0, g1, g2, threads, shared, stream, hidden, tensors, aligned, *rest):
+            if Stub.fail:
+                raise RuntimeError("no context")
+            calls.append(((g0, g1, g2), tensors, rest))
+            return True
+
+    monkeypatch.setattr(direct, "_c_launch", Stub)
+    x, out = torch.randn(64), torch.empty(64)
+    kernel = _FakeKernel(3)
+    static = direct.DirectLaunch.build(_FakeFn, kernel, (x, out), {"XBLOCK": 64}, (4,))
+    static.c_shape = (128, 0, 0)
+    assert static((x, out))
+    assert calls[-1] == ((4, 1, 1), (x, out), ())
+    sized = direct.DirectLaunch.build(_FakeFn, kernel, (x, out, 64), {"XBLOCK": 64}, (4,), nsizes=1)
+    sized.c_shape = (128, 0, 0)
+    assert sized((x, out, 70), (9,))
+    assert calls[-1] == ((9, 1, 1), (x, out), ((70,),))
+    Stub.fail = True
+    assert sized((x, out, 70), (9,)) and sized.c_shape is None  # Triton's launcher ran
+    assert kernel.launches[-1][0] == (9, 1, 1)

@@ -204,49 +204,24 @@ class DirectLaunch:
 
     def __call__(self, args: Sequence[Any], grid: tuple[int, ...] | None = None) -> bool:
         """Launch and return True, or return False: the caller must take Triton's path.
-        ``grid``: this call's, for a kernel with symbolic sizes (else the first call's)."""
-        if grid is not None:
-            return self._sized(args, (*grid, 1, 1)[:3])
+        ``grid``: this call's, for a kernel with symbolic sizes (``args`` then end with
+        the sizes; else the first call's grid)."""
+        sized = grid is not None
+        grid = (*grid, 1, 1)[:3] if sized else self.grid  # type: ignore[misc]
+        tensors = args[: self.ntensors] if sized else args
         shape = self.c_shape
         if shape is not None and not _hooked():
-            g0, g1, g2 = self.grid
             threads, shared, hidden = shape
-            try:
-                # checks the alignment the kernel assumes while reading the pointers
-                return _c_launch.launch(  # type: ignore[union-attr]
-                    self.function, g0, g1, g2, threads, shared, self.get_stream(self.device),
-                    hidden, args, self.must_align,
-                )  # fmt: skip
-            except (RuntimeError, TypeError, OverflowError, IndexError) as e:
-                # e.g. no current CUDA context on this thread: Triton's launcher sets it up
-                log.log("kernels", f"C launch failed ({e}); using Triton's launcher")
-                self.c_shape = None
-        if self.checked != () and alignment(args, self.checked) != self.aligned:
-            return False
-        if _hooked():
-            return False
-        g0, g1, g2 = self.grid
-        tail = self.tail
-        if tail is None:
-            return self._first(args)
-        stream = self.get_stream(self.device)
-        self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *tail)
-        return True
-
-    def _sized(self, args: Sequence[Any], grid: tuple[int, ...]) -> bool:
-        """A launch of a kernel with size arguments, on this call's grid."""
-        tensors = args[: self.ntensors]
-        shape = self.c_shape
-        if shape is not None and self.tail is not None and not _hooked():
-            threads, shared, hidden = shape
+            extra = (tuple(args[self.ntensors :]),) if sized else ()
             try:
                 # checks the alignment the kernel assumes while reading the pointers
                 return _c_launch.launch(  # type: ignore[union-attr]
                     self.function, grid[0], grid[1], grid[2], threads, shared,
                     self.get_stream(self.device), hidden, tuple(tensors), self.must_align,
-                    tuple(args[self.ntensors :]),
+                    *extra,
                 )  # fmt: skip
             except (RuntimeError, TypeError, OverflowError, IndexError) as e:
+                # e.g. no current CUDA context on this thread: Triton's launcher sets it up
                 log.log("kernels", f"C launch failed ({e}); using Triton's launcher")
                 self.c_shape = None
         if self.checked != () and alignment(tensors, self.checked) != self.aligned:
@@ -257,10 +232,10 @@ class DirectLaunch:
             self.grid = grid
             return self._first(args)
         stream = self.get_stream(self.device)
-        g0, g1, g2 = grid
         self.run(
-            g0, g1, g2, stream, self.function, self.metadata, None, None, None, *args, *self.tail
-        )
+            grid[0], grid[1], grid[2], stream, self.function, self.metadata, None, None, None,
+            *args, *self.tail,
+        )  # fmt: skip
         return True
 
     def _first(self, args: Sequence[Any]) -> bool:
