@@ -46,21 +46,19 @@ def build(name: str, device: str, dtype):
     torch.manual_seed(0)
     if name == "gpt2":
         cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, n_positions=256)
-        model = GPT2LMHeadModel(cfg)
-    elif name == "llama":
-        cfg = LlamaConfig(
-            num_hidden_layers=4, hidden_size=256, intermediate_size=688, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=2048, max_position_embeddings=256,
-        )  # fmt: skip
-        model = LlamaForCausalLM(cfg)
-    elif name == "qwen2":
-        cfg = Qwen2Config(
-            num_hidden_layers=4, hidden_size=256, intermediate_size=688, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=2048, max_position_embeddings=256,
-        )  # fmt: skip
-        model = Qwen2ForCausalLM(cfg)
-    else:
+        return _ready(GPT2LMHeadModel(cfg), device, dtype)
+    families = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if name not in families:
         raise ValueError(name)
+    config_cls, model_cls = families[name]
+    cfg = config_cls(
+        num_hidden_layers=4, hidden_size=256, intermediate_size=688, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=2048, max_position_embeddings=256,
+    )  # fmt: skip
+    return _ready(model_cls(cfg), device, dtype)
+
+
+def _ready(model, device: str, dtype):
     model.generation_config.pad_token_id = 0
     return model.to(device=device, dtype=dtype).eval()
 
