@@ -154,14 +154,21 @@ class CppKernel:
         # the kernel returns 0, or the number of the first index check that failed; sizes
         # that vary between calls (kiln_shapes' symbols) come after the pointers
         self.size_args = size_symbols_in("\n".join(self.lines))
-        params = [*self.params, *(f"const int64_t {s}" for s in self.size_args)]
-        head = f'extern "C" int64_t kernel({", ".join(params)})\n{{'
+        return PRELUDE + "\n" + self.function('extern "C" int64_t kernel')
+
+    def function(self, head: str) -> str:
+        """The generated function (after ``generate``) under the name and linkage
+        ``head``."""
         body = self.lines
         if self.h.checks:
             body = ["  int64_t kiln_err = 0;", *body, "  return kiln_err;"]
         else:
             body = [*body, "  return 0;"]
-        return PRELUDE + "\n" + head + "\n" + "\n".join(body) + "\n}\n"
+        return f"{head}({', '.join(self.parameters())})\n{{\n" + "\n".join(body) + "\n}\n"
+
+    def parameters(self) -> list[str]:
+        """The pointers, then the sizes that vary between calls (kiln_shapes' symbols)."""
+        return [*self.params, *(f"const int64_t {s}" for s in self.size_args)]
 
     def _work(self) -> Any:
         g = self.group
@@ -297,8 +304,7 @@ class CppKernel:
         """Per-row scratch arrays of the values shared between loops (row_values)."""
         for key, (array, block) in sorted(self.sharing.arrays.items(), key=lambda kv: kv[1][0]):
             dtype = self.sharing.wanted[key][2]
-            b = self.group.blocks[block]
-            n = product((*b.inner, *b.rranges))
+            n = self._extent(block)
             align = "alignas(64) " if n.is_number else ""  # (a variable-length array)
             self.emit(f"{align}{ctype(dtype)} {array}[{print_index(n)}];")
         for row in self.streamed.values():
@@ -308,11 +314,15 @@ class CppKernel:
         """The symbolic lengths of this kernel's scratch arrays."""
         out = []
         for _, block in self.sharing.arrays.values():
-            b = self.group.blocks[block]
-            n = product((*b.inner, *b.rranges))
+            n = self._extent(block)
             if not n.is_number and n not in out:
                 out.append(n)
         return out
+
+    def _extent(self, block: int) -> Any:
+        """The elements of one row of block ``block``'s loops (a scratch array's length)."""
+        b = self.group.blocks[block]
+        return product((*b.inner, *b.rranges))
 
     def prefetch_next_rows(self) -> None:
         """Prefetch the rows the next outer iteration reads (see prefetch.py)."""
@@ -741,15 +751,12 @@ def generate_cpp_kernel(
     if first.size_args != second.size_args or len(first.h.checks) != len(second.h.checks):
         return source, first.h.checks, first.size_args
     fits = " && ".join(f"({print_index(n)}) * 8 <= {MAX_SCRATCH_BYTES}" for n in rows)
-    head = 'extern "C" int64_t kernel('
-    prelude, plain = source.split(head, 1)
-    _, with_rows = shared.split(head, 1)
-    params = plain.split(")", 1)[0]
-    args = ", ".join(p.rsplit(" ", 1)[-1] for p in params.split(", "))
+    params = second.parameters()
+    args = ", ".join(p.rsplit(" ", 1)[-1] for p in params)
     combined = (
-        f"{prelude}static int64_t kernel_rows({with_rows}\n"
-        f"static int64_t kernel_recompute({plain}\n"
-        f"{head}{params})\n{{\n"
+        f"{PRELUDE}\n{second.function('static int64_t kernel_rows')}\n"
+        f"{first.function('static int64_t kernel_recompute')}\n"
+        f'extern "C" int64_t kernel({", ".join(params)})\n{{\n'
         f"  if ({fits}) return kernel_rows({args});\n"
         f"  return kernel_recompute({args});\n}}\n"
     )
