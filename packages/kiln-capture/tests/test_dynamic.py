@@ -569,3 +569,27 @@ def test_the_native_shape_check_agrees_with_the_generated_one():
     assert not agree(torch.randn(4, 6, 5)[:, :, :3].contiguous(), y)  # 3 against y
     assert not agree(torch.randn(4, 2, 5), torch.randn(4, 5, 2))  # s >= 2 holds; 2 > 3 fails
     assert not agree(torch.randn(4, 1, 5), torch.randn(4, 5, 1))  # a size-1 dimension
+
+
+def test_without_python_guards_cache_hits_call_the_native_check_alone():
+    """Guards that only equate symbols (a broadcast of two inputs) live in the native
+    slots: the hit path is one native call returning a bool, with no Python function."""
+    from kiln_capture.guards import ShapeBinder
+
+    if ShapeBinder is None:
+        pytest.skip("kiln-capture built without its native guards")
+
+    def f(x, y):
+        return x * y + 1
+
+    compiled = kiln_capture.optimize(RecordingBackend(), dynamic=True)(f)
+    x, y = torch.randn(3, 7), torch.randn(3, 7)
+    assert_same(compiled(x, y), f(x, y))
+    (entry,) = hook.cache_entries(f.__code__)
+    shapes = entry.guard_set.shapes
+    assert not hasattr(shapes.call, "__code__")  # the native method itself
+    assert shapes.call(torch.randn(4, 9), torch.randn(4, 9)) is True
+    assert shapes.call(torch.randn(4, 9), torch.randn(4, 8)) is False  # the equated symbol
+    assert shapes.fn(torch.randn(4, 9), torch.randn(4, 8)) is not None
+    a, b = torch.randn(5, 2), torch.randn(5, 2)
+    assert_same(compiled(a, b), f(a, b))

@@ -18,8 +18,9 @@ the entry's guard function (so every other guard, the inputs' types included, pa
 The function returns None when everything holds, else the number of the first check
 that failed; ``first_failure`` turns that into text naming the check, its source line
 and the symbols' values. Cache hits call a faster form (``_native``): steps 1-4 and the
-guards that equate two symbols in one native call, the remaining guards in Python. Building the function checks it on the example inputs: a guard
-that rejects its own example would recompile forever, so it is a capture bug.
+guards that equate two symbols in one native call, the remaining guards in Python.
+Building the function checks both forms on the example inputs: a guard that rejects its
+own example would recompile forever, so it is a capture bug.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class ShapeGuards:
         for t in self.tensors:
             t.example = None  # the cache entry must not keep the example alive
         failed = self.fn(*examples)
-        if failed is not None or (self.call(*examples) is None) != (passed == "is None"):
+        got = self.call(*examples)
+        if failed is not None or (got is not None if passed == "is None" else got is not True):
             raise RuntimeError(
                 "kiln: the shape guards reject their own example: "
                 f"{self.checks[failed] if failed is not None else 'native check'}\n" + self._source
@@ -230,7 +232,7 @@ class ShapeGuards:
         for slot, (lo, hi) in ranges.items():
             binder.set_range(slot, int(lo), -1 if hi == math.inf else int(hi))
         if not rest:
-            return binder.bind, "is not None"
+            return binder.check, "is True"
         # every symbol a remaining guard reads, from its class's slot
         read = sorted({s for g in rest for s in g.expr.free_symbols}, key=str)
         lines = [f"__v = __k_bind({params})", "if __v is None: return -1"]

@@ -126,45 +126,59 @@ class ShapeBinder {
     hi_.at(slot) = hi;
   }
 
+  // The slots' values, or None when a check fails.
   py::object bind(const py::args& args) const {
-    if (args.size() != order_.size()) return py::none();
-    std::vector<int64_t> v(lo_.size(), 0);
-    for (size_t i = 0; i < order_.size(); i++) {
-      PyObject* obj = PyTuple_GET_ITEM(args.ptr(), i);
-      if (order_[i] < 0) {
-        const SymDim& d = ints_[-1 - order_[i]];
-        if (!PyLong_CheckExact(obj)) return py::none();
-        int overflow = 0;
-        int64_t x = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        if (overflow) return py::none();
-        if (!take(d, x, v)) return py::none();
-        continue;
-      }
-      const SymSpec& s = specs_[order_[i]];
-      if (!THPVariable_Check(obj)) return py::none();
-      const at::Tensor& t = THPVariable_Unpack(obj);
-      if (t.scalar_type() != s.dtype || t.device() != s.device ||
-          t.requires_grad() != s.requires_grad || t.dim() != static_cast<int64_t>(s.sizes.size()))
-        return py::none();
-      c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
-      for (size_t d = 0; d < s.sizes.size(); d++)
-        if (!take(s.sizes[d], sizes[d], v)) return py::none();
-      for (size_t d = 0; d < s.strides.size(); d++) {
-        if (!s.stride_checked[d]) continue;
-        int64_t want = 1;
-        for (int e : s.strides[d]) want *= sizes[e];
-        if (strides[d] != want) return py::none();
-      }
-    }
-    for (size_t k = 0; k < v.size(); k++)
-      if (v[k] < lo_[k] || (hi_[k] >= 0 && v[k] > hi_[k])) return py::none();
+    Slots v(lo_.size(), 0);
+    if (!run(args, v)) return py::none();
     py::tuple out(v.size());
     for (size_t k = 0; k < v.size(); k++) out[k] = py::int_(v[k]);
     return std::move(out);
   }
 
+  // Whether every check holds (no Python objects made: the form cache hits call when no
+  // guard is left for Python).
+  bool check(const py::args& args) const {
+    Slots v(lo_.size(), 0);
+    return run(args, v);
+  }
+
  private:
-  static bool take(const SymDim& d, int64_t x, std::vector<int64_t>& v) {
+  using Slots = c10::SmallVector<int64_t, 16>;
+
+  bool run(const py::args& args, Slots& v) const {
+    if (args.size() != order_.size()) return false;
+    for (size_t i = 0; i < order_.size(); i++) {
+      PyObject* obj = PyTuple_GET_ITEM(args.ptr(), i);
+      if (order_[i] < 0) {
+        const SymDim& d = ints_[-1 - order_[i]];
+        if (!PyLong_CheckExact(obj)) return false;
+        int overflow = 0;
+        int64_t x = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (overflow || !take(d, x, v)) return false;
+        continue;
+      }
+      const SymSpec& s = specs_[order_[i]];
+      if (!THPVariable_Check(obj)) return false;
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      if (t.scalar_type() != s.dtype || t.device() != s.device ||
+          t.requires_grad() != s.requires_grad || t.dim() != static_cast<int64_t>(s.sizes.size()))
+        return false;
+      c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
+      for (size_t d = 0; d < s.sizes.size(); d++)
+        if (!take(s.sizes[d], sizes[d], v)) return false;
+      for (size_t d = 0; d < s.strides.size(); d++) {
+        if (!s.stride_checked[d]) continue;
+        int64_t want = 1;
+        for (int e : s.strides[d]) want *= sizes[e];
+        if (strides[d] != want) return false;
+      }
+    }
+    for (size_t k = 0; k < v.size(); k++)
+      if (v[k] < lo_[k] || (hi_[k] >= 0 && v[k] > hi_[k])) return false;
+    return true;
+  }
+
+  static bool take(const SymDim& d, int64_t x, Slots& v) {
     if (d.slot < 0) return x == d.value;
     if (d.bind) {
       v[d.slot] = x;
@@ -205,5 +219,6 @@ PYBIND11_MODULE(_tensor_guards, m) {
       .def("add_int", &ShapeBinder::add_int, py::arg("slot"), py::arg("bind"))
       .def("set_range", &ShapeBinder::set_range, py::arg("slot"), py::arg("lo"), py::arg("hi"),
            "hi < 0: no upper bound")
-      .def("bind", &ShapeBinder::bind, "bind(*inputs) -> the slots' values, or None");
+      .def("bind", &ShapeBinder::bind, "bind(*inputs) -> the slots' values, or None")
+      .def("check", &ShapeBinder::check, "check(*inputs) -> whether every check holds");
 }
