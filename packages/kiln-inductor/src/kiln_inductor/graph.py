@@ -41,6 +41,7 @@ from .ir.symbols import coefficients, index_vars, size_hint, sym
 from .lowering.context import lowering_context
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
 from .passes import is_channels_last, run_passes
+from .passes.readers import has_extern_reader
 
 
 def _layout_of(val: torch.Tensor, device: torch.device | None = None) -> Layout:
@@ -99,27 +100,6 @@ _MATMULS = {
     torch.ops.aten.addmm.default,
     torch.ops.aten.baddbmm.default,
 }
-_VIEWS = {
-    torch.ops.aten.view.default,
-    torch.ops.aten._unsafe_view.default,
-    torch.ops.aten.reshape.default,
-    torch.ops.aten.t.default,
-    torch.ops.aten.transpose.int,
-    torch.ops.aten.permute.default,
-}
-
-
-def _feeds_a_library_call(n: torch.fx.Node, depth: int = 3) -> bool:
-    """Whether a matmul reads ``n``'s value, directly or through views (it then reads it
-    from memory: the value is realized for it whatever else reads it)."""
-    for u in n.users:
-        if u.op != "call_function":
-            continue
-        if u.target in _MATMULS or u.target is torch.ops.aten.convolution.default:
-            return True
-        if depth > 0 and u.target in _VIEWS and _feeds_a_library_call(u, depth - 1):
-            return True
-    return False
 
 
 # the dtypes generated kernels compute in (complex, float8 and wide unsigned ints are
@@ -459,7 +439,7 @@ class GraphLowering:
             and n.kwargs.get("memory_format") is torch.channels_last
         ):
             self.prefer_meta_layout(out, n.meta.get("val"))
-        if len(n.users) > 1 and _feeds_a_library_call(n):
+        if len(n.users) > 1 and has_extern_reader(n):
             # a library call (mm) will read it from memory anyway: the other consumers (a
             # bias gradient's sum) read that buffer instead of recomputing the value
             out = self.realize(out) if isinstance(out, (Pointwise, View)) else out

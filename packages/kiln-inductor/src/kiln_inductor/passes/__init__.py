@@ -14,6 +14,10 @@ under ``KILN_LOG=passes`` and, with a debug directory, writes the graph after ea
 | ``depthwise_layout`` | ``depthwise_layout.py`` | depthwise convolutions read channels-last operands (CPU) |
 | ``matmul_bias`` | ``matmul_bias.py`` | bias adds only library kernels read are back in ``addmm`` |
 | ``layout`` | ``layout.py`` | channels-last where configured (result: whether it applied) |
+
+``readers.py`` (not a pass) says which kernels read a node's value, through views: library
+kernels only (``matmul_bias``) or at least one (``GraphLowering.lower_node`` realizes such
+a value once for every reader).
 """
 
 from __future__ import annotations

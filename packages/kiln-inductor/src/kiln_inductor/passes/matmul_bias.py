@@ -17,48 +17,13 @@ or convolution op, or a graph output.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx
 
 from .. import log
-from ..lowering.extern import ATTENTION_OPS
-from ..lowering.registry import EXTERN_OPS
+from .readers import only_extern_readers
 
 aten = torch.ops.aten
-
-# ops that only reinterpret memory: the values they view go where their users go
-_VIEWS = {
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.permute.default,
-    aten.transpose.int,
-    aten.t.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.squeeze.default,
-    aten.select.int,
-    aten.slice.Tensor,
-    aten.split.Tensor,
-    aten.split_with_sizes.default,
-    aten.unbind.int,
-    aten.alias.default,
-    operator.getitem,
-}
-
-
-def _only_extern_readers(node: torch.fx.Node) -> bool:
-    for user in node.users:
-        # read by a library kernel (mm, convolution, fused attention), never a kiln kernel
-        if user.op == "output" or user.target in EXTERN_OPS or user.target in ATTENTION_OPS:
-            continue
-        if user.target in _VIEWS and _only_extern_readers(user):
-            continue
-        return False
-    return True
 
 
 def _row_bias(bias: object, out: torch.Tensor) -> bool:
@@ -89,7 +54,7 @@ def fold_matmul_bias(gm: torch.fx.GraphModule) -> int:
             continue
         if out.dim() != 2 or out.shape != mm_val.shape or out.dtype != mm_val.dtype:
             continue
-        if not _row_bias(bias, out) or not _only_extern_readers(add):
+        if not _row_bias(bias, out) or not only_extern_readers(add):
             continue
         with gm.graph.inserting_before(add):
             fused = gm.graph.call_function(aten.addmm.default, (bias, *mm.args))
