@@ -16,7 +16,7 @@ from kiln_shapes import ShapeEnv
 import kiln_cpp  # noqa: F401  (registers the CPU backend)
 import kiln_inductor
 from kiln_inductor.testing import CountingCompiler as Counting
-from kiln_inductor.testing import symbolic_graph
+from kiln_inductor.testing import check_symbolic_training, symbolic_graph, symbolic_programs
 
 SIZES = [(3, 5), (4, 7), (2, 11), (13, 4), (17, 13), (6, 2)]
 
@@ -37,39 +37,12 @@ def _check_sizes(fn, make_inputs, dynamic, sizes=SIZES, grad=False):
     return counting.graphs[0], env
 
 
-def test_pointwise_softmax_and_layer_norm_over_varying_dims():
-    w = torch.randn(32)
-
-    def fn(x, y):
-        a = torch.nn.functional.layer_norm(x.sin() * y + 1, (32,), w)
-        return a.softmax(-1), x.softmax(1), a.sum(1)
-
-    def inputs(b, t):
-        return torch.randn(b, t, 32), torch.randn(b, t, 32)
-
-    _check_sizes(fn, inputs, [[0, 1], [0, 1]])
-
-
-def test_mlp_over_a_varying_batch():
-    w1, w2 = torch.randn(64, 32), torch.randn(16, 64)
-
-    def fn(x):
-        return torch.nn.functional.linear(torch.nn.functional.gelu(x @ w1.t()), w2)
-
-    _check_sizes(fn, lambda b, t: (torch.randn(b * t, 32),), [[0]])
-
-
-def test_sizes_used_in_views_slices_masks_and_positions():
-    def fn(x):
-        b, t = x.shape[0], x.shape[1]
-        heads = x.view(b, t, 4, 8).transpose(1, 2)  # split heads
-        mask = torch.ones((t, t)).tril()
-        scores = (heads @ heads.transpose(-1, -2)).masked_fill(mask == 0, float("-inf"))
-        pos = torch.arange(t).float() / t  # the size as a number too
-        half = x[:, : t // 2]
-        return scores.softmax(-1), x + pos[None, :, None], half * 2, torch.cat([x, half], 1)
-
-    _check_sizes(fn, lambda b, t: (torch.randn(b, t, 32),), [[0, 1]])
+@pytest.mark.parametrize("name", ["norms", "mlp", "views"])
+def test_symbolic_programs_one_build_for_every_size(name):
+    """Pointwise/softmax/layer_norm over varying dims, an MLP over a varying batch, sizes
+    in views, slices, masks and positions (kiln_inductor.testing.symbolic_programs)."""
+    program = symbolic_programs()[name]
+    _check_sizes(program.fn, program.inputs, program.dims)
 
 
 def test_reductions_over_a_prime_length_vectorize_with_a_tail():
@@ -100,30 +73,7 @@ def test_values_shared_between_loops_of_symbolic_rows_live_in_scratch_rows_that_
 
 
 def test_training_step_gradients_at_every_size():
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(16, 16)
-
-        def forward(self, x):
-            return (torch.nn.functional.silu(self.lin(x)) * x).softmax(-1).sum()
-
-    fn = Block()
-
-    first = torch.randn(3, 5, 16, requires_grad=True)
-    gm, _ = symbolic_graph(fn, [first], [[0, 1]])
-    counting = Counting()
-    compiled = kiln_inductor.compile_fx(gm, [first], compile_graph=counting)
-    for b, t in SIZES:
-        x = torch.randn(b, t, 16, requires_grad=True)
-        x2 = x.detach().clone().requires_grad_(True)
-        out = compiled(x)
-        out.backward()
-        want = fn(x2)
-        want.backward()
-        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
-    assert len(counting.graphs) == 2  # one forward and one backward graph for every size
+    check_symbolic_training(SIZES, {"rtol": 1e-4, "atol": 1e-5})
 
 
 def test_a_graph_built_with_a_declared_range_refuses_other_sizes_at_capture():

@@ -5,7 +5,7 @@ kernel-source recorder and launcher lookups are kiln-triton's own."""
 from __future__ import annotations
 
 from kiln_inductor.testing import CountingCompiler as Counting  # noqa: F401
-from kiln_inductor.testing import symbolic_graph  # noqa: F401
+from kiln_inductor.testing import symbolic_graph, symbolic_programs  # noqa: F401
 
 
 def recording(backend):

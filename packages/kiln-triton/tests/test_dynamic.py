@@ -12,9 +12,10 @@ import re
 
 import pytest
 import torch
-from symbolic import Counting, launchers, recording, symbolic_graph
+from symbolic import Counting, launchers, recording, symbolic_graph, symbolic_programs
 
 import kiln_inductor
+from kiln_inductor.testing import check_symbolic_training
 from kiln_triton.config import settings_scope
 from kiln_triton.runtime.buckets import bucket_of, int_specialization
 from kiln_triton.testing import use_triton_for_cpu
@@ -47,16 +48,8 @@ def _check_sizes(fn, make_inputs, dynamic, sizes=SIZES, tol=TOL):
 
 
 def test_pointwise_softmax_and_layer_norm_over_varying_dims():
-    w = torch.randn(32)
-
-    def fn(x, y):
-        a = torch.nn.functional.layer_norm(x.sin() * y + 1, (32,), w)
-        return a.softmax(-1), x.softmax(1), a.sum(1)
-
-    def inputs(b, t):
-        return torch.randn(b, t, 32), torch.randn(b, t, 32)
-
-    _, sources = _check_sizes(fn, inputs, [[0, 1], [0, 1]])
+    program = symbolic_programs()["norms"]
+    _, sources = _check_sizes(program.fn, program.inputs, program.dims)
     # rows of 32 stay persistent over a symbolic number of rows; softmax over the
     # symbolic dim 1 loops (RBLOCK is a launch constant, the row length a call's)
     kinds = {src.meta["kind"] for src in sources}
@@ -64,25 +57,13 @@ def test_pointwise_softmax_and_layer_norm_over_varying_dims():
 
 
 def test_mlp_over_a_varying_batch():
-    w1, w2 = torch.randn(64, 32), torch.randn(16, 64)
-
-    def fn(x):
-        return torch.nn.functional.linear(torch.nn.functional.gelu(x @ w1.t()), w2)
-
-    _check_sizes(fn, lambda b, t: (torch.randn(b * t, 32),), [[0]])
+    program = symbolic_programs()["mlp"]
+    _check_sizes(program.fn, program.inputs, program.dims)
 
 
 def test_sizes_used_in_views_slices_masks_and_positions():
-    def fn(x):
-        b, t = x.shape[0], x.shape[1]
-        heads = x.view(b, t, 4, 8).transpose(1, 2)  # split heads
-        mask = torch.ones((t, t)).tril()
-        scores = (heads @ heads.transpose(-1, -2)).masked_fill(mask == 0, float("-inf"))
-        pos = torch.arange(t).float() / t  # the size as a number too
-        half = x[:, : t // 2]
-        return scores.softmax(-1), x + pos[None, :, None], half * 2, torch.cat([x, half], 1)
-
-    _, sources = _check_sizes(fn, lambda b, t: (torch.randn(b, t, 32),), [[0, 1]])
+    program = symbolic_programs()["views"]
+    _, sources = _check_sizes(program.fn, program.inputs, program.dims)
     text = "\n".join(src.source for src in sources)
     assert "// 2)" in text  # t // 2 is an expression of the size argument, not a constant
 
@@ -118,31 +99,7 @@ def test_reductions_over_prime_lengths_with_a_masked_tail():
 
 
 def test_training_step_gradients_at_every_size():
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(16, 16)
-
-        def forward(self, x):
-            return (torch.nn.functional.silu(self.lin(x)) * x).softmax(-1).sum()
-
-    torch.manual_seed(0)
-    fn = Block()
-    first = torch.randn(3, 5, 16, requires_grad=True)
-    gm, _ = symbolic_graph(fn, [first], [[0, 1]])
-    counting = Counting()
-    with use_triton_for_cpu():
-        compiled = kiln_inductor.compile_fx(gm, [first], compile_graph=counting)
-        for b, t in SIZES:
-            x = torch.randn(b, t, 16, requires_grad=True)
-            x2 = x.detach().clone().requires_grad_(True)
-            out = compiled(x)
-            out.backward()
-            want = fn(x2)
-            want.backward()
-            torch.testing.assert_close(out, want, **TOL)
-            torch.testing.assert_close(x.grad, x2.grad, **TOL)
-    assert len(counting.graphs) == 2  # one forward and one backward graph for every size
+    check_symbolic_training(SIZES, TOL, use_triton_for_cpu)
 
 
 def test_sizes_of_declared_ranges_that_include_zero_and_one():

@@ -9,8 +9,9 @@ ConvNeXt block, reductions over H, W and over C) for tests of the channels-last 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -300,6 +301,85 @@ def symbolic_graph(
         ph.meta["val"] = env.symbolic_tensor(x, f"L['arg{i}']", dynamic[i], declared)
     gm.meta["shape_env"] = env
     return gm, env
+
+
+class SymbolicProgram(NamedTuple):
+    fn: Callable[..., Any]
+    inputs: Callable[[int, int], tuple]  # (b, t) -> random inputs
+    dims: list[list[int]]  # the symbolic dims of each input (symbolic_graph's ``dynamic``)
+
+
+def symbolic_programs() -> dict[str, SymbolicProgram]:
+    """Programs each backend's dynamic-shape tests compile once and run at every size:
+    pointwise ops, softmax and layer_norm over varying dims; an MLP over a varying batch;
+    sizes used in views, slices, masks and positions (fresh random weights per call)."""
+    w = torch.randn(32)
+    w1, w2 = torch.randn(64, 32), torch.randn(16, 64)
+
+    def norms(x, y):
+        a = F.layer_norm(x.sin() * y + 1, (32,), w)
+        return a.softmax(-1), x.softmax(1), a.sum(1)
+
+    def mlp(x):
+        return F.linear(F.gelu(x @ w1.t()), w2)
+
+    def views(x):
+        b, t = x.shape[0], x.shape[1]
+        heads = x.view(b, t, 4, 8).transpose(1, 2)  # split heads
+        mask = torch.ones((t, t)).tril()
+        scores = (heads @ heads.transpose(-1, -2)).masked_fill(mask == 0, float("-inf"))
+        pos = torch.arange(t).float() / t  # the size as a number too
+        half = x[:, : t // 2]
+        return scores.softmax(-1), x + pos[None, :, None], half * 2, torch.cat([x, half], 1)
+
+    return {
+        "norms": SymbolicProgram(
+            norms, lambda b, t: (torch.randn(b, t, 32), torch.randn(b, t, 32)), [[0, 1], [0, 1]]
+        ),
+        "mlp": SymbolicProgram(mlp, lambda b, t: (torch.randn(b * t, 32),), [[0]]),
+        "views": SymbolicProgram(views, lambda b, t: (torch.randn(b, t, 32),), [[0, 1]]),
+    }
+
+
+def check_symbolic_training(
+    sizes: Sequence[tuple[int, int]], tol: dict, context: Callable[[], Any] = contextlib.nullcontext
+) -> None:
+    """A Linear + silu + softmax block compiled once with symbolic (batch, length) under
+    ``context`` (a backend's), then trained at every size: the loss, the input's and the
+    parameters' gradients equal eager's, with one forward and one backward graph."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return (F.silu(self.lin(x)) * x).softmax(-1).sum()
+
+    torch.manual_seed(0)
+    fn = Block()
+    first = torch.randn(3, 5, 16, requires_grad=True)
+    gm, _ = symbolic_graph(fn, [first], [[0, 1]])
+    counting = CountingCompiler()
+    with context():
+        from . import compile_fx
+
+        compiled = compile_fx(gm, [first], compile_graph=counting)
+        for b, t in sizes:
+            x = torch.randn(b, t, 16, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_(True)
+            out = compiled(x)
+            out.backward()
+            grads = [p.grad.clone() for p in fn.parameters()]
+            fn.zero_grad()
+            want = fn(x2)
+            want.backward()
+            torch.testing.assert_close(out, want, **tol)
+            torch.testing.assert_close(x.grad, x2.grad, **tol)
+            for got, p in zip(grads, fn.parameters(), strict=True):
+                torch.testing.assert_close(got, p.grad, **tol)
+            fn.zero_grad()
+    assert len(counting.graphs) == 2  # one forward and one backward graph for every size
 
 
 class CountingCompiler:
