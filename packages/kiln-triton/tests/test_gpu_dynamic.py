@@ -22,6 +22,7 @@ import kiln_triton
 from kiln_triton.config import settings_scope
 from kiln_triton.cudagraphs import MAX_GRAPHS, CudaGraphRunner
 from kiln_triton.runtime.buckets import bucket_of
+from kiln_triton.runtime.launcher import TritonLauncher
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -72,6 +73,21 @@ def test_dynamic_sizes_one_compilation_and_direct_launches(dtype, monkeypatch):
     # above were checked against eager on that path)
     directs = [d for ln in sized for b in ln._buckets.values() for d in b.directs.values() if d]
     assert any(d.c_shape is not None for d in directs)
+    # whose kernels the wrapper calls through a SizedLauncher: at sizes seen before, they
+    # launch from its table with no call into Python (TritonLauncher.__call__)
+    entered: list = []
+    real_call = TritonLauncher.__call__
+
+    def call(self, *args):
+        entered.append(self)
+        return real_call(self, *args)
+
+    monkeypatch.setattr(TritonLauncher, "__call__", call)
+    x, y = inputs(2, 1021)
+    for got, want in zip(compiled(x, y), fn(x, y)):
+        assert got.shape == want.shape
+    from_c = [ln for ln in sized if type(ln.fast).__name__ == "SizedLauncher"]
+    assert from_c and any(all(e is not ln for e in entered) for ln in from_c), entered
     # rows of symbolic length t (softmax and sum over dim 1): the module's persistent
     # kernel up to its limit (t = 5, 17, 128, 1021), the looped one past it (t = 9001)
     variants = {(b, e.fn is ln.persistent) for ln in sized for b, e in ln._buckets.items()}
@@ -96,8 +112,6 @@ def test_dynamic_size_past_int32_runs_the_int64_specialization():
 
 
 def test_dynamic_autotuning_once_per_size_bucket_with_a_disk_cache(tmp_path, monkeypatch):
-    from kiln_triton.runtime.launcher import TritonLauncher
-
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     measured: list[tuple[int, ...]] = []
     real = TritonLauncher.measure

@@ -11,6 +11,10 @@
  * which a 32-bit parameter reads as its low half (little-endian hosts; Triton compiles
  * another binary, with 64-bit parameters, for values that do not fit 32 bits).
  *
+ * Launcher is one kernel's launches as a callable object the wrapper calls with no Python
+ * frame in between; SizedLauncher is the same for a kernel with symbolic sizes, looking
+ * up what its owner decided for the call's exact sizes (grid, binary, block) in a dict.
+ *
  * libcuda is opened on first use, so the module imports (and is tested) on machines
  * without a GPU.
  */
@@ -138,22 +142,52 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
     return PyBool_FromLong(r);
 }
 
-/* -- Launcher: one kernel's launches as a callable object ------------------------------ */
+/* -- Launcher and SizedLauncher: a kernel's launches as a callable object -------------- */
 
-/* Launcher(function, grid, threads, shared_bytes, hidden, aligned, get_stream, device,
- *          hooks, fallback): calling it with the kernel's tensors launches the kernel, or,
- * while a Triton launch hook is installed (hooks: (holder, enter_name, exit_name)), when
- * an aligned-position tensor is not aligned, or when the launch fails, returns
- * fallback(*tensors). */
+/* What both launcher objects hold besides their launch: the current stream's source
+ * (get_stream(device)), Triton's launch hooks (hooks: (holder, enter_name, exit_name)) and
+ * the fallback they call for Triton's path. */
 typedef struct {
-    PyObject_HEAD
-    unsigned long long function, grid[3], threads, shared;
-    Py_ssize_t hidden;
-    PyObject *aligned, *get_stream, *device, *holder, *enter, *exit, *fallback;
-    vectorcallfunc vectorcall;
-} Launcher;
+    PyObject *get_stream, *device, *holder, *enter, *exit, *fallback;
+} Context;
 
 static PyObject *calls_name = NULL;
+
+/* Fill `c` from the constructor's arguments; 0, or -1 with a TypeError saying `usage`. */
+static int context_init(Context *c, PyObject *get_stream, PyObject *device, PyObject *hooks,
+                        PyObject *fallback, const char *usage) {
+    if (!PyTuple_Check(hooks) || PyTuple_GET_SIZE(hooks) != 3 || !PyCallable_Check(get_stream) ||
+        !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    c->get_stream = Py_NewRef(get_stream);
+    c->device = Py_NewRef(device);
+    c->holder = Py_NewRef(PyTuple_GET_ITEM(hooks, 0));
+    c->enter = Py_NewRef(PyTuple_GET_ITEM(hooks, 1));
+    c->exit = Py_NewRef(PyTuple_GET_ITEM(hooks, 2));
+    c->fallback = Py_NewRef(fallback);
+    return 0;
+}
+
+static int context_traverse(Context *c, visitproc visit, void *arg) {
+    Py_VISIT(c->get_stream);
+    Py_VISIT(c->device);
+    Py_VISIT(c->holder);
+    Py_VISIT(c->enter);
+    Py_VISIT(c->exit);
+    Py_VISIT(c->fallback);
+    return 0;
+}
+
+static void context_clear(Context *c) {
+    Py_CLEAR(c->get_stream);
+    Py_CLEAR(c->device);
+    Py_CLEAR(c->holder);
+    Py_CLEAR(c->enter);
+    Py_CLEAR(c->exit);
+    Py_CLEAR(c->fallback);
+}
 
 /* Whether a Triton launch hook is installed now: the hook attribute is set and not an
  * empty HookChain (a chain with no `calls` attribute counts as set). */
@@ -182,114 +216,133 @@ static int hook_set(PyObject *holder, PyObject *name) {
     return set;
 }
 
+static int hooked(const Context *c) {
+    return hook_set(c->holder, c->enter) || hook_set(c->holder, c->exit);
+}
+
+/* One launch on the context's current stream (the tensors, then `sizes` if not NULL).
+ * Returns 1 when launched, 0 when the fallback must run instead (a tensor at an aligned
+ * position is not; or the launch failed, a RuntimeError such as no driver or no current
+ * context, and with `lenient` also the argument errors Python's direct launch turns into
+ * Triton's path: TypeError, OverflowError, IndexError), -1 with an exception. */
+static int launch_current(const Context *c, unsigned long long function,
+                          const unsigned long long grid[3], unsigned long long threads,
+                          unsigned long long shared, Py_ssize_t hidden, PyObject *const *tensors,
+                          Py_ssize_t n, PyObject *aligned, PyObject *sizes, int lenient) {
+    PyObject *stream = PyObject_CallOneArg(c->get_stream, c->device);
+    if (stream == NULL) return -1;
+    unsigned long long s;
+    int bad = as_u64(stream, &s);
+    Py_DECREF(stream);
+    if (bad < 0) return -1;
+    int r = launch_tensors(function, grid, threads, shared, (void *)(uintptr_t)s, hidden, tensors,
+                           n, aligned, sizes);
+    if (r < 0 && (PyErr_ExceptionMatches(PyExc_RuntimeError) ||
+                  (lenient && (PyErr_ExceptionMatches(PyExc_TypeError) ||
+                               PyErr_ExceptionMatches(PyExc_OverflowError) ||
+                               PyErr_ExceptionMatches(PyExc_IndexError))))) {
+        /* the fallback's path reports it and stops using this launch */
+        PyErr_Clear();
+        r = 0;
+    }
+    return r;
+}
+
+/* The end of a call: None when launched (r == 1), the fallback's result (r == 0). */
+static PyObject *finish(const Context *c, int r, PyObject *const *args, Py_ssize_t n) {
+    if (r < 0) return NULL;
+    if (r == 0) return PyObject_Vectorcall(c->fallback, args, n, NULL);
+    Py_RETURN_NONE;
+}
+
+static int no_keywords(PyObject *kwnames) {
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        PyErr_SetString(PyExc_TypeError, "a kernel launch takes positional arguments only");
+        return -1;
+    }
+    return 0;
+}
+
+/* Both types' deallocation: their tp_clear, then the memory. */
+static void launcher_dealloc(PyObject *self) {
+    PyObject_GC_UnTrack(self);
+    Py_TYPE(self)->tp_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* Launcher(function, grid, threads, shared_bytes, hidden, aligned, get_stream, device,
+ *          hooks, fallback): calling it with the kernel's tensors launches the kernel, or,
+ * while a Triton launch hook is installed, when an aligned-position tensor is not aligned,
+ * or when the launch fails, returns fallback(*tensors). */
+typedef struct {
+    PyObject_HEAD
+    unsigned long long function, grid[3], threads, shared;
+    Py_ssize_t hidden;
+    PyObject *aligned;
+    Context ctx;
+    vectorcallfunc vectorcall;
+} Launcher;
+
 static PyObject *launcher_call(PyObject *obj, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
     Launcher *self = (Launcher *)obj;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
-        PyErr_SetString(PyExc_TypeError, "a kernel launch takes tensors only");
-        return NULL;
-    }
-    if (hook_set(self->holder, self->enter) || hook_set(self->holder, self->exit))
-        return PyObject_Vectorcall(self->fallback, args, n, NULL);
-    PyObject *stream = PyObject_CallOneArg(self->get_stream, self->device);
-    if (stream == NULL) return NULL;
-    unsigned long long s;
-    int bad = as_u64(stream, &s);
-    Py_DECREF(stream);
-    if (bad < 0) return NULL;
-    int r = launch_tensors(self->function, self->grid, self->threads, self->shared,
-                           (void *)(uintptr_t)s, self->hidden, args, n, self->aligned, NULL);
-    if (r < 0 && PyErr_ExceptionMatches(PyExc_RuntimeError)) {
-        /* the launch failed (no driver, no current context on this thread...): the
-         * fallback's path reports it and stops using this launcher */
-        PyErr_Clear();
-        r = 0;
-    }
-    if (r < 0) return NULL;
-    if (r == 0) return PyObject_Vectorcall(self->fallback, args, n, NULL);
-    Py_RETURN_NONE;
+    if (no_keywords(kwnames) < 0) return NULL;
+    if (hooked(&self->ctx)) return finish(&self->ctx, 0, args, n);
+    int r = launch_current(&self->ctx, self->function, self->grid, self->threads, self->shared,
+                           self->hidden, args, n, self->aligned, NULL, 0);
+    return finish(&self->ctx, r, args, n);
 }
 
 static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *function, *grid, *threads, *shared, *hidden, *aligned, *get_stream, *device,
         *hooks, *fallback;
+    const char *usage = "Launcher(function, grid: 3-tuple, threads, shared, hidden, aligned: "
+                        "tuple, get_stream, device, hooks: (holder, enter, exit), fallback)";
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
-        PyErr_SetString(PyExc_TypeError, "Launcher() takes positional arguments only");
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     if (!PyArg_UnpackTuple(args, "Launcher", 10, 10, &function, &grid, &threads, &shared,
                            &hidden, &aligned, &get_stream, &device, &hooks, &fallback))
         return NULL;
-    if (!PyTuple_Check(grid) || PyTuple_GET_SIZE(grid) != 3 || !PyTuple_Check(aligned) ||
-        !PyTuple_Check(hooks) || PyTuple_GET_SIZE(hooks) != 3 || !PyCallable_Check(get_stream) ||
-        !PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "Launcher(function, grid: 3-tuple, threads, shared, hidden, aligned: "
-                        "tuple, get_stream, device, hooks: (holder, enter, exit), fallback)");
+    if (!PyTuple_Check(grid) || PyTuple_GET_SIZE(grid) != 3 || !PyTuple_Check(aligned)) {
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     Launcher *self = (Launcher *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    if (as_u64(function, &self->function) < 0 || as_u64(threads, &self->threads) < 0 ||
-        as_u64(shared, &self->shared) < 0) {
-        Py_DECREF(self);
-        return NULL;
+    int bad = as_u64(function, &self->function) < 0 || as_u64(threads, &self->threads) < 0 ||
+              as_u64(shared, &self->shared) < 0;
+    for (int i = 0; i < 3 && !bad; i++) bad = as_u64(PyTuple_GET_ITEM(grid, i), &self->grid[i]) < 0;
+    if (!bad) {
+        self->hidden = PyLong_AsSsize_t(hidden);
+        bad = self->hidden == -1 && PyErr_Occurred();
     }
-    for (int i = 0; i < 3; i++) {
-        if (as_u64(PyTuple_GET_ITEM(grid, i), &self->grid[i]) < 0) {
-            Py_DECREF(self);
-            return NULL;
-        }
-    }
-    self->hidden = PyLong_AsSsize_t(hidden);
-    if (self->hidden == -1 && PyErr_Occurred()) {
+    if (bad || context_init(&self->ctx, get_stream, device, hooks, fallback, usage) < 0) {
         Py_DECREF(self);
         return NULL;
     }
     self->aligned = Py_NewRef(aligned);
-    self->get_stream = Py_NewRef(get_stream);
-    self->device = Py_NewRef(device);
-    self->holder = Py_NewRef(PyTuple_GET_ITEM(hooks, 0));
-    self->enter = Py_NewRef(PyTuple_GET_ITEM(hooks, 1));
-    self->exit = Py_NewRef(PyTuple_GET_ITEM(hooks, 2));
-    self->fallback = Py_NewRef(fallback);
     self->vectorcall = launcher_call;
     return (PyObject *)self;
 }
 
 static int launcher_traverse(Launcher *self, visitproc visit, void *arg) {
     Py_VISIT(self->aligned);
-    Py_VISIT(self->get_stream);
-    Py_VISIT(self->device);
-    Py_VISIT(self->holder);
-    Py_VISIT(self->enter);
-    Py_VISIT(self->exit);
-    Py_VISIT(self->fallback);
-    return 0;
+    return context_traverse(&self->ctx, visit, arg);
 }
 
 static int launcher_clear(Launcher *self) {
     Py_CLEAR(self->aligned);
-    Py_CLEAR(self->get_stream);
-    Py_CLEAR(self->device);
-    Py_CLEAR(self->holder);
-    Py_CLEAR(self->enter);
-    Py_CLEAR(self->exit);
-    Py_CLEAR(self->fallback);
+    context_clear(&self->ctx);
     return 0;
-}
-
-static void launcher_dealloc(Launcher *self) {
-    PyObject_GC_UnTrack(self);
-    launcher_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyTypeObject LauncherType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln_triton._launch.Launcher",
     .tp_basicsize = sizeof(Launcher),
-    .tp_dealloc = (destructor)launcher_dealloc,
+    .tp_dealloc = launcher_dealloc,
     .tp_vectorcall_offset = offsetof(Launcher, vectorcall),
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -299,6 +352,122 @@ static PyTypeObject LauncherType = {
     .tp_new = launcher_new,
 };
 
+/* SizedLauncher(nsizes, table, get_stream, device, hooks, fallback): called with the
+ * kernel's tensors and then its `nsizes` sizes (ints). `table` maps the tuple of sizes to
+ * what its owner decided for them: None (nothing to launch at these sizes) or
+ * (function, grid_x, grid_y, grid_z, threads, shared_bytes, hidden, aligned). Sizes not in
+ * it, a launch hook, an aligned-position tensor that is not, or a launch that fails:
+ * returns fallback(*args), which decides and fills the table. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nsizes;
+    PyObject *table;
+    Context ctx;
+    vectorcallfunc vectorcall;
+} SizedLauncher;
+
+/* `entry`'s launch (the layout above); 1 launched, 0 fall back, -1 error */
+static int launch_entry(SizedLauncher *self, PyObject *entry, PyObject *const *args,
+                        Py_ssize_t ntensors, PyObject *sizes) {
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 8 ||
+        !PyTuple_Check(PyTuple_GET_ITEM(entry, 7))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "SizedLauncher: a table entry is None or (function, grid_x, grid_y, "
+                        "grid_z, threads, shared, hidden, aligned: tuple)");
+        return -1;
+    }
+    unsigned long long v[6];
+    for (int i = 0; i < 6; i++) {
+        if (as_u64(PyTuple_GET_ITEM(entry, i), &v[i]) < 0) return -1;
+    }
+    Py_ssize_t hidden = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 6));
+    if (hidden == -1 && PyErr_Occurred()) return -1;
+    return launch_current(&self->ctx, v[0], &v[1], v[4], v[5], hidden, args, ntensors,
+                          PyTuple_GET_ITEM(entry, 7), sizes, 1);
+}
+
+static PyObject *sized_call(PyObject *obj, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames) {
+    SizedLauncher *self = (SizedLauncher *)obj;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (no_keywords(kwnames) < 0) return NULL;
+    if (n < self->nsizes) return finish(&self->ctx, 0, args, n);
+    PyObject *sizes = PyTuple_New(self->nsizes);
+    if (sizes == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < self->nsizes; k++)
+        PyTuple_SET_ITEM(sizes, k, Py_NewRef(args[n - self->nsizes + k]));
+    PyObject *entry = PyDict_GetItemWithError(self->table, sizes); /* borrowed */
+    int r = 0;
+    if (entry == NULL) {
+        if (PyErr_Occurred()) PyErr_Clear(); /* an unhashable size: the fallback decides */
+    } else if (entry == Py_None) {
+        r = 1; /* nothing to launch at these sizes */
+    } else if (!hooked(&self->ctx)) {
+        Py_INCREF(entry); /* get_stream may run Python code that changes the table */
+        r = launch_entry(self, entry, args, n - self->nsizes, sizes);
+        Py_DECREF(entry);
+    }
+    Py_DECREF(sizes);
+    return finish(&self->ctx, r, args, n);
+}
+
+static PyObject *sized_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *nsizes, *table, *get_stream, *device, *hooks, *fallback;
+    const char *usage = "SizedLauncher(nsizes, table: dict, get_stream, device, "
+                        "hooks: (holder, enter, exit), fallback)";
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "SizedLauncher", 6, 6, &nsizes, &table, &get_stream, &device,
+                           &hooks, &fallback))
+        return NULL;
+    if (!PyDict_CheckExact(table)) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(nsizes);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    if (count < 1 || count > MAX_PARAMS) {
+        PyErr_SetString(PyExc_ValueError, "SizedLauncher(): nsizes is between 1 and 256");
+        return NULL;
+    }
+    SizedLauncher *self = (SizedLauncher *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    if (context_init(&self->ctx, get_stream, device, hooks, fallback, usage) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->nsizes = count;
+    self->table = Py_NewRef(table);
+    self->vectorcall = sized_call;
+    return (PyObject *)self;
+}
+
+static int sized_traverse(SizedLauncher *self, visitproc visit, void *arg) {
+    Py_VISIT(self->table);
+    return context_traverse(&self->ctx, visit, arg);
+}
+
+static int sized_clear(SizedLauncher *self) {
+    Py_CLEAR(self->table);
+    context_clear(&self->ctx);
+    return 0;
+}
+
+static PyTypeObject SizedLauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln_triton._launch.SizedLauncher",
+    .tp_basicsize = sizeof(SizedLauncher),
+    .tp_dealloc = launcher_dealloc,
+    .tp_vectorcall_offset = offsetof(SizedLauncher, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A kernel with symbolic sizes' launches: call it with its tensors, then sizes.",
+    .tp_traverse = (traverseproc)sized_traverse,
+    .tp_clear = (inquiry)sized_clear,
+    .tp_new = sized_new,
+};
+
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(function, grid_x, grid_y, grid_z, threads, shared_bytes, stream, hidden, tensors, "
@@ -306,17 +475,19 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_launch",
-                                    "cuLaunchKernel for kernels taking only tensors", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_launch", "cuLaunchKernel for Triton kernels taking tensors and sizes",
+    -1, methods};
 
 PyMODINIT_FUNC PyInit__launch(void) {
     data_ptr_name = PyUnicode_InternFromString("data_ptr");
     calls_name = PyUnicode_InternFromString("calls");
     if (data_ptr_name == NULL || calls_name == NULL) return NULL;
-    if (PyType_Ready(&LauncherType) < 0) return NULL;
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&SizedLauncherType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "Launcher", (PyObject *)&LauncherType) < 0) {
+    if (PyModule_AddObjectRef(m, "Launcher", (PyObject *)&LauncherType) < 0 ||
+        PyModule_AddObjectRef(m, "SizedLauncher", (PyObject *)&SizedLauncherType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

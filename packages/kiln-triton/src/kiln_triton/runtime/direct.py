@@ -124,6 +124,30 @@ def c_launcher(direct: DirectLaunch, fallback: Any) -> Any:
     )  # fmt: skip
 
 
+def c_sized_launcher(direct: DirectLaunch, nsizes: int, table: dict, fallback: Any) -> Any:
+    """A ``kiln_triton._launch.SizedLauncher`` for a kernel with ``nsizes`` size arguments:
+    called with the kernel's tensors and sizes, it launches what ``table`` holds for those
+    sizes (``c_entry``; None: nothing to launch) on ``direct``'s device, and calls
+    ``fallback(*args)`` for sizes not in it, while a launch hook is installed, for a
+    misaligned tensor the kernel assumes aligned, or when a launch fails. None without the
+    extension (or one built before it had SizedLauncher)."""
+    launcher = getattr(_c_launch, "SizedLauncher", None)
+    if launcher is None:
+        return None
+    return launcher(
+        nsizes, table, direct.get_stream, direct.device, (_HOLDER, _ENTER, _EXIT), fallback
+    )
+
+
+def c_entry(direct: DirectLaunch, grid: tuple[int, ...]) -> tuple[Any, ...] | None:
+    """A SizedLauncher table entry: ``direct``'s C launch on ``grid`` (None: it has none)."""
+    if direct.c_shape is None:
+        return None
+    threads, shared, hidden = direct.c_shape
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    return (direct.function, g0, g1, g2, threads, shared, hidden, direct.must_align)
+
+
 def alignment(args: Sequence[Any], checked: Sequence[int] | None = None) -> tuple[bool, ...]:
     """16-byte alignment of ``args`` (of those at the ``checked`` positions, if given)."""
     if checked is None:

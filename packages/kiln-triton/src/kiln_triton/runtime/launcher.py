@@ -10,11 +10,13 @@ GPU and Triton version. Under the interpreter the largest block is used and noth
 measured.
 
 Kernels with symbolic sizes take them as ints after their tensors (``meta["size_args"]``):
-each call computes its grid from them, the launch configuration is chosen once per size
-bucket (``runtime/buckets.py``; autotuned and cached per bucket), and direct launches
-are kept per bucket and Triton specialization of the sizes. A kernel over rows of
-symbolic length runs its module's ``kernel_persistent`` in buckets whose rows fit it. They take the Python direct
-launch, not the C one (``kiln_triton._launch`` passes tensors only, with a fixed grid).
+the launch configuration is chosen once per size bucket (``runtime/buckets.py``; autotuned
+and cached per bucket), direct launches are kept per bucket and Triton specialization of
+the sizes, and a kernel over rows of symbolic length runs its module's
+``kernel_persistent`` in buckets whose rows fit it. What a call decides from its exact
+sizes (kernel, grid, direct launch) is remembered for those sizes (``decide_sizes``, up to
+``SIZE_CACHE_LIMIT`` size tuples per kernel); the wrapper then calls a C SizedLauncher,
+which finds it in a dict and launches, with no Python frame for sizes seen before.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -40,9 +42,13 @@ from ..config import TritonConfig
 from ..errors import TritonCompileError
 from .buckets import SizedMeta, bucket_of, int_specialization
 from .configs import LaunchConfig, candidate_configs, interpreter_config
-from .direct import DirectLaunch, c_launcher
+from .direct import DirectLaunch, c_entry, c_launcher, c_sized_launcher
 
 _modules: dict[str, Any] = {}
+
+# size tuples a kernel with symbolic sizes remembers its decisions for; past it the oldest
+# is forgotten (generate() calls its kernels with a new length every token)
+SIZE_CACHE_LIMIT = 256
 
 
 def interpreting() -> bool:
@@ -91,6 +97,14 @@ class _Bucket:
     directs: dict[tuple[Any, ...], DirectLaunch | None] = field(default_factory=dict)
 
 
+class _AtSizes(NamedTuple):
+    """What a kernel with size arguments decided for one exact tuple of sizes."""
+
+    entry: _Bucket | None  # the bucket's choice; None: nothing to launch (no elements)
+    grid: tuple[int, ...]
+    spec: tuple[Any, ...]  # Triton's specialization of the sizes: the direct launch's key
+
+
 class TritonLauncher:
     """A kernel's launches: its launch configuration chosen on the first call (one
     candidate, or the fastest measured; winners cached on disk), then direct launches.
@@ -122,6 +136,12 @@ class TritonLauncher:
         # kernels with symbolic sizes: their sizes' meta and one choice per size bucket
         self.sized = SizedMeta(meta) if meta.get("size_args") else None
         self._buckets: dict[tuple[int, ...], _Bucket] = {}
+        self._nsizes = len(meta.get("size_args") or ())
+        # decisions per exact size tuple (oldest first), and the C launches among them
+        # that the SizedLauncher in ``fast`` (once installed, for ``_c_device``) reads
+        self._at_sizes: dict[tuple[int, ...], _AtSizes] = {}
+        self._c_table: dict[tuple[int, ...], tuple[Any, ...] | None] = {}
+        self._c_device: Any = None
 
     def __call__(self, *args: Any) -> None:
         if self.sized is not None:
@@ -146,34 +166,76 @@ class TritonLauncher:
             self._install_fast()
 
     def _call_sized(self, args: Sequence[Any]) -> None:
-        """A launch of a kernel with size arguments (the last ``len(size_args)`` ints)."""
-        sized = self.sized
-        assert sized is not None
-        sizes = args[len(args) - len(sized.names) :]
-        xnumel, extent = sized.numels(sizes)
-        if xnumel <= 0:
-            return
-        bucket = bucket_of(sizes)
-        entry = self._buckets.get(bucket)
+        """A launch of a kernel with size arguments (the last ``len(size_args)`` ints), as
+        decided for these sizes on their first call (``decide_sizes``)."""
+        sizes = tuple(args[len(args) - self._nsizes :])
+        at = self._at_sizes.get(sizes)
+        if at is None:
+            at = self.decide_sizes(sizes, args)
+        entry, grid, spec = at
         if entry is None:
-            entry = self._buckets[bucket] = self.choose_sized(bucket, args)
-        if entry.fn is not self.fn and extent > entry.config.RBLOCK:
-            # a row longer than the bucket's (a size that shrinks as a symbol grows): the
-            # looped kernel takes any length
-            looped = (-1, *bucket)
-            entry = self._buckets.get(looped) or self.choose_sized(bucket, args, looped=True)
-            self._buckets[looped] = entry
-        grid = (triton.cdiv(xnumel, entry.config.XBLOCK),)
-        spec = int_specialization(sizes)
+            return
         direct = entry.directs.get(spec)
         if direct is not None and direct(args, grid):
+            self._publish(sizes, grid, direct)
             return
         kernel = entry.fn[grid](*args, **entry.kwargs)
         if spec not in entry.directs and self.cfg.direct_launch and not interpreting():
             checked = self.meta.get("checked_args")
-            entry.directs[spec] = DirectLaunch.build(
+            direct = entry.directs[spec] = DirectLaunch.build(
                 entry.fn, kernel, args, entry.kwargs, grid, checked, nsizes=len(sizes)
             )
+            self._publish(sizes, grid, direct)
+
+    def decide_sizes(self, sizes: tuple[int, ...], args: Sequence[Any]) -> _AtSizes:
+        """What a call at ``sizes`` launches: nothing (no elements), or its size bucket's
+        kernel and launch configuration (chosen on the bucket's first call:
+        ``choose_sized``), with its grid and the Triton specialization of the sizes.
+        Remembered for ``sizes``, the oldest decision forgotten past SIZE_CACHE_LIMIT."""
+        sized = self.sized
+        assert sized is not None
+        xnumel, extent = sized.numels(sizes)
+        if xnumel <= 0:
+            at = _AtSizes(None, (), ())
+        else:
+            bucket = bucket_of(sizes)
+            entry = self._buckets.get(bucket)
+            if entry is None:
+                entry = self._buckets[bucket] = self.choose_sized(bucket, args)
+            if entry.fn is not self.fn and extent > entry.config.RBLOCK:
+                # a row longer than the bucket's (a size that shrinks as a symbol grows):
+                # the looped kernel takes any length
+                looped = (-1, *bucket)
+                entry = self._buckets.get(looped) or self.choose_sized(bucket, args, looped=True)
+                self._buckets[looped] = entry
+            grid = (triton.cdiv(xnumel, entry.config.XBLOCK),)
+            at = _AtSizes(entry, grid, int_specialization(sizes))
+        cache = self._at_sizes
+        if len(cache) >= SIZE_CACHE_LIMIT:
+            oldest = next(iter(cache))
+            del cache[oldest]
+            self._c_table.pop(oldest, None)
+        cache[sizes] = at
+        if at.entry is None:
+            self._c_table[sizes] = None  # the SizedLauncher returns at once
+        return at
+
+    def _publish(
+        self, sizes: tuple[int, ...], grid: tuple[int, ...], direct: DirectLaunch | None
+    ) -> None:
+        """Keep the SizedLauncher's entry for ``sizes`` (just decided, so remembered) in
+        step with their direct launch: its C launch (the first one installs the
+        SizedLauncher as ``fast``), or none (no direct launch, or its C launches failed)."""
+        entry = None if direct is None else c_entry(direct, grid)
+        if entry is None:
+            self._c_table.pop(sizes, None)
+            return
+        if self.fast is self and type(self).__call__ is TritonLauncher.__call__:
+            fast = c_sized_launcher(direct, self._nsizes, self._c_table, self)
+            if fast is not None:
+                self.fast, self._c_device = fast, direct.device
+        if self.fast is not self and direct.device == self._c_device:
+            self._c_table[sizes] = entry
 
     def sized_meta(self, sizes: Sequence[int], looped: bool = False) -> tuple[Any, dict]:
         """The kernel (``kernel`` or ``kernel_persistent``) and its meta at ``sizes``."""
