@@ -38,6 +38,10 @@ class RecordingBackend:
         assert len(placeholders) == len(example_inputs)
         for node, real in zip(placeholders, example_inputs):
             val = node.meta["val"]
+            if isinstance(val, torch.SymInt):  # an int input that is a symbol
+                env = gm.meta["shape_env"]
+                assert type(real) is int and env.hint(_expr(val)) == real
+                continue
             assert val.device.type == "meta" and val.dtype == real.dtype
             if symbolic(val):  # the symbols' hints are the example's sizes
                 env = gm.meta["shape_env"]
@@ -508,7 +512,10 @@ def test_graphs_after_a_break_are_symbolic_too(capsys):
     assert "size = y.size(1)" in backend.graphs[1].code
 
 
-def test_a_size_after_a_break_with_no_tensor_of_its_size_specializes(capsys):
+def test_a_size_after_a_break_with_no_tensor_of_its_size_is_an_int_input(capsys):
+    """The continuation gets ``n`` (no tensor argument has it as a size) as an int input
+    of its graph, bound to a symbol: one continuation graph serves every n."""
+
     def f(x):
         n = x.shape[1] * 2
         print("a graph break")
@@ -516,10 +523,16 @@ def test_a_size_after_a_break_with_no_tensor_of_its_size_specializes(capsys):
 
     backend = RecordingBackend()
     compiled = kiln_capture.optimize(backend, dynamic=True)(f)
-    for t in (5, 9):
+    for t in (5, 9, 13):
         x = torch.randn(3, t)
         assert_same(compiled(x), f(x))
-    assert len(backend.graphs) == 2  # one continuation graph per n
+    assert len(backend.graphs) == 1  # the continuation (no op comes before the break)
+    ints = [
+        n
+        for n in backend.graphs[0].graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta["val"], torch.SymInt)
+    ]
+    assert [n.meta["source"] for n in ints] == ["n"]
 
 
 # -- the native shape check ----------------------------------------------------------------
@@ -554,6 +567,7 @@ def test_the_native_shape_check_agrees_with_the_generated_one():
     assert "__k_bind" in shapes.call.__code__.co_names
 
     def agree(*args) -> bool:
+        args = (*args, 3) if len(args) == 2 else args  # n: an int input, a symbol too
         native = shapes.call(*args) is None
         python = shapes.fn(*args) is None
         assert native == python, args
@@ -569,6 +583,8 @@ def test_the_native_shape_check_agrees_with_the_generated_one():
     assert not agree(torch.randn(4, 6, 5)[:, :, :3].contiguous(), y)  # 3 against y
     assert not agree(torch.randn(4, 2, 5), torch.randn(4, 5, 2))  # s >= 2 holds; 2 > 3 fails
     assert not agree(torch.randn(4, 1, 5), torch.randn(4, 5, 1))  # a size-1 dimension
+    assert agree(x, y, 7)  # n is symbolic under dynamic=True
+    assert not agree(x, y, 3.0)  # not an int
 
 
 def test_without_python_guards_cache_hits_call_the_native_check_alone():

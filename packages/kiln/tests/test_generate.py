@@ -45,20 +45,13 @@ def _model(name: str):
     return model.eval()
 
 
-_INT_ATTRIBUTES = (
-    "Mistral's sliding-window cache layer keeps its length as a Python int attribute "
-    "(cumulative_length) that grows every step: kiln specializes ints held in objects, so "
-    "each step recompiles until the cache limit (torch.compile makes such ints symbolic)"
-)
-
-
 @pytest.mark.parametrize(
     "name",
     [
         "gpt2",
         "llama",
         "qwen2",
-        pytest.param("mistral", marks=pytest.mark.xfail(strict=True, reason=_INT_ATTRIBUTES)),
+        "mistral",
         "gemma",
         "phi",
     ],

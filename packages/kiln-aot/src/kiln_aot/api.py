@@ -63,7 +63,10 @@ def _signature(
     tensor = torch.Tensor
     for i, a in enumerate(flat):
         if symbolic is not None and i < len(symbolic) and symbolic[i] is not None:
-            parts.append(("symbolic", a.dim(), a.dtype, a.device, a.requires_grad))
+            if isinstance(a, tensor):
+                parts.append(("symbolic", a.dim(), a.dtype, a.device, a.requires_grad))
+            else:  # an int the plan takes as a symbol
+                parts.append(("symbolic int", type(a)))
         elif isinstance(a, tensor):
             parts.append(
                 (a.shape, a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad)

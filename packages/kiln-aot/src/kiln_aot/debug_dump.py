@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import torch
 from torch import fx
 
 from kiln_aot import config
@@ -35,9 +36,10 @@ def partition_report(fw: fx.GraphModule, num_fwd_outputs: int) -> str:
     lines, total = [], 0
     for n in saved:
         val = n.meta.get("val")
-        size = val.numel() * val.element_size() if val is not None else 0
+        if not isinstance(val, torch.Tensor):  # an int (a size symbol the backward binds)
+            lines.append(f"{n.name:<32} {type(val).__name__} {val}")
+            continue
+        size = val.numel() * val.element_size()
         total += size
-        lines.append(
-            f"{n.name:<32} {tuple(val.shape) if val is not None else '?'!s:<24} {val.dtype if val is not None else ''!s:<16} {size} bytes"
-        )
+        lines.append(f"{n.name:<32} {tuple(val.shape)!s:<24} {val.dtype!s:<16} {size} bytes")
     return "\n".join([f"saved {len(saved)} tensors, {total} bytes", *lines]) + "\n"

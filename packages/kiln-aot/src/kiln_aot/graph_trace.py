@@ -80,7 +80,9 @@ def make_inputs(
             fakes.append(tracer.input(f"{prefix}_{i + 1}", a, i, rg, symbolic=sym))
         else:
             node = tracer.graph.placeholder(f"{prefix}_{i + 1}")
-            a = _concrete(a)
+            sym = symbolic[i] if symbolic is not None and i < len(symbolic) else None
+            # an int input that is a symbol of kiln's capture: traced as that symbol
+            a = sym if isinstance(sym, torch.SymInt) else _concrete(a)
             node.meta["val"] = a
             fakes.append(a)
     return fakes
@@ -198,15 +200,19 @@ def build_module(tracer: Tracer, info: TraceInfo | None = None) -> fx.GraphModul
 
 def symbolic_inputs(gm: Any) -> list[Any] | None:
     """The symbolic sizes a torch-level graph's placeholders carry (capture's
-    ``meta["val"]`` with kiln_shapes sizes), one entry per placeholder (None where static);
-    None when no input is symbolic."""
+    ``meta["val"]`` with kiln_shapes sizes, or a SymInt for an int input), one entry per
+    placeholder (None where static); None when no input is symbolic."""
     if not isinstance(gm, fx.GraphModule):
         return None
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     # only kiln's own symbols: a graph from torch's capture carries torch's (FakeTensor and
-    # torch's SymNode); kiln then traces it per signature, as for static graphs
+    # torch's SymNode); kiln then traces it per signature, as for static graphs. An int
+    # input whose value is a symbol (capture's symbolic ints) is traced as that symbol.
     vals = [
-        v if isinstance(v, torch.Tensor) and is_symbolic(v) and env_of([v]) is not None else None
+        v
+        if (isinstance(v, torch.Tensor) and is_symbolic(v) or isinstance(v, torch.SymInt))
+        and env_of([v]) is not None
+        else None
         for v in vals
     ]
     return vals if any(v is not None for v in vals) else None

@@ -162,7 +162,9 @@ class CompiledFunction(torch.autograd.Function):
             written = {id(args[i]) for i in plan.info.mutated_inputs}
             saved = tuple(s.clone() if id(s) in written else s for s in saved)
         ctx.plan = plan
-        ctx.save_for_backward(*saved)
+        # ints (size symbols the backward binds) are kept apart: autograd saves tensors
+        ctx.saved_ints = {k: v for k, v in enumerate(saved) if not isinstance(v, torch.Tensor)}
+        ctx.save_for_backward(*(v for v in saved if isinstance(v, torch.Tensor)))
         nondiff = [
             fw_outs[i] for i in plan.nondifferentiable if isinstance(fw_outs[i], torch.Tensor)
         ]
@@ -175,6 +177,10 @@ class CompiledFunction(torch.autograd.Function):
         plan: TrainingPlan = ctx.plan
         tangents = [grad_outputs[i].contiguous() for i in plan.differentiable]
         saved = ctx.saved_tensors
+        if ctx.saved_ints:
+            tensors = iter(saved)
+            n = len(saved) + len(ctx.saved_ints)
+            saved = [ctx.saved_ints[k] if k in ctx.saved_ints else next(tensors) for k in range(n)]
         if torch.is_grad_enabled():
             # create_graph=True: the compiled backward is not itself differentiable.
             with torch.no_grad():

@@ -2,7 +2,8 @@
 
 An op traced with a symbolic size argument (``view(x, [s0, s1 // 2])``) needs that size as
 a node of the graph: each symbol is read from the first graph input that has it as a
-dimension (``aten.sym_size.int(arg, dim)``, placed after the placeholders), and an
+dimension (``aten.sym_size.int(arg, dim)``, placed after the placeholders) or from an int
+input that is the symbol itself, and an
 expression is built from those reads with Python arithmetic (``operator.mul``,
 ``operator.floordiv``, ...). One node per expression, reused by every op that needs it;
 ``meta["val"]`` is the SymInt. A compiler binds the symbols from its inputs and computes
@@ -56,6 +57,8 @@ class SymEmitter:
         phs = self.placeholders()
         for ph in phs:
             val = ph.meta.get("val")
+            if isinstance(val, torch.SymInt) and expr_of(val) == symbol:
+                return ph  # an int input that is the symbol (capture's symbolic ints)
             if not isinstance(val, torch.Tensor):
                 continue
             for d, s in enumerate(val.shape):

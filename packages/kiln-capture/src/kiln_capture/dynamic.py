@@ -15,6 +15,18 @@ A trace makes the size of an input dimension a symbol of its ShapeEnv (kiln-shap
 
 Sizes 0 and 1 stay specialized (kiln-shapes), and so do the sizes of inputs that are not
 dense (slices, expanded views): their strides are not products of their sizes.
+
+Design note: "symbolic ints"
+----------------------------
+An int read from the frame's arguments (an argument itself, or an attribute or item of an
+object passed in: the length a KV cache layer keeps as a Python int) becomes a symbol too:
+with ``dynamic=True`` from the first compile, with ``dynamic=None`` once its value differed
+between two compiles (``FrameShapes.int_varied``). The shape guard binds the symbol from
+the int (``ShapeGuards.add_int``); the graph reads it as the size of a tensor input that
+has it as a dimension, else as an int input of its own (a placeholder whose
+``meta["val"]`` is the SymInt, which backends receive as a Python int). Python that needs
+its value (``range(n)``, an index) specializes it with a guard, as for sizes. Ints held by
+modules (configuration: head counts, strides) and by globals stay constants, as do 0 and 1.
 """
 
 from __future__ import annotations
@@ -78,6 +90,7 @@ class FrameShapes:
     already varied). Automatic dynamic shapes read it and update it."""
 
     seen: dict[str, list[int | None]] = field(default_factory=dict)
+    ints: dict[str, int | None] = field(default_factory=dict)  # None: it varied
 
     def changed_dims(self, source: str, t: torch.Tensor) -> list[int]:
         """The dimensions of ``t`` whose size differs from an earlier compile's; records
@@ -92,6 +105,17 @@ class FrameShapes:
         ]
         self.seen[source] = now
         return [d for d, v in enumerate(now) if v is None]
+
+    def int_varied(self, source: str, value: int) -> bool:
+        """Whether the int read from ``source`` differed between earlier compiles and this
+        one; records ``value`` for the next one."""
+        if source not in self.ints:
+            self.ints[source] = value
+            return False
+        before = self.ints[source]
+        if before is not None and before != value:
+            self.ints[source] = before = None
+        return before is None
 
 
 def from_frame_arguments(source: Source, module_sources: set[Source]) -> bool:

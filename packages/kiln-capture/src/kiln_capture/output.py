@@ -20,7 +20,7 @@ import torch
 from torch import fx, nn
 
 from kiln_capture import autocast_state, breaks
-from kiln_capture.dynamic import FrameShapes, symbolic_dims
+from kiln_capture.dynamic import FrameShapes, from_frame_arguments, symbolic_dims
 from kiln_capture.errors import DynamicShapeError, Unsupported
 from kiln_capture.guards import GuardSet, default_device_name
 from kiln_capture.log import log
@@ -137,6 +137,7 @@ class OutputGraph:
         self.example_inputs: list[torch.Tensor] = []
         self.input_sources: dict[fx.Node, Source] = {}
         self._wrapped: dict[int, Var] = {}
+        self._int_inputs: dict[str, SymIntVar] = {}  # symbolic int inputs, by source
         self._keepalive: list[object] = []
         self._frozen: set[Source] = set()
         self._placeholder_names: set[str] = set()
@@ -162,6 +163,10 @@ class OutputGraph:
     def wrap(self, value: object, source: Source) -> Var:
         """A value read from ``source``; records the guards the trace relies on."""
         rooted = not isinstance(source, ConstRef) and not self._below_frozen(source)
+        if type(value) is int and rooted:
+            symbolic = self._dynamic_int(value, source)
+            if symbolic is not None:
+                return symbolic
         if isinstance(value, LITERAL_TYPES) or isinstance(
             value, torch.dtype | torch.device | torch.memory_format | torch.layout
         ):
@@ -316,13 +321,7 @@ class OutputGraph:
             nn.Buffer if hasattr(nn, "Buffer") else torch.Tensor,
         ):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor subclass {type(t).__name__}")
-        name = base = _input_name(source.expr())
-        n = 1
-        while name in self._placeholder_names:
-            name = f"{base}_{n}"
-            n += 1
-        self._placeholder_names.add(name)
-        node = self.graph.placeholder(name)
+        node = self.graph.placeholder(self._input_name(source))
         meta = self._symbolic_meta(t, source)
         if meta is None:
             self.guards.tensor(source, t)
@@ -335,6 +334,16 @@ class OutputGraph:
         self.example_inputs.append(t)
         self.input_sources[node] = source
         return TensorVar(node, meta, t.device, source, cls=type(t))
+
+    def _input_name(self, source: Source) -> str:
+        """A placeholder name for ``source`` not used yet in this graph."""
+        name = base = _input_name(source.expr())
+        n = 1
+        while name in self._placeholder_names:
+            name = f"{base}_{n}"
+            n += 1
+        self._placeholder_names.add(name)
+        return name
 
     def _symbolic_meta(self, t: torch.Tensor, source: Source) -> torch.Tensor | None:
         """A meta tensor with symbolic sizes for an input some of whose dimensions are
@@ -380,16 +389,44 @@ class OutputGraph:
         an int, or ``dynamic=False``."""
         if type(value) is not int or self.dynamic is False:
             return self.wrap(value, source)
+        return self._symbolic_int(value, source, duck=True) or self.wrap(value, source)
+
+    def _dynamic_int(self, value: int, source: Source) -> SymIntVar | None:
+        """An int read from the frame's arguments (a local, or an attribute or item of an
+        object passed in, such as a KV cache layer's length) as a symbol: with
+        ``dynamic=True`` from the first compile, automatically once its value changed
+        between two compiles of the frame (dynamic.py, "symbolic ints"). None: it stays a
+        guarded constant (ints held by modules, globals, 0 and 1, ``dynamic=False``)."""
+        if self.dynamic is False or isinstance(source, ConstRef):
+            return None
+        e = source.expr()
+        known = self._int_inputs.get(e)
+        if known is not None:
+            return known
+        if not from_frame_arguments(source, self.module_sources):
+            return None
+        if self.dynamic is None and (
+            self.frame_shapes is None or not self.frame_shapes.int_varied(e, value)
+        ):
+            return None
+        return self._symbolic_int(value, source, duck=False)
+
+    def _symbolic_int(self, value: int, source: Source, duck: bool) -> SymIntVar | None:
+        """``value`` read from ``source`` as a symbol the shape guard binds from it (None
+        for 0 and 1, which specialize). Its graph node is the size of a tensor input that
+        has the symbol as a dimension, else an int input of the graph (a placeholder whose
+        ``meta["val"]`` is the SymInt)."""
+        e = source.expr()
         env = self.shape_env
-        symbol = env.create_symbol(value, source.expr(), duck=True)
+        symbol = env.create_symbol(value, e, duck=duck)
         if symbol.is_Integer:
-            return self.wrap(value, source)
-        self.guards.shapes.add_int(source.expr(), symbol, value)
+            return None
+        self.guards.shapes.add_int(e, symbol, value)
 
         def make():
             found = self.guards.shapes.tensor_source(symbol)
-            if found is None:  # no tensor input has this size: the graph gets the value
-                return int(var.value)
+            if found is None:
+                return self._int_placeholder(var, value, source)
             expr, dim = found
             node = next(n for n, src in self.input_sources.items() if src.expr() == expr)
             return self.size_of(
@@ -397,7 +434,17 @@ class OutputGraph:
             ).node
 
         var = SymIntVar(self, env.symint(symbol), make)
+        self._int_inputs[e] = var
         return var
+
+    def _int_placeholder(self, var: SymIntVar, value: int, source: Source) -> fx.Node:
+        """A graph input for a symbolic int no tensor input has as a size."""
+        node = self.graph.placeholder(self._input_name(source))
+        node.meta["val"] = var.value
+        node.meta["source"] = source.expr()
+        self.example_inputs.append(value)
+        self.input_sources[node] = source
+        return node
 
     def _locate(self) -> str | None:
         """The line the evaluator is at (a shape guard's ``where``): of the innermost

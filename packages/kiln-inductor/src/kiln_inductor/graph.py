@@ -37,7 +37,7 @@ from .ir.nodes import (
     View,
 )
 from .ir.ops import CountingHandler, ops_handler
-from .ir.symbols import coefficients, index_vars, size_hint, sym
+from .ir.symbols import coefficients, index_vars, is_size_symbol, size_hint, sym
 from .lowering.context import lowering_context
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
 from .passes import is_channels_last, run_passes
@@ -357,6 +357,11 @@ class GraphLowering:
                     self.ir.inputs.append(buf)
                     self.ir.buffers[buf.name] = buf
                     env[n] = StorageView(buf, layout)
+                elif isinstance(val, torch.SymInt) and is_size_symbol(sym(val)):
+                    # an int input that is a size symbol: the wrapper binds it from the call
+                    self.ir.inputs.append(None)  # type: ignore[arg-type]
+                    self.ir.symbol_inputs[i] = sym(val)
+                    env[n] = sym(val)
                 else:
                     self.ir.inputs.append(None)  # type: ignore[arg-type]
                     env[n] = self.example_inputs[i] if i < len(self.example_inputs) else val

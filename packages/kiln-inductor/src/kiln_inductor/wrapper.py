@@ -181,7 +181,11 @@ class WrapperCodegen:
         ]
         self.device_errors = self._device_errors(rows)
         with_rows = {name for name, _ in rows}
-        ins = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.ir.inputs)]
+        symbols = self.ir.symbol_inputs  # int inputs that are size symbols bind them here
+        ins = [
+            b.name if b is not None else symbols[k].name if k in symbols else f"_unused{k}"
+            for k, b in enumerate(self.ir.inputs)
+        ]
         # checked=False: the caller guarantees the inputs' layouts (CompiledGraph.guarded)
         out = ["def call(args, checked=True):"]
         body: list[str] = []
@@ -214,11 +218,11 @@ class WrapperCodegen:
         return "\n".join(out) + "\n"
 
     def _bind_symbols(self) -> list[str]:
-        """``s0 = arg0.size(1)`` for every size symbol, read from the first input that has
-        it as a dimension; then a restride of each input whose strides are symbolic and
+        """``s0 = arg0.size(1)`` for every size symbol not passed as an int input, read from
+        the first input that has it as a dimension; then a restride of each input whose strides are symbolic and
         differ from the ones kernels index it with (``CompiledGraph`` checks static ones)."""
         lines: list[str] = []
-        self.bound: set[str] = set()
+        self.bound: set[str] = {s.name for s in self.ir.symbol_inputs.values()}
         for b in self.ir.inputs:
             if b is None:
                 continue

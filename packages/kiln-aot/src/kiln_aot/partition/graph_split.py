@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import torch
 from kiln_shapes import expr_of
 from torch import fx
 
@@ -125,6 +126,7 @@ def split_with_saved(
     primals, tangents = placeholders(graph, "primals"), placeholders(graph, "tangents")
     outs = output_values(graph)
     fw_outs, grads = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+    saved = [*saved, *_int_symbols_to_save(primals, [*saved, *tangents])]
     fw = build_graph(joint, primals, [*fw_outs, *saved], [p.name for p in primals], "forward")
     saved_names = [f"saved_{n.name}" for n in saved]
     # what the backward recomputes from saved values comes just before its first use, as
@@ -143,6 +145,25 @@ def split_with_saved(
     fw.meta["kiln_aot_saved"] = tuple(n.name for n in saved)
     bw.meta["kiln_aot_saved"] = tuple(n.name for n in saved)
     return fw, bw
+
+
+def _int_symbols_to_save(primals: Sequence[fx.Node], bw_inputs: Sequence[fx.Node]) -> list[fx.Node]:
+    """Int inputs that are size symbols (kiln-capture's symbolic ints) no tensor the
+    backward receives has as a size: saved, so the backward can bind them."""
+    have = set()
+    for n in bw_inputs:
+        val = n.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            have.add(expr_of(val))
+        elif isinstance(val, torch.Tensor):
+            have |= {expr_of(d) for d in val.shape if isinstance(d, torch.SymInt)}
+    out = []
+    for p in primals:
+        val = p.meta.get("val")
+        if isinstance(val, torch.SymInt) and expr_of(val) not in have:
+            have.add(expr_of(val))
+            out.append(p)
+    return out
 
 
 def saved_bytes(gm_or_nodes: fx.GraphModule | Sequence[fx.Node]) -> int:

@@ -279,3 +279,5 @@ class GraphIR:
     nodes: list[Node] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)  # StorageView | Constant | None
     buffers: dict[str, Buffer] = field(default_factory=dict)
+    # int inputs that are size symbols (kiln-capture's symbolic ints): position -> symbol
+    symbol_inputs: dict[int, Any] = field(default_factory=dict)
