@@ -39,6 +39,8 @@ def build(name: str, device: str, dtype):
         GPT2LMHeadModel,
         LlamaConfig,
         LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
     )
@@ -47,7 +49,11 @@ def build(name: str, device: str, dtype):
     if name == "gpt2":
         cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, n_positions=256)
         return _ready(GPT2LMHeadModel(cfg), device, dtype)
-    families = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    families = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),  # a sliding-window cache
+    }
     if name not in families:
         raise ValueError(name)
     config_cls, model_cls = families[name]
@@ -170,7 +176,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--models", default="gpt2,llama,qwen2")
+    ap.add_argument("--models", default="gpt2,llama,qwen2,mistral")
     ap.add_argument("--prompts", default="5,9,17")
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--samples", type=int, default=3)

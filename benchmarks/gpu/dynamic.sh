@@ -25,7 +25,7 @@ if [[ $PART == *tests* ]]; then
 fi
 if [[ $PART == *generate* ]]; then
     timeout ${GEN_TIMEOUT:-400} python3 benchmarks/generate.py --device cuda --dtype bfloat16 \
-        --models ${GEN_MODELS:-gpt2,llama,qwen2} --prompts 5,9,17 --new-tokens 24 --samples 3 \
+        --models ${GEN_MODELS:-gpt2,llama,qwen2,mistral} --prompts 5,9,17 --new-tokens 24 --samples 3 \
         --timeout ${ROW_TIMEOUT:-100} --out "$OUT/generate_cuda_bfloat16.json" \
         > "$OUT/generate_cuda.log" 2>&1
     grep -v "^\[transformers\]" "$OUT/generate_cuda.log" | grep -v "^frame #" | tail -14

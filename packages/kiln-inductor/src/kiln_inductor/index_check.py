@@ -129,17 +129,36 @@ class DeviceIndexErrors:
         self.tensor = torch.zeros(len(kernels), 2, dtype=torch.int64, device=device)
         self.rows = list(self.tensor)  # the kernels' arguments
         self.kernels = list(kernels)  # (checks, inputs written in place) per row
+        # on a GPU the rows are copied into page-locked host memory (one small async copy
+        # and a stream synchronization; ``tolist()`` staged them through pageable memory
+        # and built Python lists every call) and read there as a numpy view
+        self.host = None
+        if self.tensor.is_cuda:
+            self.host = torch.zeros(len(kernels), 2, dtype=torch.int64, pin_memory=True)
+            try:
+                self.host_codes: Any = self.host.numpy()[:, 0]
+            except RuntimeError:  # torch without numpy
+                self.host_codes = self.host[:, 0]
 
     def check(self) -> None:
         t = self.tensor
-        if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        if self.host is None:  # CPU tensors (the Triton interpreter): read them directly
+            self._raise_failed(t.tolist())
+            return
+        if torch.cuda.is_current_stream_capturing():
             deferred = getattr(_capture, "deferred", None)
             if deferred is not None and self not in deferred:
                 deferred.append(self)
             return
-        for row, (code, value) in enumerate(t.tolist()):
+        self.host.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        if self.host_codes.any():
+            self._raise_failed(self.host.tolist())
+
+    def _raise_failed(self, rows: list[list[int]]) -> None:
+        for row, (code, value) in enumerate(rows):
             if code:
-                t.zero_()
+                self.tensor.zero_()
                 sites, written = self.kernels[row]
                 raise_index_error(sites, code, value, written)
 
