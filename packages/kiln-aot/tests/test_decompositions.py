@@ -186,3 +186,43 @@ def test_low_precision_inputs_are_computed_in_fp32_like_eager(name):
     got, expected = gm(*inputs)[0], fn(*inputs)
     assert got.dtype == expected.dtype == torch.bfloat16
     assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
+
+
+def _targets(gm):
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("shape", [(), (3, 7)])
+def test_bucketize_and_take_trace_to_core_index_ops(shape, right):
+    """torch's decompositions index with Python's ``t[i]``, which takes ``i.item()`` for a
+    0-dim ``i``; kiln's use ``index.Tensor``: core ops only, eager's values (a tie, NaN)."""
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 0.5, 2.0, float("nan")])
+    x = torch.randn(shape)
+    if x.dim():
+        x[0, :3] = torch.tensor([0.0, float("nan"), 5.0])
+
+    def f(x, b, i):
+        return (
+            torch.bucketize(x, b, right=right),
+            torch.bucketize(x, b, right=right, out_int32=True),
+            torch.take(x, i),
+        )
+
+    inputs = [x, boundaries, torch.randint(-x.numel(), x.numel(), shape)]
+    gm = trace(f, inputs)
+    kiln_aot.verify_graph(gm)
+    assert all(kiln_aot.core_ops.is_allowed(t) for t in _targets(gm)), gm.code
+    for got, want in zip(gm(*inputs), f(*inputs)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_hypot_with_a_0dim_operand_stays_whole():
+    """prims.hypot's meta kernel does not broadcast a 0-dim operand: aten.hypot is kept (the
+    compiler lowers it)."""
+    inputs = [r(5), torch.randn(())]
+    gm = trace(torch.hypot, inputs)
+    kiln_aot.verify_graph(gm)
+    assert aten.hypot.default in _targets(gm), gm.code
+    assert_close(gm(*inputs)[0], torch.hypot(*inputs))

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 
 import kiln_aot
@@ -58,3 +61,50 @@ def test_library_callable_excludes_writes_and_aliases():
     assert not core_ops.is_library_callable(aten.add_.Tensor)  # writes its argument
     assert not core_ops.is_library_callable(aten.alias.default)  # returns an alias
     assert not core_ops.is_library_callable(aten.nonzero.default)  # data-dependent shape
+
+
+def _shapes(out):
+    out = out if isinstance(out, (tuple, list)) else [out]
+    return [(tuple(t.shape), t.stride(), t.dtype) for t in out]
+
+
+def test_meta_kernels_of_library_ops_match_eager_layouts():
+    """geqrf and the histogram ops have no meta kernel in torch; kiln_aot registers one
+    (decompositions/meta.py) with eager's shapes, strides (geqrf: column-major) and errors."""
+    aten = torch.ops.aten
+    b2, b4 = torch.tensor([0.0, 1.0]), torch.tensor([-1.0, 0.0, 1.0, 2.0])
+    calls = [
+        *[(aten.geqrf.default, torch.randn(s)) for s in [(5, 3), (3, 5), (2, 4, 3), (4, 0, 2)]],
+        (aten.geqrf.default, torch.randn(3, 5).t()),
+        (lambda x: aten.histogram.bin_ct(x, 4), torch.randn(4, 5)),
+        (lambda x: aten.histogram.bins_tensor(x, b4), torch.randn(7)),
+        (lambda x: aten._histogramdd_bin_edges.default(x, [3, 4]), torch.randn(6, 2)),
+        (lambda x: aten._histogramdd_from_bin_cts.default(x, [3, 4]), torch.randn(2, 3, 2)),
+        (lambda x: aten._histogramdd_from_bin_tensors.default(x, [b2, b4]), torch.randn(6, 2)),
+    ]
+    for op, x in calls:
+        assert _shapes(op(x.to("meta"))) == _shapes(op(x))
+    for bad in (torch.zeros(3), torch.zeros(3, 3, dtype=torch.long)):
+        with pytest.raises(RuntimeError) as eager:
+            aten.geqrf.default(bad)
+        with pytest.raises(RuntimeError, match=re.escape(str(eager.value).splitlines()[0])):
+            aten.geqrf.default(bad.to("meta"))
+
+
+def test_ops_without_a_torch_meta_kernel_stay_as_library_calls():
+    def f(x, b):
+        a, tau = torch.geqrf(x * 2)
+        hist, edges = torch.histogram(x.flatten(), 5)
+        dd, dd_edges = torch.histogramdd(x[:, :2], [b, b])
+        return a + 1, tau, hist, edges, dd, *dd_edges
+
+    x, b = torch.randn(6, 3), torch.tensor([-1.0, 0.0, 0.5, 1.0])
+    gm = trace(f, [x, b])
+    kiln_aot.verify_graph(gm)
+    assert {str(n.target) for n in _library_nodes(gm)} >= {
+        "aten.geqrf.default",
+        "aten.histogram.bin_ct",
+        "aten._histogramdd_from_bin_tensors.default",
+    }
+    for got, want in zip(gm(x, b), f(x, b)):
+        torch.testing.assert_close(got, want)

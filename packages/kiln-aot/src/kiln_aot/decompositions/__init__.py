@@ -13,7 +13,17 @@ from typing import Any
 
 import torch._decomp
 
-from kiln_aot.decompositions import attention, foreach, linalg, nn, prims, reductions, tensor  # noqa: F401  (registers)
+from kiln_aot.decompositions import (  # noqa: F401  (registers)
+    attention,
+    foreach,
+    indexing,
+    linalg,
+    meta,
+    nn,
+    prims,
+    reductions,
+    tensor,
+)
 from kiln_aot.decompositions.registry import KILN_DECOMPOSITIONS, register
 
 
@@ -26,10 +36,13 @@ def _chain(first: Callable, second: Callable) -> Callable:
 
 
 # ops whose torch decomposition only reaches a prim of the same name (nothing to fuse), and
-# whose prims' meta kernels do not broadcast: kept whole, as library calls
+# whose prims' meta kernels do not broadcast (on meta tensors a 0-dim operand is no longer a
+# CPU scalar they let through): kept whole, as library calls, or as kernels where the
+# compiler lowers the op itself (hypot)
 _LIBRARY_PREFERRED = frozenset(
     getattr(getattr(torch.ops.aten, name), overload)
     for name, overload in (
+        ("hypot", "default"),
         ("nextafter", "default"),
         ("igamma", "default"),
         ("igammac", "default"),
