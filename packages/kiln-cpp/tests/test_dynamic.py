@@ -115,3 +115,14 @@ def test_memory_efficient_attention_bias_of_symbolic_length_is_padded():
     (graph,) = counting.graphs
     # the bias's rows: 16 * ceil(t / 16) elements
     assert re.search(r"16\*\(\(s\d+ \+ 15\) // 16\), 1\)", graph.wrapper_source)
+
+
+def test_constant_padding_of_a_symbolic_dimension():
+    """The pad's bounds test reads the padded dimension's size as an index expression
+    (it converted the size to an int and failed: HF GPT-2's attention bias on the H200)."""
+
+    def fn(x):
+        pad = torch.ops.aten.constant_pad_nd(x * 2, [1, 3, 0, 2], 0.5)
+        return (pad.softmax(-1),)
+
+    _check_sizes(fn, lambda b, t: (torch.randn(b, t),), [[0, 1]])

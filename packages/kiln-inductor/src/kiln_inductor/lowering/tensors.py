@@ -249,7 +249,7 @@ def constant_pad_nd(x: TensorValue, pad: Sequence[int], value: Any = 0) -> Tenso
             i = ops.index_expr(src, torch.int64)
             ok = ops.logical_and(
                 ops.ge(i, ops.constant(0, torch.int64)),
-                ops.lt(i, ops.constant(int(x.size[d]), torch.int64)),
+                ops.lt(i, ops.index_expr(sym(x.size[d]), torch.int64)),  # a symbolic size too
             )
             mask = ok if mask is None else ops.logical_and(mask, ok)
         v = loader(idx)
