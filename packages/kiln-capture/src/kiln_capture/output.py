@@ -65,6 +65,9 @@ _INLINED_TORCH_MODULES = (
     "torch.utils._contextlib",
     "torch.autograd.grad_mode",
     "torch.amp.autocast_mode",
+    # functional collectives: Python over torch.ops._c10d_functional (a collective, then
+    # wait_tensor where a compiler traces it), which the graph records as ops
+    "torch.distributed._functional_collectives",
 )
 
 

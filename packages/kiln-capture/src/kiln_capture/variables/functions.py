@@ -263,6 +263,13 @@ class BoundMethodVar(Var):
         return f"__k_MethodType({cg.rebuild(self.fn)}, {cg.rebuild(self.obj)})"
 
 
+def _process_group_const(tx, v: Var) -> Var:
+    from kiln_capture.variables.objects import guarded_process_group
+
+    group = guarded_process_group(tx, v)
+    return v if group is None else ConstVar(group)
+
+
 def _value_of(v: Var) -> object:
     """The Python value of an argument a torch function reads and does not keep: constants,
     and lists of them (``torch.tensor([], dtype=...)``, as HF's cache layers call it: a
@@ -382,6 +389,8 @@ class TorchFnVar(Var):
         ):  # torch.arange(t), torch.ones(t, t), torch.sym_max(t, 4): sizes stay symbolic
             tx.out.guard_factory_defaults()
             return tx.out.tensor_op("call_function", fn, list(args), kwargs)
+        # a ProcessGroup is a guarded constant to queries such as c10d's group size
+        args = [_process_group_const(tx, a) for a in args]
         try:
             consts = [_value_of(a) for a in args]
             kw = {k: _value_of(v) for k, v in kwargs.items()}

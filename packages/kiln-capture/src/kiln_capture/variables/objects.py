@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import types
 from typing import Any
 
@@ -13,9 +14,9 @@ import torch
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
-from kiln_capture.sources import AttrSource
+from kiln_capture.sources import AttrSource, ConstRef
 from kiln_capture.variables.base import Var
-from kiln_capture.variables.constants import ConstVar, is_constant_value
+from kiln_capture.variables.constants import ConstMethodVar, ConstVar, is_constant_value
 from kiln_capture.variables.containers import NamedTupleVar, TupleVar
 from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, AutocastVar, GradModeVar
 from kiln_capture.variables.modules import lookup_class_attr
@@ -79,6 +80,12 @@ class ObjectVar(Var):
             return tx.out.wrap(value, AttrSource(self.source, name))
         return tx.out.wrap_value(value)
 
+    def _process_group_attr(self, tx, name: str) -> Var:
+        """A ProcessGroup's name, size or rank (a property or a method): a constant of this
+        group, whose identity is guarded (functional collectives read its name)."""
+        attr = getattr(guarded_process_group(tx, self), name)
+        return ConstMethodVar(self.value, name) if callable(attr) else ConstVar(attr)
+
     def getattr(self, tx, name: str) -> Var:
         v = self.value
         pending = tx.out.side_effects.pending_attr(self, name)
@@ -98,6 +105,8 @@ class ObjectVar(Var):
 
                 return BoundMethodVar(tx.out.wrap_value(attr.__func__), self)
             return self._child(tx, getattr(v, name), name)
+        if name in _PROCESS_GROUP_READS and _is_process_group(v):
+            return self._process_group_attr(tx, name)
         if inspect.isfunction(inspect.getattr_static(type(v), "__getattribute__", None)):
             return self._real_getattr(tx, name)
         static = inspect.getattr_static(type(v), name, None)
@@ -313,6 +322,28 @@ def is_constant_value_type(cls: type) -> bool:
         torch.iinfo,
         frozenset,
     )
+
+
+# what code reads from a torch.distributed ProcessGroup: fixed when the group is made
+_PROCESS_GROUP_READS = frozenset(
+    {"group_name", "group_desc", "size", "rank", "name", "bound_device_id"}
+)
+
+
+def _is_process_group(value: object) -> bool:
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    return c10d is not None and isinstance(value, getattr(c10d, "ProcessGroup", ()))
+
+
+def guarded_process_group(tx, var: Var) -> object | None:
+    """The ProcessGroup ``var`` holds, its identity guarded (a group's name, size and rank
+    are fixed when it is made: code reading them may use them as constants); None when
+    ``var`` holds no ProcessGroup."""
+    if not isinstance(var, ObjectVar) or not _is_process_group(var.value):
+        return None
+    if var.source is not None and not isinstance(var.source, ConstRef):
+        tx.out.guards.id_is(var.source, var.value)
+    return var.value
 
 
 class NewObjectVar(Var):

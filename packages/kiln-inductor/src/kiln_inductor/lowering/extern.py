@@ -27,6 +27,28 @@ register_extern(
     aten.embedding_dense_backward,  # kept whole by kiln-aot: eager's sorted, parallel kernel
 )
 
+# torch.distributed's functional collectives and their wait (passes/collectives.py orders
+# them): library calls by nature, present where torch was built with distributed support
+_c10d = getattr(torch.ops, "_c10d_functional", None)
+if torch.distributed.is_available() and _c10d is not None:
+    register_extern(
+        *(
+            getattr(_c10d, name)
+            for name in (
+                "all_reduce",
+                "all_reduce_coalesced",
+                "all_gather_into_tensor",
+                "all_gather_into_tensor_coalesced",
+                "reduce_scatter_tensor",
+                "reduce_scatter_tensor_coalesced",
+                "all_to_all_single",
+                "broadcast",
+                "wait_tensor",
+            )
+            if hasattr(_c10d, name)
+        )
+    )
+
 # Fused attention: kiln-aot keeps the kernel scaled_dot_product_attention picks (and its
 # backward) as one op. Its outputs' strides follow its inputs' (CPU flash attention returns
 # the query's layout), so the inputs are handed over in the strides they were traced with:

@@ -14,6 +14,7 @@ under ``KILN_LOG=passes`` and, with a debug directory, writes the graph after ea
 | ``depthwise_layout`` | ``depthwise_layout.py`` | depthwise convolutions read channels-last operands (CPU) |
 | ``matmul_bias`` | ``matmul_bias.py`` | bias adds only library kernels read are back in ``addmm`` |
 | ``layout`` | ``layout.py`` | channels-last where configured (result: whether it applied) |
+| ``collectives`` | ``collectives.py`` | collectives start after their inputs, their waits come before their first reader |
 
 ``readers.py`` (not a pass) says which kernels read a node's value, through views: library
 kernels only (``matmul_bias``) or at least one (``GraphLowering.lower_node`` realizes such
@@ -33,6 +34,7 @@ import torch.fx
 
 from .. import log
 from .broadcast_bmm import fold_broadcast_bmm
+from .collectives import schedule_collectives
 from .cse import eliminate_common_subexpressions
 from .depthwise_layout import depthwise_channels_last
 from .layout import is_channels_last, to_channels_last
@@ -56,6 +58,7 @@ PASSES: list[GraphPass] = [
     GraphPass("depthwise_layout", depthwise_channels_last),
     GraphPass("matmul_bias", lambda gm, device: fold_matmul_bias(gm)),
     GraphPass("layout", to_channels_last),
+    GraphPass("collectives", lambda gm, device: schedule_collectives(gm)),
 ]
 
 

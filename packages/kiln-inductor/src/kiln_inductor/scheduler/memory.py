@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, StorageView
+from ..passes.collectives import is_collective_op, is_wait_op
 from .fuse import FusedGroup, Step
 
 
@@ -53,6 +54,16 @@ def plan_memory(steps: list[Step], ir: GraphIR) -> MemoryPlan:
                 alias_end = len(steps)
             for b in step.input_buffers():
                 last_use[b] = max(last_use.get(b, k), alias_end)
+    # a collective in flight may read its inputs until its wait: they live until then
+    started: dict[str, list[str]] = {}  # a collective's output -> its inputs
+    for k, step in enumerate(steps):
+        if isinstance(step, ExternKernel) and is_collective_op(step.op):
+            for o in step.outputs:
+                started[o.name] = step.input_buffers()
+        elif isinstance(step, ExternKernel) and is_wait_op(step.op):
+            for b in step.input_buffers():
+                for src in started.get(b, ()):
+                    last_use[src] = max(last_use.get(src, k), k)
     for b in outputs:
         last_use[b] = len(steps)
     owned: set[str] = set()
