@@ -64,9 +64,78 @@ def main(rank: int, world: int, init: str, debug: str) -> None:
             assert stats["breaks"] == stats["fallbacks"] == stats["eager_frames"] == 0, stats
             if name == "reduce_then_compute":
                 _assert_wait_after_independent_work(folder)
+        for name, make_model in _models().items():
+            _check_ddp(name, make_model, rank)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _models():
+    def mlp():
+        layers = [m for _ in range(4) for m in (torch.nn.Linear(64, 64), torch.nn.GELU())]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(64, 8))
+
+    def gpt2():
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+        )  # fmt: skip
+        return GPT2LMHeadModel(cfg)
+
+    return {"mlp": mlp, "hf_gpt2": gpt2}
+
+
+def _check_ddp(name: str, make_model, rank: int) -> None:
+    """``kiln.compile(DDP(model))`` with small buckets: the graph is split into several
+    pieces (one per bucket), and after SGD steps (the last two accumulated under
+    ``no_sync()`` then synchronized) every parameter equals eager DDP's on this rank."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import kiln
+    import kiln.distributed
+
+    kiln.reset()
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(DDP(make_model(), bucket_cap_mb=0.02))
+    eager, mine = models
+    compiled = kiln.compile(mine)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    g = torch.Generator().manual_seed(100 + rank)
+
+    def batch():
+        if name == "hf_gpt2":
+            ids = torch.randint(0, 128, (2, 16), generator=g)
+            return (ids,), ids
+        return (torch.randn(16, 64, generator=g),), torch.randn(16, 8, generator=g)
+
+    def loss(model, args, target):
+        out = model(*args)
+        if name == "hf_gpt2":
+            logits = out.logits[:, :-1].reshape(-1, 128)
+            return torch.nn.functional.cross_entropy(logits, target[:, 1:].reshape(-1))
+        return ((out - target) ** 2).mean()
+
+    for step in range(4):
+        args, target = batch()
+        for model, fn, opt in zip(models, (eager, compiled), opts):
+            if step == 2:  # accumulate locally, then synchronize on the next step
+                with model.no_sync():
+                    loss(fn, args, target).backward()
+                continue
+            loss(fn, args, target).backward()
+            opt.step()
+            opt.zero_grad()
+    for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=f"{name}: {pname}")
+    stats = kiln.stats()
+    assert stats["graphs"] >= 1, stats
+    assert stats["breaks"] == stats["fallbacks"] == stats["eager_frames"] == 0, (name, stats)
+    assert kiln.distributed.SPLITS and min(kiln.distributed.SPLITS) >= 2, kiln.distributed.SPLITS
 
 
 def _assert_wait_after_independent_work(folder: str) -> None:

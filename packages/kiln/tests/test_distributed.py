@@ -5,7 +5,11 @@ inlines the library's Python; a ProcessGroup's name and size are constants of th
 group), so a function calling them is one graph with no break; the collectives and their
 waits are library calls of the compiled graph, each collective issued as soon as its input
 exists and its wait just before the first kernel that reads the result
-(kiln_inductor.passes.collectives). Results equal eager's on every rank."""
+(kiln_inductor.passes.collectives). Results equal eager's on every rank.
+
+``kiln.compile(DDP(model))`` splits the graph at gradient buckets (kiln/distributed.py):
+an MLP and HF GPT-2 train to the parameters eager DDP reaches, with several pieces per
+graph, ``no_sync()`` included."""
 
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 def test_functional_collectives_compile_into_one_graph_on_two_ranks(tmp_path):
     """Each rank (distributed_worker.py) compiles an all_reduce with independent work
     beside it, an all_gather then reduce_scatter, and an all_to_all_single, and checks
-    them against eager with one graph and no break, fallback or eager frame."""
+    them against eager with one graph and no break, fallback or eager frame; then trains
+    DDP-wrapped models against eager DDP."""
     init = "file://" + str(tmp_path / "store")
     world = 2
     ranks = [

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 import kiln_capture
-from kiln import backends
+from kiln import backends, distributed
 from kiln.config import resolve_options
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,6 +75,9 @@ def compile(
     guarded = backends.with_fallback(
         name, fn, allow_fallback=not (fullgraph or resolved["raise_on_error"])
     )
+    if distributed.is_ddp(model):
+        # one piece per gradient bucket: DDP's all-reduce overlaps the backward
+        guarded = distributed.split_at_buckets(guarded, model.bucket_bytes_cap)
     # dynamic: True makes every size of every tensor argument symbolic, None makes the
     # sizes that changed symbolic when a frame compiles again, False specializes them all
     # (kiln_capture's dynamic.py); kiln.mark_dynamic / mark_static decide per dimension
@@ -132,6 +135,7 @@ def reset() -> None:
     """Forget every compiled frame and cache entry (``torch._dynamo.reset``)."""
     kiln_capture.reset()
     backends.FALLBACKS[0] = 0
+    distributed.SPLITS.clear()
 
 
 def stats() -> dict[str, int]:

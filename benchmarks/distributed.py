@@ -1,0 +1,227 @@
+"""DDP training step on CPU processes over gloo: eager, torch.compile and kiln side by side.
+
+    python benchmarks/distributed.py [--world 2] [--model mlp|gpt2] [--steps 12]
+
+Each rank trains the same model wrapped in ``DistributedDataParallel`` (buckets of
+``--bucket-mb``) with SGD, once per compiler, in one process per rank:
+
+- ``eager``: DDP as it is;
+- ``torch.compile``: ``torch.compile(ddp_model)`` (torch's DDPOptimizer splits its graph);
+- ``kiln``: ``kiln.compile(ddp_model)`` (one graph piece per gradient bucket,
+  kiln/distributed.py);
+- ``kiln one graph``: the same with the split turned off (``bucket_bytes_cap`` raised for
+  the compile only), the reference for the overlap column.
+
+Per compiler: the median step time (forward, backward, optimizer) over ``--steps`` steps
+after warm-up, with the spread (min-max), and, from a trace of when DDP launched each
+bucket's all-reduce (a communication hook that records the time, then all-reduces as
+DDP's default hook does), ``first bucket at``: how far into the backward (0 = its start,
+1 = its end) the first all-reduce started, median over the steps. Far below 1 means the
+all-reduce overlapped the backward. Graphs, breaks and fallbacks are counted per row;
+parameters after the steps are compared with eager's on every rank. Rank 0 prints the
+table and writes benchmarks/results/distributed_cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+COMPILERS = ("eager", "torch.compile", "kiln", "kiln one graph")
+
+
+def _model(name: str):
+    import torch
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(
+            n_layer=4, n_embd=256, n_head=4, vocab_size=2048, n_positions=128,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+        )  # fmt: skip
+        return GPT2LMHeadModel(cfg)
+    layers = [m for _ in range(8) for m in (torch.nn.Linear(512, 512), torch.nn.GELU())]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(512, 16))
+
+
+def _batch(name: str, g):
+    import torch
+
+    if name == "gpt2":
+        ids = torch.randint(0, 2048, (4, 64), generator=g)
+        return (ids,), ids
+    return (torch.randn(64, 512, generator=g),), torch.randn(64, 16, generator=g)
+
+
+def _loss(name: str, out, target):
+    import torch.nn.functional as F
+
+    if name == "gpt2":
+        return F.cross_entropy(out.logits[:, :-1].reshape(-1, 2048), target[:, 1:].reshape(-1))
+    return ((out - target) ** 2).mean()
+
+
+def _recording_hook(launches: list):
+    import torch
+    import torch.distributed as dist
+
+    def hook(state, bucket):
+        launches.append(time.perf_counter())
+        work = dist.all_reduce(bucket.buffer() / dist.get_world_size(), async_op=True)
+        return work.get_future().then(lambda f: f.value()[0])
+
+    del torch
+    return hook
+
+
+def rank_main(rank: int, world: int, init: str, args) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    import kiln
+    import kiln.distributed
+
+    rows, final = [], {}
+    for compiler in COMPILERS:
+        kiln.reset()
+        ddp = DDP(_model(args.model), bucket_cap_mb=args.bucket_mb)
+        launches: list[float] = []
+        ddp.register_comm_hook(None, _recording_hook(launches))
+        if compiler == "eager":
+            fn = ddp
+        elif compiler == "torch.compile":
+            import torch._dynamo
+
+            torch._dynamo.reset()
+            fn = torch.compile(ddp)
+        else:
+            # "one graph": kiln.compile reads the bucket size to split at; DDP's reducer
+            # keeps the buckets it made when it was built
+            saved = ddp.bucket_bytes_cap
+            if compiler == "kiln one graph":
+                ddp.bucket_bytes_cap = 1 << 40
+            fn = kiln.compile(ddp)
+            ddp.bucket_bytes_cap = saved
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(1000 + rank)
+        times, fractions = [], []
+        for step in range(args.warmup + args.steps):
+            inputs, target = _batch(args.model, g)
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = _loss(args.model, fn(*inputs), target)
+            del launches[:]
+            tb = time.perf_counter()
+            loss.backward()
+            te = time.perf_counter()
+            opt.step()
+            opt.zero_grad()
+            t1 = time.perf_counter()
+            if step >= args.warmup:
+                times.append((t1 - t0) * 1e3)
+                if launches:
+                    fractions.append((min(launches) - tb) / max(te - tb, 1e-9))
+        stats = kiln.stats() if compiler.startswith("kiln") else {}
+        row = {
+            "compiler": compiler,
+            "step_ms": statistics.median(times),
+            "spread_ms": [min(times), max(times)],
+            "first_bucket_at": statistics.median(fractions) if fractions else None,
+            "pieces": list(kiln.distributed.SPLITS) if compiler.startswith("kiln") else None,
+            "graphs": stats.get("graphs"),
+            "breaks": stats.get("breaks"),
+            "fallbacks": stats.get("fallbacks"),
+        }
+        final[compiler] = [p.detach().clone() for p in ddp.parameters()]
+        rows.append(row)
+        print(f"  [rank {rank}] {compiler}: {row['step_ms']:.2f} ms/step", flush=True)
+    for compiler in COMPILERS[1:]:
+        same = all(
+            torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+            for a, b in zip(final[compiler], final["eager"])
+        )
+        next(r for r in rows if r["compiler"] == compiler)["params_equal_eager"] = same
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    if rank == 0:
+        _report(gathered, args)
+    dist.destroy_process_group()
+
+
+def _report(per_rank: list, args) -> None:
+    sys.path.insert(0, str(HERE))
+    from provenance import commit
+
+    print(f"\nDDP {args.model}, {args.world} CPU processes (gloo), buckets {args.bucket_mb} MB")
+    print(
+        f"{'compiler':<16}{'ms/step':>9}{'spread':>17}{'vs eager':>10}{'first bucket at':>17}"
+        f"{'pieces':>8}{'graphs/brk/fb':>15}{'params ok':>11}"
+    )
+    eager = per_rank[0][0]["step_ms"]
+    for k, row in enumerate(per_rank[0]):
+        ok = all(r[k].get("params_equal_eager", True) for r in per_rank)
+        frac = row["first_bucket_at"]
+        counts = (
+            f"{row['graphs']}/{row['breaks']}/{row['fallbacks']}"
+            if row["graphs"] is not None
+            else "-"
+        )
+        pieces = ",".join(map(str, row["pieces"])) if row["pieces"] else "-"
+        lo, hi = row["spread_ms"]
+        spread = f"{lo:.2f}-{hi:.2f}"
+        print(
+            f"{row['compiler']:<16}{row['step_ms']:>9.2f}{spread:>17}"
+            f"{eager / row['step_ms']:>9.2f}x{(f'{frac:.2f}' if frac is not None else '-'):>17}"
+            f"{pieces:>8}{counts:>15}{'yes' if ok else 'NO':>11}"
+        )
+    out = HERE / "results" / f"distributed_cpu_{args.model}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "commit": commit(),
+        "world": args.world,
+        "model": args.model,
+        "bucket_mb": args.bucket_mb,
+    }
+    out.write_text(json.dumps({"meta": meta, "ranks": per_rank}, indent=1))
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--model", default="mlp", choices=["mlp", "gpt2"])
+    ap.add_argument("--bucket-mb", type=float, default=1.0)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--init", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rank is not None:
+        rank_main(args.rank, args.world, args.init, args)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        init = "file://" + os.path.join(tmp, "store")
+        base = [sys.executable, __file__, "--world", str(args.world), "--model", args.model]
+        base += ["--bucket-mb", str(args.bucket_mb), "--steps", str(args.steps)]
+        base += ["--warmup", str(args.warmup), "--init", init]
+        procs = [subprocess.Popen([*base, "--rank", str(r)]) for r in range(args.world)]
+        codes = [p.wait() for p in procs]
+    if any(codes):
+        sys.exit(f"a rank failed: exit codes {codes}")
+
+
+if __name__ == "__main__":
+    main()

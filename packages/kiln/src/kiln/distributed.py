@@ -1,0 +1,159 @@
+"""DistributedDataParallel: graphs split at gradient buckets, so all-reduce overlaps backward.
+
+DDP all-reduces gradients in buckets of about ``bucket_bytes_cap`` bytes, each as soon as
+autograd has produced every gradient of the bucket. A model compiled into one graph has
+one backward that returns every gradient at its end, so no bucket can start before the
+whole backward finished. ``split_at_buckets`` cuts the captured graph into pieces that each
+use about one bucket's worth of parameters (counted from the graph's end, where the
+backward starts, as DDP fills its buckets) and compiles each piece on its own: the
+backward then runs piece by piece, and DDP's hooks start a bucket's all-reduce while
+earlier pieces' backward still runs.
+
+The pieces are contiguous runs of the graph's nodes; a piece takes the values earlier
+pieces made and returns those later pieces or the graph's outputs read. Each piece is
+compiled on its first call (its real arguments are then its example inputs), through the
+same guarded backend as an unsplit graph (an error there runs that piece eagerly with a
+warning). Graphs with one bucket's worth of parameters or fewer, and graphs passing a
+symbolic size between pieces, are compiled whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+log = logging.getLogger("kiln")
+
+Backend = Callable[[torch.fx.GraphModule, list], Callable]
+
+# piece counts of the graphs split since the last kiln.reset() (tests and explain read it)
+SPLITS: list[int] = []
+
+
+def is_ddp(model: object) -> bool:
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+def split_at_buckets(backend: Backend, bucket_bytes: int) -> Backend:
+    """``backend`` applied to each bucket-sized piece of a graph (see the module docstring)."""
+
+    def split_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        buckets = _buckets(gm, example_inputs, bucket_bytes)
+        if buckets is None or max(buckets.values(), default=0) == 0:
+            return backend(gm, example_inputs)
+        top = _split(gm, buckets, backend)
+        if top is None:
+            return backend(gm, example_inputs)
+        pieces = max(buckets.values()) + 1
+        SPLITS.append(pieces)
+        log.info("kiln: DDP graph split into %d pieces at %d-byte buckets", pieces, bucket_bytes)
+        return top.forward
+
+    return split_backend
+
+
+def _buckets(
+    gm: torch.fx.GraphModule, example_inputs: list, bucket_bytes: int
+) -> dict[torch.fx.Node, int] | None:
+    """Bucket number of every compute node, counted from the graph's end: a bucket closes
+    once the parameters first read (walking backwards) reach ``bucket_bytes``."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params = {
+        ph: p.numel() * p.element_size()
+        for ph, p in zip(placeholders, example_inputs)
+        if isinstance(p, torch.nn.Parameter) and p.requires_grad
+    }
+    if sum(params.values()) <= bucket_bytes:
+        return None
+    out: dict[torch.fx.Node, int] = {}
+    seen: set[torch.fx.Node] = set()
+    bucket, filled = 0, 0
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op in ("placeholder", "output"):
+            continue
+        if filled >= bucket_bytes:
+            bucket, filled = bucket + 1, 0
+        for a in node.all_input_nodes:
+            if a in params and a not in seen:
+                seen.add(a)
+                filled += params[a]
+        out[node] = bucket
+    # pieces in program order: the last bucket (the graph's start) is piece 0
+    last = max(out.values(), default=0)
+    return {n: last - b for n, b in out.items()}
+
+
+class _LazyPiece(torch.nn.Module):
+    """One piece, compiled by ``backend`` on its first call with the arguments it gets."""
+
+    def __init__(self, gm: torch.fx.GraphModule, backend: Backend) -> None:
+        super().__init__()
+        self.gm = gm
+        self.backend = backend
+        self.compiled: Callable | None = None
+
+    def forward(self, *args: Any) -> Any:
+        if self.compiled is None:
+            self.compiled = self.backend(self.gm, list(args))
+        return self.compiled(*args)
+
+
+def _split(
+    gm: torch.fx.GraphModule, piece_of: dict[torch.fx.Node, int], backend: Backend
+) -> torch.fx.GraphModule | None:
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    count = max(piece_of.values()) + 1
+    groups: list[list[torch.fx.Node]] = [[] for _ in range(count)]
+    for n in nodes:
+        groups[piece_of[n]].append(n)
+    # pieces must be contiguous in program order (a node never reads a later piece)
+    for n in nodes:
+        if any(piece_of.get(a, -1) > piece_of[n] for a in n.all_input_nodes):
+            return None
+    top = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
+        env[ph] = top.placeholder(ph.name)
+        env[ph].meta = dict(ph.meta)
+    root = torch.nn.Module()
+    output = gm.graph.output_node()
+    for k, group in enumerate(groups):
+        members = set(group)
+        inputs: list[torch.fx.Node] = []
+        for n in group:
+            for a in n.all_input_nodes:
+                if a not in members and a not in inputs:
+                    inputs.append(a)
+        outputs = [n for n in group if any(u not in members or u is output for u in n.users)]
+        crossing = [*inputs, *outputs]
+        if any(not isinstance(v.meta.get("val"), torch.Tensor) for v in crossing):
+            return None  # a size or a non-tensor value between pieces: compile whole
+        sub = torch.fx.Graph()
+        local: dict[torch.fx.Node, torch.fx.Node] = {}
+        for a in inputs:
+            local[a] = sub.placeholder(a.name)
+            local[a].meta = dict(a.meta)
+        for n in group:
+            local[n] = sub.node_copy(n, local.__getitem__)
+        sub.output(tuple(local[o] for o in outputs))
+        piece = torch.fx.GraphModule(gm, sub, class_name=f"KilnBucket{k}")
+        piece.meta.update(gm.meta)
+        name = f"bucket{k}"
+        root.add_module(name, _LazyPiece(piece, backend))
+        call = top.call_module(name, tuple(env[a] for a in inputs))
+        for j, o in enumerate(outputs):
+            env[o] = top.call_function(_item, (call, j))
+            env[o].meta = dict(o.meta)
+    top.output(torch.fx.node.map_arg(output.args[0], lambda a: env[a]))
+    return torch.fx.GraphModule(root, top, class_name="KilnDDPGraph")
+
+
+def _item(values: tuple, k: int) -> Any:
+    return values[k]
+
+
+__all__ = ["SPLITS", "is_ddp", "split_at_buckets"]
