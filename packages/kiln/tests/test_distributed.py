@@ -1,4 +1,4 @@
-"""Functional collectives inside compiled graphs, on 2 CPU processes over gloo.
+"""Functional collectives inside compiled graphs, on 2 and 4 CPU processes over gloo.
 
 ``torch.distributed._functional_collectives`` calls are captured through (kiln-capture
 inlines the library's Python; a ProcessGroup's name and size are constants of the guarded
@@ -27,13 +27,13 @@ pytestmark = pytest.mark.skipif(
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 
 
-def test_functional_collectives_compile_into_one_graph_on_two_ranks(tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_and_ddp_compile_on_every_rank(tmp_path, world):
     """Each rank (distributed_worker.py) compiles an all_reduce with independent work
     beside it, an all_gather then reduce_scatter, and an all_to_all_single, and checks
     them against eager with one graph and no break, fallback or eager frame; then trains
     DDP-wrapped models against eager DDP."""
     init = "file://" + str(tmp_path / "store")
-    world = 2
     ranks = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(r), str(world), init, str(tmp_path / "debug")],
