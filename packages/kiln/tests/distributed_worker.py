@@ -85,7 +85,23 @@ def _models():
         )  # fmt: skip
         return GPT2LMHeadModel(cfg)
 
-    return {"mlp": mlp, "hf_gpt2": gpt2}
+    class Checkpointed(torch.nn.Module):
+        """The MLP's layers in pairs, each pair under activation checkpointing."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            layers = list(mlp())
+            pairs = [torch.nn.Sequential(*layers[k : k + 2]) for k in range(0, 8, 2)]
+            self.pairs, self.head = torch.nn.ModuleList(pairs), layers[-1]
+
+        def forward(self, x):
+            from torch.utils.checkpoint import checkpoint
+
+            for pair in self.pairs:
+                x = checkpoint(pair, x, use_reentrant=False)
+            return self.head(x)
+
+    return {"mlp": mlp, "mlp_checkpointed": Checkpointed, "hf_gpt2": gpt2}
 
 
 def _check_ddp(name: str, make_model, rank: int) -> None:

@@ -110,9 +110,13 @@ def trace_joint(
         ]
         grads: Sequence[Any] = [None] * len(wanted)
         if diff and wanted:
+            before = set(tracer.graph.nodes)
             grads = torch.autograd.grad(
                 [outs[j] for j in diff], [leaves_in[i] for i in wanted], tangents, allow_unused=True
             )
+            for n in tracer.graph.nodes:  # what the backward formulas made (partitioners)
+                if n not in before:
+                    n.meta["kiln_aot_backward"] = True
         grad_out = [(i, tracer.node_of(g)) for i, g in zip(wanted, grads) if g is not None]
     placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
     for i, _ in muts:

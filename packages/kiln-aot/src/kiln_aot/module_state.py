@@ -69,6 +69,7 @@ class SourceTrackingInterpreter(torch.fx.Interpreter):
         if tracer is not None:
             tracer.stack_trace = n.meta.get("stack_trace")
             tracer.source = format_stack_trace(tracer.stack_trace)
+            tracer.recompute = n.meta.get("recompute")
         return super().run_node(n)
 
 
@@ -84,3 +85,4 @@ def call_module(module: torch.nn.Module, args: Sequence) -> object:
         tracer = current_tracer()
         if tracer is not None:
             tracer.source = tracer.stack_trace = None  # later ops (the backward) have none
+            tracer.recompute = None

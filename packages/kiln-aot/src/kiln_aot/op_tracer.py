@@ -122,6 +122,9 @@ class Tracer:
         # meta["stack_trace"], and its innermost frame as "file:line   code").
         self.stack_trace: str | None = None
         self.source: str | None = None
+        # the activation-checkpointing region of that node (capture's meta["recompute"]),
+        # copied onto the ATen nodes it becomes: the partitioner recomputes them
+        self.recompute: int | None = None
         self._mutations = 0
         self.sizes = sym_nodes.SymEmitter(self.graph)  # symbolic sizes as graph nodes
 
@@ -244,6 +247,8 @@ class Tracer:
         node = self.graph.call_function(func, args, kwargs)
         if self.stack_trace:
             node.meta["stack_trace"] = self.stack_trace
+        if self.recompute is not None:
+            node.meta["recompute"] = self.recompute
         if isinstance(out, torch.Tensor):
             node.meta["val"] = out
             return node

@@ -14,6 +14,13 @@ the cheapest (fewest bytes) set of saved tensors from which the backward can rec
 everything else using only cheap ops, e.g. saving a GELU's input instead of its input and
 output, or a ReLU's boolean mask instead of its float output.
 
+Activation checkpointing (``torch.utils.checkpoint``, tagged ``meta["recompute"]`` by
+capture and carried onto the ATen nodes): inside a region every op but random draws is
+recomputable, matmuls too, and saving a value only the region reads costs
+``CHECKPOINTED_SAVE_COST`` times its bytes, and a region's outputs (values read after it)
+are not recomputed: the cut keeps the regions' inputs and outputs and the backward
+recomputes each region from them, one region at a time, as eager checkpointing does.
+
 Random ops are never recomputed: dropout's mask is computed once in the forward and saved
 (as a bool tensor: the tracer records ``bernoulli`` draws as a bool mask converted back to
 floats, so the cut can keep the 1-byte mask and redo the conversion in the backward).
@@ -97,6 +104,8 @@ def recomputable(node: fx.Node) -> bool:
         return recomputable(node.args[0])
     if target in core_ops.RANDOM_OPS:
         return False
+    if node.meta.get("recompute") is not None:
+        return True  # inside a checkpointed region: everything but random draws
     if target in core_ops.VIEW_OPS or target in _CHEAP:
         return True
     if target in _REDUCTIONS:
@@ -107,6 +116,24 @@ def recomputable(node: fx.Node) -> bool:
             return False
         return _numel(val) <= config.current().recompute_reduction_numel
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+
+
+# what saving a value made inside an activation-checkpointing region costs, relative to
+# its bytes: the cut saves the region's inputs and outputs instead, as checkpointing does
+CHECKPOINTED_SAVE_COST = 1 << 20
+
+
+def _inside_region(node: fx.Node, backward: set[fx.Node]) -> bool:
+    """A value of a checkpointed region that only its own region or the backward formulas
+    read (``kiln_aot_backward``: what tracing the backward made, tangent-dependent or not):
+    not one of the region's outputs, which the next region or the rest of the graph reads."""
+    region = node.meta.get("recompute")
+    if region is None or node.op != "call_function" or node.target in core_ops.RANDOM_OPS:
+        return False
+    return all(
+        u in backward or u.meta.get("kiln_aot_backward") or u.meta.get("recompute") == region
+        for u in node.users
+    )
 
 
 def _tie_break(node: fx.Node) -> int:
@@ -137,8 +164,14 @@ def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     for n in forward:
         size = nbytes(n)
         cap = INF if size is None else size * 4 + _tie_break(n)
+        boundary = False  # a checkpointed region's output: saved, as checkpointing does
+        if n.meta.get("recompute") is not None and size is not None:
+            if _inside_region(n, backward):
+                cap = size * 4 * CHECKPOINTED_SAVE_COST + _tie_break(n)
+            else:
+                boundary = True
         net.add_edge((n, "in"), (n, "out"), cap)
-        if n.op == "placeholder" or not recomputable(n):
+        if n.op == "placeholder" or boundary or not recomputable(n):
             net.add_edge(src, (n, "in"), INF)
         for user in n.users:
             if user.op != "output" and user not in backward:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
+import sys
 import types
 
 import torch
@@ -263,6 +265,47 @@ class BoundMethodVar(Var):
         return f"__k_MethodType({cg.rebuild(self.fn)}, {cg.rebuild(self.obj)})"
 
 
+def _checkpoint_function() -> object:
+    checkpoint = sys.modules.get("torch.utils.checkpoint")
+    return getattr(checkpoint, "checkpoint", None)
+
+
+# activation checkpointing regions traced so far (their number tags their nodes)
+_REGIONS = itertools.count(1)
+
+
+def checkpointed_call(tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=..., ...)``: ``fn`` is
+    traced into the graph as if called directly (the values are the same), and every node
+    it adds is tagged ``meta["recompute"]`` with the region's number, which kiln-aot's
+    partitioner reads: values made inside a region are recomputed in the backward rather
+    than saved, as checkpointing asks (its memory saving). A ``context_fn`` other than the
+    default (selective checkpointing policies) is not modeled: the call breaks the graph."""
+    if not args:
+        raise Unsupported(breaks.EXCEPTION, "checkpoint() needs a function to call")
+    options = dict(kwargs)
+    context_fn = options.pop("context_fn", None)
+    if context_fn is not None and not (
+        context_fn.is_const() and context_fn.as_const() is _noop_context_fn()
+    ):
+        raise Unsupported(breaks.UNKNOWN_CALLABLE, "checkpoint() with a context_fn")
+    for name in ("use_reentrant", "determinism_check", "debug", "preserve_rng_state"):
+        options.pop(name, None)
+    graph = tx.out.graph
+    before = set(graph.nodes)
+    result = args[0].call(tx, list(args[1:]), options)
+    region = next(_REGIONS)
+    for node in graph.nodes:
+        if node not in before and node.op in ("call_function", "call_method"):
+            node.meta["recompute"] = region
+    return result
+
+
+def _noop_context_fn() -> object:
+    checkpoint = sys.modules.get("torch.utils.checkpoint")
+    return getattr(checkpoint, "noop_context_fn", None)
+
+
 def _process_group_const(tx, v: Var) -> Var:
     from kiln_capture.variables.objects import guarded_process_group
 
@@ -367,6 +410,8 @@ class TorchFnVar(Var):
         answer = _autocast_query(tx, fn, args)
         if answer is not None:
             return answer
+        if fn is _checkpoint_function():
+            return checkpointed_call(tx, args, kwargs)
         if fn in _COMPILING_QUERIES:
             # like torch.compile, captured code takes the "compiling" path of libraries
             return ConstVar(True)

@@ -262,7 +262,42 @@ def is_record_type(cls: type) -> bool:
 _is_record = is_record_type
 
 
+class PartialVar(Var):
+    """``functools.partial(fn, *args, **kwargs)`` made in captured code: calling it calls
+    ``fn`` with the stored arguments first (HF's gradient checkpointing wraps each layer's
+    forward this way)."""
+
+    def __init__(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def __repr__(self) -> str:
+        return f"Partial({self.fn!r})"
+
+    def python_type(self) -> type:
+        return functools.partial
+
+    def children(self) -> list[Var]:
+        return [self.fn, *self.args, *self.kwargs.values()]
+
+    def call(self, tx, args, kwargs) -> Var:
+        return self.fn.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+    def getattr(self, tx, name: str) -> Var:
+        if name == "func":
+            return self.fn
+        if name == "args":
+            return TupleVar(list(self.args))
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"partial.{name}")
+
+    def reconstruct(self, cg) -> str:
+        items = [cg.rebuild(self.fn), *(cg.rebuild(a) for a in self.args)]
+        items += [f"{k}={cg.rebuild(v)}" for k, v in self.kwargs.items()]
+        return f"{cg.const(functools.partial)}({', '.join(items)})"
+
+
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if cls is functools.partial and args:
+        return PartialVar(args[0], list(args[1:]), dict(kwargs))
     if cls in GRAD_MODE_CLASSES:
         return GradModeVar(tx, cls, args)
     if issubclass(cls, torch.amp.autocast):
