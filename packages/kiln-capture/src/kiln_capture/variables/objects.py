@@ -188,6 +188,8 @@ class ObjectVar(Var):
         call = inspect.getattr_static(type(v), "__call__", None)
         if inspect.isfunction(call):
             return tx.out.wrap_value(call).call(tx, [self, *args], kwargs)
+        if isinstance(v, _LRU_CACHE_WRAPPER):
+            return _cached_call(tx, v, args, kwargs)
         if type(v) is functools.partial and self.source is not None:
             # partial(f, *a, **k)(*args, **kw) is f(*a, *args, **{**k, **kw}); its fields are
             # read (and guarded) at their sources
@@ -262,6 +264,50 @@ def is_record_type(cls: type) -> bool:
 _is_record = is_record_type
 
 
+def _stateless_module(cls: type, args: list[Var], kwargs: dict[str, Var]) -> object | None:
+    """A torch.nn module made in captured code from constants that holds no parameters,
+    buffers or submodules (``loss_fct = CrossEntropyLoss()`` in HF models' forward):
+    built now, while capturing, and called like any module (its settings are constants of
+    this trace). Other modules made in captured code break the graph."""
+    if not (cls.__module__ or "").startswith("torch.nn.modules."):
+        return None
+    if not all(a.is_const() for a in args) or not all(v.is_const() for v in kwargs.values()):
+        return None
+    try:
+        module = cls(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()})
+    except Exception:
+        return None  # the constructor's error: capture breaks and eager raises it
+    tables = (module._parameters, module._buffers, module._modules)
+    if any(v is not None for table in tables for v in table.values()):
+        return None
+    return module
+
+
+_LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
+
+
+def _cached_call(tx, fn, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """A call of an ``lru_cache``d function on constants (and objects, keyed by identity
+    as the cache keys them): run once now, while capturing. Its result for these arguments
+    is the cache's from then on, so the compiled code uses it as a constant; what the
+    first call did (transformers' ``logger.warning_once`` prints its warning) happens once,
+    as in eager. Non-constant results and tensor arguments break the graph."""
+
+    def value(v: Var) -> object:
+        if v.is_const():
+            return v.as_const()
+        if isinstance(v, ObjectVar) and not isinstance(v.value, torch.Tensor):
+            return v.value
+        raise Unsupported(breaks.UNKNOWN_CALLABLE, "an lru_cache'd function on non-constants")
+
+    result = fn(*[value(a) for a in args], **{k: value(v) for k, v in kwargs.items()})
+    if not is_constant_value(result):
+        raise Unsupported(
+            breaks.UNKNOWN_CALLABLE, f"an lru_cache'd function returned a {type(result).__name__}"
+        )
+    return ConstVar(result)
+
+
 class PartialVar(Var):
     """``functools.partial(fn, *args, **kwargs)`` made in captured code: calling it calls
     ``fn`` with the stored arguments first (HF's gradient checkpointing wraps each layer's
@@ -326,6 +372,9 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
             cls(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()})
         )
     if issubclass(cls, torch.nn.Module):
+        stateless = _stateless_module(cls, args, kwargs)
+        if stateless is not None:
+            return tx.out.wrap_value(stateless)
         raise Unsupported(
             breaks.UNKNOWN_CALLABLE, f"creating a module ({cls.__qualname__}) inside captured code"
         )
