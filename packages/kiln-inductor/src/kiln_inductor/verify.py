@@ -9,15 +9,28 @@ Checked: every buffer a body loads, an extern call reads or the graph returns is
 strides as sizes and a non-negative offset; a computed buffer's body has the rank of its
 layout; every kernel of the schedule reads only buffers computed before it (or inputs),
 and every node is scheduled exactly once.
+
+Dtypes (``_DtypeHandler`` runs each body on dtypes instead of values): the operands of an
+arithmetic or comparison op have one dtype (the backends compute in the first operand's:
+a lowering must convert with ``to_dtype``); a ``where``'s branches have one dtype and its
+condition, like a ``masked`` load's mask, is bool; comparisons, logical ops and
+``isnan``/``isinf``/``signbit`` give bool; an indirect index is an integer; the value a
+pointwise or scan body returns has its buffer's dtype, a reduction's the ``src_dtype`` it
+reduces, and the buffer's layout has the body's dtype.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import sympy
+import torch
+
 from .config import read_config
 from .errors import KilnInductorError
-from .ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Scan, StorageView
+from .ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Reduction, Scan, StorageView
+from .ir.ops import OP_NAMES, ops_handler
+from .ir.symbols import index_vars
 from .scheduler.access import node_access
 
 
@@ -52,10 +65,97 @@ def _views(a: Any) -> list[str]:
     return []
 
 
+_BOOL_UNARY = frozenset({"isnan", "isinf", "signbit", "logical_not"})
+_BOOL_BINARY = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+_LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})  # any operands, bool result
+
+
+class _DtypeHandler:
+    """Runs a body on dtypes (None where unknown) and records where they break the rules
+    (see the module docstring)."""
+
+    def __init__(self, dtypes: dict[str, torch.dtype], site: str, problems: list[str]):
+        self.dtypes, self.site, self.problems = dtypes, site, problems
+
+    def _bad(self, what: str) -> None:
+        self.problems.append(f"{self.site}: {what}")
+
+    def load(self, name: str, index: Any) -> torch.dtype | None:
+        return self.dtypes.get(name)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def index_expr(self, expr: Any, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def to_dtype(self, x: Any, dtype: torch.dtype, src_dtype: Any = None) -> torch.dtype:
+        return dtype
+
+    def where(self, c: Any, a: Any, b: Any) -> torch.dtype | None:
+        if c is not None and c != torch.bool:
+            self._bad(f"where() on a {c} condition (a bool is needed)")
+        self._same("where", a, b)
+        return a if a is not None else b
+
+    def masked(self, mask: Any, body: Any, other: Any) -> torch.dtype | None:
+        if mask is not None and mask != torch.bool:
+            self._bad(f"masked() with a {mask} mask (a bool is needed)")
+        return body()
+
+    def indirect_indexing(self, value: Any, size: Any, check: Any = None) -> sympy.Symbol:
+        if value is not None and (value.is_floating_point or value == torch.bool):
+            self._bad(f"an indirect index of dtype {value}")
+        return sympy.Symbol("indirect", integer=True, nonnegative=True)
+
+    def _same(self, name: str, a: Any, b: Any) -> None:
+        if a is not None and b is not None and a != b:
+            self._bad(f"{name}() of a {a} and a {b} operand (convert one with to_dtype)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in OP_NAMES:
+            raise AttributeError(name)
+
+        def op(a: Any, b: Any = _UNARY) -> torch.dtype | None:
+            if b is _UNARY:
+                return torch.bool if name in _BOOL_UNARY else a
+            if name in _LOGICAL:
+                return torch.bool
+            self._same(name, a, b)
+            return torch.bool if name in _BOOL_BINARY else a
+
+        return op
+
+
+_UNARY = object()
+
+
+def _body_dtype_problems(node: ComputedBuffer, dtypes: dict[str, torch.dtype]) -> list[str]:
+    problems: list[str] = []
+    body = node.body
+    where = f"{node.name} ({node.origin or type(body).__name__})"
+    if body.dtype != node.layout.dtype:
+        problems.append(f"{where}: a {body.dtype} body stored as {node.layout.dtype}")
+    handler = _DtypeHandler(dtypes, where, problems)
+    with ops_handler(handler):
+        if isinstance(body, Reduction):
+            got = body.inner_fn(
+                index_vars("q", len(body.size)), index_vars("r", len(body.reduction_ranges))
+            )
+            want, what = body.src_dtype, "reduces"
+        else:
+            got = body.inner_fn(index_vars("q", len(body.size)))
+            want, what = body.dtype, "stores"
+    if isinstance(got, torch.dtype) and got != want:
+        problems.append(f"{where}: its body makes a {got} value and {what} a {want}")
+    return problems
+
+
 def verify_ir(ir: GraphIR, stage: str = "lowering") -> None:
     """Check the lowered graph (see the module docstring)."""
     problems: list[str] = []
     defined = {b.name for b in ir.inputs if b is not None} | {c.name for c in ir.constants}
+    dtypes = {name: buf.layout.dtype for name, buf in ir.buffers.items()}
     for name, buf in ir.buffers.items():
         problems += _layout_problems(name, buf.layout)
     for node in ir.nodes:
@@ -73,6 +173,7 @@ def verify_ir(ir: GraphIR, stage: str = "lowering") -> None:
             for load, _ in node_access(node).loads:
                 if load not in defined:
                     problems.append(f"{node.name} loads {load}, not defined before it")
+            problems += _body_dtype_problems(node, dtypes)
             defined.add(node.name)
         elif isinstance(node, ExternKernel):
             for name in node.input_buffers():
