@@ -10,7 +10,7 @@ _logger = logging.getLogger("kiln_aot")
 
 
 def enabled(topic: str) -> bool:
-    topics = _config.current().log
+    topics = _config.settings.log
     return topic in topics or "all" in topics
 
 

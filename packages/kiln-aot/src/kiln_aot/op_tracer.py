@@ -465,10 +465,9 @@ LIBRARY_VIEW_COPIES = {
 
 def _decomposed_by_config(func: Any) -> bool:
     """Kept ops the settings ask to decompose (where a decomposition serves the call)."""
-    cfg = config.current()
-    if func is aten.native_dropout.default:
-        return cfg.decompose_dropout
-    return func in core_ops.ATTENTION_OPS and not cfg.fused_attention
+    if func is aten.native_dropout.default:  # one setting read, only where it decides
+        return config.settings.decompose_dropout
+    return func in core_ops.ATTENTION_OPS and not config.settings.fused_attention
 
 
 def _node_val(a: Any) -> Any:

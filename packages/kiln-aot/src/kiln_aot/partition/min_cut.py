@@ -114,7 +114,7 @@ def recomputable(node: fx.Node) -> bool:
             # the graph serves every size: a reduction is recomputed only when it is small
             # for all of them, which a symbolic size is not
             return False
-        return _numel(val) <= config.current().recompute_reduction_numel
+        return _numel(val) <= config.settings.recompute_reduction_numel
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
 
 
