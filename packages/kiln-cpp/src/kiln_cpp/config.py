@@ -1,9 +1,13 @@
-"""Typed settings of kiln-cpp, read from the environment in one place."""
+"""Typed settings of kiln-cpp, declared once in ``CppConfig`` with kiln-shapes' settings
+helper; ``read_cpp_config()`` reads them when called (never a snapshot taken at import).
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from kiln_shapes.settings import Settings, setting
 
 DEFAULT_FLAGS = (
     "-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math -std=c++17 -shared -fPIC"
@@ -12,15 +16,35 @@ DEFAULT_FLAGS = (
 
 @dataclass(frozen=True)
 class CppConfig:
-    cxx: str = "g++"  # KILN_CPP_CXX: the C++ compiler (affects the cache key)
-    flags: str = DEFAULT_FLAGS  # KILN_CPP_FLAGS: compiler flags (affects the cache key)
-    libs: str = "-lmvec -lm"  # KILN_CPP_LIBS: libraries to link (affects the cache key)
-    workers: int = 0  # KILN_CPP_WORKERS: parallel compiler processes (0: one per core)
-    progress_after: int = 8  # KILN_CPP_PROGRESS: show progress when compiling more kernels
-    # KILN_CPP_STREAM_BYTES: a row-wise kernel writing more bytes than this writes its rows
-    # with non-temporal stores (-1: glibc memcpy's rule, 3/4 of each thread's share of the
-    # last-level cache; 0: never). Changes the source, hence the cache key.
-    stream_bytes: int = -1
+    cxx: str = setting(
+        "KILN_CPP_CXX",
+        "g++",
+        "the C++ compiler (unset: $CXX, else g++)",
+        affects_cache=True,
+        also=("CXX",),
+    )
+    flags: str = setting("KILN_CPP_FLAGS", DEFAULT_FLAGS, "compiler flags", affects_cache=True)
+    libs: str = setting("KILN_CPP_LIBS", "-lmvec -lm", "libraries to link", affects_cache=True)
+    workers: int = setting("KILN_CPP_WORKERS", 0, "parallel compiler processes (0: one per core)")
+    progress_after: int = setting(
+        "KILN_CPP_PROGRESS", 8, "show progress when compiling more kernels than this"
+    )
+    stream_bytes: int = setting(
+        "KILN_CPP_STREAM_BYTES",
+        -1,
+        "a row-wise kernel writing more bytes than this writes its rows with non-temporal "
+        "stores (-1: glibc memcpy's rule, 3/4 of each thread's share of the last-level cache; "
+        "0: never). Changes the source, hence the cache key",
+        affects_cache=True,
+    )
+
+
+settings: Settings[CppConfig] = Settings("kiln-cpp", CppConfig)
+
+
+def read_cpp_config() -> CppConfig:
+    """The settings in force now: scopes, then the environment, then defaults."""
+    return settings.current()
 
 
 def stream_threshold(cfg: CppConfig) -> int | None:
@@ -54,15 +78,3 @@ def last_level_cache_bytes() -> int:
         if level > best_level:
             best_level, size = level, value
     return size
-
-
-def read_cpp_config() -> CppConfig:
-    env = os.environ
-    return CppConfig(
-        cxx=env.get("KILN_CPP_CXX") or os.environ.get("CXX") or "g++",
-        flags=env.get("KILN_CPP_FLAGS") or DEFAULT_FLAGS,
-        libs=env.get("KILN_CPP_LIBS") or "-lmvec -lm",
-        workers=int(env.get("KILN_CPP_WORKERS") or 0),
-        progress_after=int(env.get("KILN_CPP_PROGRESS") or 8),
-        stream_bytes=int(env.get("KILN_CPP_STREAM_BYTES") or -1),
-    )
