@@ -117,3 +117,24 @@ def test_fuzzer_findings_with_symbolic_sizes():
                 assert got[0].data_ptr() == args[0].data_ptr()  # a view, as eager returns
         stats = kiln.stats()
         assert stats["graphs"] == 1 and stats["fallbacks"] == 0, (fn.__name__, stats)
+
+
+def test_an_int_tensor_plus_a_symbolic_size_stays_an_int():
+    """``arange(n) + n`` is int64 (a size is an int scalar in type promotion): its kernel
+    computes in int64, which the IR verifier checks, and indexes with it (T5's relative
+    positions in a decode step had been computed in float32)."""
+
+    def f(x, w):
+        n = x.shape[1]
+        pos = torch.arange(n) + n
+        return w[pos], pos
+
+    kiln.reset()
+    compiled = kiln.compile(f, dynamic=True, options={"raise_on_error": True})
+    w = torch.randn(64, 3)
+    for n in (5, 9, 13):
+        x = torch.randn(2, n)
+        got, want = compiled(x, w), f(x, w)
+        assert got[1].dtype == torch.int64
+        torch.testing.assert_close(got, want)
+    assert kiln.stats()["graphs"] == 1 and kiln.stats()["fallbacks"] == 0

@@ -11,7 +11,7 @@ import torch
 
 from ..ir.nodes import Loader, Pointwise, TensorValue, View
 from ..ir.ops import ops
-from ..ir.symbols import Expr, refine, sym
+from ..ir.symbols import Expr, is_int_like, refine, sym
 
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -39,7 +39,7 @@ def _category(dtype: torch.dtype) -> int:
 def _scalar_dtype(value: Any) -> torch.dtype:
     if isinstance(value, bool):
         return torch.bool
-    if isinstance(value, int):
+    if is_int_like(value):  # an int, or a symbolic size (``arange(n) + past_length``)
         return torch.int64
     if isinstance(value, complex):
         return torch.complex64
