@@ -117,3 +117,24 @@ def test_ints_held_by_modules_stay_constants():
         x = torch.randn(4)
         torch.testing.assert_close(compiled(x), x * k)
     assert kiln.stats()["graphs"] == 3  # a symbolic k would have served 4 and 5 with one
+
+
+def test_symbolic_int_arguments_in_op_positions():
+    """Int arguments as dims, sizes, shifts and counts under ``dynamic=True``: dims and
+    counts that fix shapes specialize, sizes stay symbolic (a reshape's ``-1`` is an exact
+    quotient, a roll's shift a modulo of either sign, a view output's geometry is computed
+    from the int input), with no fallback."""
+    import torch.nn.functional as F
+
+    def f(x, y, d, n, a, b):
+        return (
+            x.sum(d), x.reshape(-1, n), x.transpose(a, b), torch.cat([x, y], d),
+            F.softmax(x, d), x[:, :n], torch.full((n,), 2.0), x.roll(n, d), x.roll(-n, d),
+        )  # fmt: skip
+
+    kiln.reset()
+    compiled = kiln.compile(f, dynamic=True, options={"raise_on_error": True})
+    for n in (2, 3, 4, 6):
+        x, y = torch.randn(4, 12), torch.randn(4, 12)
+        torch.testing.assert_close(compiled(x, y, 1, n, 0, 1), f(x, y, 1, n, 0, 1))
+    assert kiln.stats()["fallbacks"] == 0 and kiln.stats()["breaks"] == 0

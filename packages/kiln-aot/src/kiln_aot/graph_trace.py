@@ -14,6 +14,7 @@ nodes on the module.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -140,7 +141,8 @@ def _input_view_geometry(
 
 def _symbolic_geometry(tracer: Tracer, geometry: tuple) -> Any:
     """For a view geometry with symbolic sizes: a function of the call's flat arguments
-    computing it (each size symbol read from the input that has it as a dimension)."""
+    computing it (each size symbol read from the input that has it as a dimension, or from
+    the int input that is the symbol)."""
     values = [*geometry[0], *geometry[1], geometry[2]]
     if not any(isinstance(v, torch.SymInt) for v in values):
         return None
@@ -150,6 +152,12 @@ def _symbolic_geometry(tracer: Tracer, geometry: tuple) -> Any:
     lines, bound = [], set()
     for k, ph in enumerate(placeholders):
         val = ph.meta.get("val")
+        if isinstance(val, torch.SymInt):  # an int input that is a symbol
+            e = expr_of(val)
+            if e in needed and e not in bound:
+                bound.add(e)
+                lines.append(f"    {e} = args[{k}]")
+            continue
         if not isinstance(val, torch.Tensor):
             continue
         for d, size in enumerate(val.shape):
@@ -160,7 +168,8 @@ def _symbolic_geometry(tracer: Tracer, geometry: tuple) -> Any:
     if bound != needed:
         return None
     n = len(geometry[0])
-    out = [python_expr(e) for e in exprs]
+    # sizes are ints: an exact quotient (48/s1, a reshape's -1) prints as a true division
+    out = [f"int({python_expr(e)})" if not e.is_Integer else python_expr(e) for e in exprs]
 
     def tup(items: list[str]) -> str:
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
@@ -170,7 +179,7 @@ def _symbolic_geometry(tracer: Tracer, geometry: tuple) -> Any:
         f"def geometry(args):\n{body}\n"
         f"    return {tup(out[:n])}, {tup(out[n : 2 * n])}, {out[-1]}\n"
     )
-    ns: dict = {}
+    ns: dict = {"math": math}  # python_expr's floor and ceiling
     exec(compile(src, "<kiln_aot alias geometry>", "exec"), ns)
     return ns["geometry"]
 

@@ -90,7 +90,7 @@ class SymEmitter:
             return self._fold(operator.mul, expr.args)
         if isinstance(expr, FloorDiv):
             return self._fold(operator.floordiv, expr.args)
-        if isinstance(expr, ModIndex):
+        if isinstance(expr, (ModIndex, sympy.Mod)):  # sympy's Mod: Python's % on integers
             return self._fold(operator.mod, expr.args)
         if isinstance(expr, sympy.Max):
             return self._fold(torch.sym_max, expr.args)

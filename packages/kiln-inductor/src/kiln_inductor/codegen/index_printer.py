@@ -1,8 +1,9 @@
 """IndexPrinter: a sympy index expression of the IR as source text of a kernel language.
 
 Every backend prints the same few shapes of index (``ir/symbols.py``): integers, loop and
-size symbols, sums, products, ``FloorDiv``/``ModIndex`` of non-negative integers, clamps
-(``Min``/``Max``, from cat and padding) and positive integer powers. The traversal and the
+size symbols, sums, products, ``FloorDiv``/``ModIndex`` of non-negative integers, sympy's
+``Mod`` (of a possibly negative integer: printed with the divisor's sign, as Python's
+``%``), clamps (``Min``/``Max``, from cat and padding) and positive integer powers. The traversal and the
 order of terms (symbols first, then the constant, each group by its text: deterministic
 source, so deterministic cache keys) are here; a language names its spellings::
 
@@ -56,6 +57,9 @@ class IndexPrinter:
             return f"({p(expr.args[0])} {self.FLOORDIV} {p(expr.args[1])})"
         if isinstance(expr, ModIndex):
             return f"({p(expr.args[0])} {self.MOD} {p(expr.args[1])})"
+        if isinstance(expr, sympy.Mod):  # Python's modulo (any sign: roll's shift % n)
+            a, b = p(expr.args[0]), p(expr.args[1])
+            return f"((({a} {self.MOD} {b}) + {b}) {self.MOD} {b})"
         if isinstance(expr, (sympy.Max, sympy.Min)):
             fn = self.MAX if isinstance(expr, sympy.Max) else self.MIN
             out = p(expr.args[0])
