@@ -20,6 +20,7 @@ symbolic size between pieces, are compiled whole.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -146,14 +147,10 @@ def _split(
         root.add_module(name, _LazyPiece(piece, backend))
         call = top.call_module(name, tuple(env[a] for a in inputs))
         for j, o in enumerate(outputs):
-            env[o] = top.call_function(_item, (call, j))
+            env[o] = top.call_function(operator.getitem, (call, j))
             env[o].meta = dict(o.meta)
     top.output(torch.fx.node.map_arg(output.args[0], lambda a: env[a]))
     return torch.fx.GraphModule(root, top, class_name="KilnDDPGraph")
-
-
-def _item(values: tuple, k: int) -> Any:
-    return values[k]
 
 
 __all__ = ["SPLITS", "is_ddp", "split_at_buckets"]
