@@ -1,33 +1,17 @@
-"""Opt-in logging by topic: ``KILN_LOG=kernels,graphs,timings,fallbacks,layouts``."""
+"""Opt-in logging by topic: ``KILN_LOG=kernels,graphs,timings,fallbacks,layouts`` (``all``
+enables every topic; kiln-shapes' ``TopicLog``)."""
 
 from __future__ import annotations
 
-import logging
-import sys
+from kiln_shapes.logs import TopicLog
+from kiln_shapes.settings import parse_set
 
-from .config import read_config
+from .config import settings
 
-_logger = logging.getLogger("kiln_inductor")
+_log = TopicLog("kiln_inductor", "[kiln:%(topic)s]", lambda: parse_set(settings.log))
+_logger = _log.logger
 _warned: set[str] = set()
-
-
-def enabled(topic: str) -> bool:
-    return topic in read_config().log_topics
-
-
-def log(topic: str, message: str) -> None:
-    """Log ``message`` under ``topic`` on the ``kiln_inductor`` logger (the record carries
-    ``topic``, which ``python -m kiln report`` sorts by); printed to stderr when ``topic``
-    is switched on by KILN_LOG, a debug record otherwise."""
-    if enabled(topic):
-        if not _logger.handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("[kiln:%(topic)s] %(message)s"))
-            _logger.addHandler(handler)
-            _logger.setLevel(logging.INFO)
-        _logger.info(message, extra={"topic": topic})
-    else:
-        _logger.debug("[%s] %s", topic, message)
+enabled, log = _log.enabled, _log.log
 
 
 def warn_once(key: str, message: str) -> None:
