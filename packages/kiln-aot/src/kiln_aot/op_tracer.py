@@ -381,21 +381,28 @@ class Tracer:
         return self.wrap(self.node_of(out), x, ViewStep(copy, ()))
 
     def _masked_assign(self, x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
-        """``x[mask] = value`` (one bool mask over leading dims, one value) has a
-        data-independent shape: it is ``where(mask, value, x)``. None when not of that form."""
-        if (
-            accumulate
-            or len(indices) != 1
-            or not isinstance(values, torch.Tensor)
-            or values.numel() != 1
-        ):
+        """``x[mask] = value`` (one bool mask over leading dims, a value every selected
+        element or row gets alike: one element, or one row broadcast over the dims after
+        the mask's, with or without a leading 1) has a data-independent shape: it is
+        ``where(mask, value, x)``. None when not of that form (values per selected row)."""
+        if accumulate or len(indices) != 1 or not isinstance(values, torch.Tensor):
             return None
         (mask,) = indices
         if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
             return None
+        rest = tuple(x.shape[mask.dim() :])
+        row = tuple(values.shape)
+        if len(row) == len(rest) + 1 and row[0] == 1:
+            row = row[1:]
+        if values.numel() != 1 and (
+            len(row) > len(rest)
+            or any(v not in (1, r) for v, r in zip(reversed(row), reversed(rest)))
+        ):
+            return None
         with self.mode:
-            mask = aten.view.default(mask, [*mask.shape, *[1] * (x.dim() - mask.dim())])
-            value = aten._to_copy.default(aten.view.default(values, []), dtype=x.dtype)
+            mask = aten.view.default(mask, [*mask.shape, *[1] * len(rest)])
+            shape = [] if values.numel() == 1 else list(row)
+            value = aten._to_copy.default(aten.view.default(values, shape), dtype=x.dtype)
             return aten.where.self(mask, value, x)
 
     def decompose(self, func: Any, args: tuple, kwargs: dict) -> Any:

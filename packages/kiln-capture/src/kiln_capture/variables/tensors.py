@@ -151,7 +151,8 @@ class TensorVar(Var):
         return tx.out.tensor_op("call_function", operator.getitem, [self, key], {})
 
     def setitem(self, tx, key: Var, value: Var) -> None:
-        check_index(key)
+        if not _uniform_masked_write(self, key, value):
+            check_index(key)
         tx.out.tensor_op("call_function", operator.setitem, [self, key, value], {})
 
     def reconstruct(self, cg) -> str:
@@ -174,6 +175,28 @@ def _type_name(dtype: torch.dtype, device: torch.device) -> str:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"Tensor.type() of a {dtype} tensor")
     prefix = "torch." if device.type == "cpu" else f"torch.{device.type}."
     return prefix + name
+
+
+def _uniform_masked_write(x: TensorVar, key: Var, value: Var) -> bool:
+    """``x[mask] = value`` where every selected element (or row) gets the same value: one
+    bool mask over ``x``'s leading dims and a number, or a tensor of one element or of one
+    row broadcast over the other dims. Its shape does not depend on the mask's values
+    (kiln-aot traces it as ``where``); per-row values do, and break as other masks do."""
+    if not isinstance(key, TensorVar) or key.meta.dtype != torch.bool:
+        return False
+    mask, shape = key.meta.shape, x.meta.shape
+    if tuple(mask) != tuple(shape[: len(mask)]):
+        return False
+    if not isinstance(value, TensorVar):
+        return value.is_const() and isinstance(value.as_const(), (int, float, bool))
+    rest, row = tuple(shape[len(mask) :]), tuple(value.meta.shape)
+    if len(row) == len(rest) + 1 and row[0] == 1:
+        row = row[1:]
+    if value.meta.numel() == 1:
+        return True
+    return len(row) <= len(rest) and all(
+        v == 1 or v == r for v, r in zip(reversed(row), reversed(rest))
+    )
 
 
 def check_index(key: Var) -> None:

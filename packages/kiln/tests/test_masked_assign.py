@@ -1,0 +1,54 @@
+"""``x[mask] = value`` with a boolean mask: when every selected element or row gets the
+same value (a number, a one-element tensor, or one row broadcast over the dims after the
+mask's, with or without a leading 1) the result's shape does not depend on the mask, and
+the write compiles as ``where(mask, value, x)`` in the graph (kiln-capture lets it through,
+kiln-aot traces it); values per selected row depend on how many rows are selected, and
+break the graph as other boolean masks do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+
+
+def _write(x, mask, value):
+    x = x.clone()
+    x[mask] = value
+    return x * 2 + 1
+
+
+@pytest.mark.parametrize(
+    "x_shape, mask_shape, value",
+    [
+        ((3, 5), (3,), (5,)),
+        ((3, 5), (3,), (1, 5)),
+        ((3, 5), (3,), (1,)),
+        ((3, 5), (3,), 2.5),
+        ((3, 5), (3, 5), ()),
+        ((2, 3, 4), (2, 3), (4,)),
+        ((2, 3, 4), (2,), (3, 1)),
+    ],
+    ids=["row", "row_leading_1", "one_element", "number", "elementwise", "3d_row", "3d_broadcast"],
+)
+def test_uniform_masked_writes_compile_into_the_graph(x_shape, mask_shape, value):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(x_shape, generator=g)
+    mask = torch.rand(mask_shape, generator=g) > 0.5
+    v = value if isinstance(value, float) else torch.randn(value, generator=g)
+    kiln.reset()
+    compiled = kiln.compile(_write)
+    torch.testing.assert_close(compiled(x, mask, v), _write(x, mask, v))
+    stats = kiln.stats()
+    assert stats["graphs"] == 1 and stats["breaks"] == 0 and stats["fallbacks"] == 0, stats
+
+
+def test_values_per_selected_row_still_break():
+    g = torch.Generator().manual_seed(1)
+    x, mask = torch.randn(3, 5, generator=g), torch.tensor([True, False, True])
+    values = torch.randn(2, 5, generator=g)
+    kiln.reset()
+    compiled = kiln.compile(_write)
+    torch.testing.assert_close(compiled(x, mask, values), _write(x, mask, values))
+    assert kiln.stats()["breaks"] == 1 and kiln.stats()["fallbacks"] == 0
