@@ -28,6 +28,23 @@ def test_skip_list():
     assert not hook.skipped_file(__file__)
 
 
+def test_torch_module_constructors_run_eagerly():
+    """A torch.nn module built while compiled code runs (after a break) is built eagerly:
+    its ``__init__`` frame is never captured, so a new module per call does not recompile
+    the constructor against each new ``self`` until the cache limit."""
+
+    def f(x):
+        y = x * 2
+        print(end="")  # a break: the rest runs as a continuation
+        layer = torch.nn.Linear(4, 4)
+        return layer(y).shape
+
+    compiled = kiln_capture.optimize(CountingBackend())(f)
+    for _ in range(10):
+        assert compiled(torch.randn(3, 4)) == (3, 4)
+    assert hook.cache_entries(torch.nn.Linear.__init__.__code__) == []
+
+
 def raises_in_graph(x, y):
     return (x @ y) * 2
 

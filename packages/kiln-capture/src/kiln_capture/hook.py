@@ -71,6 +71,15 @@ def skipped_file(filename: str) -> bool:
     return path.startswith(_STDLIB_DIRS)
 
 
+def _torch_module_constructor(code: types.CodeType) -> bool:
+    """A torch.nn module's ``__init__``: it builds parameters and settings once per object,
+    with no compute to compile, and capturing it would guard each new ``self`` (a module
+    made in user code called from compiled code recompiled on every call)."""
+    return code.co_name == "__init__" and os.path.realpath(code.co_filename).startswith(
+        _TORCH_NN_MODULES
+    )
+
+
 @dataclass
 class Recorder:
     """What explain() collects."""
@@ -125,6 +134,7 @@ def _callback(code: types.CodeType, func, args: tuple):
         code in EAGER_RESUME_CODES
         or skipped_file(code.co_filename)
         or (code.co_name.startswith("<") and code.co_name != "<lambda>")  # <module>, <genexpr>
+        or _torch_module_constructor(code)
     ):
         _skip.add(code)
         return RUN_DEFAULT
