@@ -184,13 +184,19 @@ def kiln_layers(compiled, args, train: bool) -> dict:
     graph_rec = Recording(graph)
     ns["__k_graph"] = graph_rec
     aot = _aot_compiled(graph)
-    inner_rec = None
+    inner_rec = guarded = None
     if aot is not None:
         plan = next(iter(aot.plans.values()))
         inner_name = "fw" if hasattr(plan, "fw") else "compiled"
         inner = getattr(plan, inner_name)
         inner_rec = Recording(inner)
         setattr(plan, inner_name, inner_rec)
+        # guarded calls (kiln-capture checked the inputs) go through the plan's _guarded
+        # (the CompiledGraph's kiln_guarded_call), bound when the plan was made
+        guarded = getattr(plan, "_guarded", None)
+        if guarded is not None:
+            guarded_rec = Recording(guarded)
+            plan._guarded = guarded_rec
     try:
         _step(train)(compiled, args, [])
     finally:
@@ -198,6 +204,9 @@ def kiln_layers(compiled, args, train: bool) -> dict:
         ns["__k_graph"] = graph
         if inner_rec is not None:
             setattr(plan, inner_name, inner)
+            if guarded is not None:
+                plan._guarded = guarded
+                inner_rec.args = inner_rec.args or guarded_rec.args
     slots = guard_rec.args
     with torch.enable_grad() if train else torch.no_grad():
         passes = entry.guard(*_fresh(slots))
