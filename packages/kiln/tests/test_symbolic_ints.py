@@ -117,6 +117,7 @@ def test_ints_held_by_modules_stay_constants():
         x = torch.randn(4)
         torch.testing.assert_close(compiled(x), x * k)
     assert kiln.stats()["graphs"] == 3  # a symbolic k would have served 4 and 5 with one
+    assert kiln.stats()["fallbacks"] == 0 and kiln.stats()["breaks"] == 0
 
 
 def test_symbolic_int_arguments_in_op_positions():

@@ -201,6 +201,11 @@ class AotCompiled:
             differentiable=info.differentiable,
             grad_inputs=info.grad_inputs,
             num_inputs=len(flat_args),
+            saved_ints=tuple(
+                k
+                for k, n in enumerate(p for p in bw_gm.graph.nodes if p.op == "placeholder")
+                if n.name.startswith("saved_") and isinstance(n.meta.get("val"), torch.SymInt)
+            ),
         )
 
 

@@ -122,6 +122,9 @@ class TrainingPlan:
     differentiable: tuple[int, ...]
     grad_inputs: tuple[int, ...]
     num_inputs: int
+    # positions among the saved values that are ints (size symbols the backward binds):
+    # autograd saves only tensors, so these are kept apart (decided when compiled)
+    saved_ints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # forward outputs without a tangent (fixed per plan; read on every call)
@@ -162,9 +165,11 @@ class CompiledFunction(torch.autograd.Function):
             written = {id(args[i]) for i in plan.info.mutated_inputs}
             saved = tuple(s.clone() if id(s) in written else s for s in saved)
         ctx.plan = plan
-        # ints (size symbols the backward binds) are kept apart: autograd saves tensors
-        ctx.saved_ints = {k: v for k, v in enumerate(saved) if not isinstance(v, torch.Tensor)}
-        ctx.save_for_backward(*(v for v in saved if isinstance(v, torch.Tensor)))
+        if plan.saved_ints:
+            ctx.saved_ints = [saved[k] for k in plan.saved_ints]
+            ints = set(plan.saved_ints)
+            saved = tuple(v for k, v in enumerate(saved) if k not in ints)
+        ctx.save_for_backward(*saved)
         nondiff = [
             fw_outs[i] for i in plan.nondifferentiable if isinstance(fw_outs[i], torch.Tensor)
         ]
@@ -177,10 +182,10 @@ class CompiledFunction(torch.autograd.Function):
         plan: TrainingPlan = ctx.plan
         tangents = [grad_outputs[i].contiguous() for i in plan.differentiable]
         saved = ctx.saved_tensors
-        if ctx.saved_ints:
-            tensors = iter(saved)
-            n = len(saved) + len(ctx.saved_ints)
-            saved = [ctx.saved_ints[k] if k in ctx.saved_ints else next(tensors) for k in range(n)]
+        if plan.saved_ints:
+            saved = list(saved)
+            for k, v in zip(plan.saved_ints, ctx.saved_ints):
+                saved.insert(k, v)
         if torch.is_grad_enabled():
             # create_graph=True: the compiled backward is not itself differentiable.
             with torch.no_grad():
