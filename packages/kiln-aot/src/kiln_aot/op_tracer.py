@@ -38,6 +38,7 @@ from typing import Any
 
 import kiln_shapes
 import torch
+from kiln_shapes.indexing import uniform_masked_write
 from kiln_shapes.meta import CompositeMode
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -382,27 +383,20 @@ class Tracer:
 
     def _masked_assign(self, x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
         """``x[mask] = value`` (one bool mask over leading dims, a value every selected
-        element or row gets alike: one element, or one row broadcast over the dims after
-        the mask's, with or without a leading 1) has a data-independent shape: it is
-        ``where(mask, value, x)``. None when not of that form (values per selected row)."""
+        element or row gets alike: ``kiln_shapes.indexing.uniform_masked_write``) has a
+        data-independent shape: it is ``where(mask, value, x)``. None when not of that
+        form (values per selected row)."""
         if accumulate or len(indices) != 1 or not isinstance(values, torch.Tensor):
             return None
         (mask,) = indices
-        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
+        if mask.dtype != torch.bool:
             return None
-        rest = tuple(x.shape[mask.dim() :])
-        row = tuple(values.shape)
-        if len(row) == len(rest) + 1 and row[0] == 1:
-            row = row[1:]
-        if values.numel() != 1 and (
-            len(row) > len(rest)
-            or any(v not in (1, r) for v, r in zip(reversed(row), reversed(rest)))
-        ):
+        row = uniform_masked_write(x.shape, mask.shape, values.shape)
+        if row is None:
             return None
         with self.mode:
-            mask = aten.view.default(mask, [*mask.shape, *[1] * len(rest)])
-            shape = [] if values.numel() == 1 else list(row)
-            value = aten._to_copy.default(aten.view.default(values, shape), dtype=x.dtype)
+            mask = aten.view.default(mask, [*mask.shape, *[1] * (x.dim() - mask.dim())])
+            value = aten._to_copy.default(aten.view.default(values, list(row)), dtype=x.dtype)
             return aten.where.self(mask, value, x)
 
     def decompose(self, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -178,25 +178,18 @@ def _type_name(dtype: torch.dtype, device: torch.device) -> str:
 
 
 def _uniform_masked_write(x: TensorVar, key: Var, value: Var) -> bool:
-    """``x[mask] = value`` where every selected element (or row) gets the same value: one
-    bool mask over ``x``'s leading dims and a number, or a tensor of one element or of one
-    row broadcast over the other dims. Its shape does not depend on the mask's values
-    (kiln-aot traces it as ``where``); per-row values do, and break as other masks do."""
+    """``x[mask] = value`` where every selected element (or row) gets the same value
+    (``kiln_shapes.indexing.uniform_masked_write``; a Python number too): its shape does
+    not depend on the mask's values (kiln-aot traces it as ``where``); per-row values do,
+    and break as other masks do."""
+    from kiln_shapes.indexing import uniform_masked_write
+
     if not isinstance(key, TensorVar) or key.meta.dtype != torch.bool:
         return False
-    mask, shape = key.meta.shape, x.meta.shape
-    if tuple(mask) != tuple(shape[: len(mask)]):
-        return False
     if not isinstance(value, TensorVar):
-        return value.is_const() and isinstance(value.as_const(), (int, float, bool))
-    rest, row = tuple(shape[len(mask) :]), tuple(value.meta.shape)
-    if len(row) == len(rest) + 1 and row[0] == 1:
-        row = row[1:]
-    if value.meta.numel() == 1:
-        return True
-    return len(row) <= len(rest) and all(
-        v == 1 or v == r for v, r in zip(reversed(row), reversed(rest))
-    )
+        number = value.is_const() and isinstance(value.as_const(), (int, float, bool))
+        return number and uniform_masked_write(x.meta.shape, key.meta.shape, ()) is not None
+    return uniform_masked_write(x.meta.shape, key.meta.shape, value.meta.shape) is not None
 
 
 def check_index(key: Var) -> None:
