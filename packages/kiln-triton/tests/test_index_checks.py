@@ -19,7 +19,10 @@ def _assert_checked(name, graphs):
         if name in LIBRARY_OPS:
             continue
         assert g.stats["kernels"] >= 1 and not g.stats["fallbacks"], g.stats
-        assert "index_errors.check()" in g.wrapper_source, g.wrapper_source
+        assert "index_errors.start()" in g.wrapper_source
+        assert g.wrapper_source.rstrip().splitlines()[-2].strip() == "index_errors.finish()", (
+            g.wrapper_source
+        )
         assert g.index_errors is not None
 
 

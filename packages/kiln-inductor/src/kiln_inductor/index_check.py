@@ -118,10 +118,18 @@ class DeviceIndexErrors:
     """The error slots of a graph's GPU kernels that check indices: one row ``[check number,
     bad index]`` (int64, on the device) per such kernel, which the kernel receives as its
     last argument. A failing lane writes its row (atomic max of the check number, so the
-    report does not depend on timing); the wrapper reads all rows once per call, right
-    after the last kernel that writes one (one device synchronization, only in graphs with
-    checked accesses). During CUDA
-    graph capture the read is skipped; the runner calls ``check()`` after each replay."""
+    report does not depend on timing).
+
+    The wrapper calls ``start()`` right after the last kernel that writes a row: on a GPU it
+    queues a copy of the rows into page-locked host memory and records an event, without
+    waiting. It calls ``finish()`` just before the graph returns: the host waits for that
+    event only, so the rest of the graph is already queued behind it and the device never
+    idles for the check (an embedding, a graph's first kernel, is long done by the time the
+    host has queued the rest). A failed check raises there, before the call returns its
+    outputs; kernels clamp bad indices, so the kernels still queued read and write only
+    inside their tensors. During CUDA graph capture both are skipped; the runner calls
+    ``check()`` after each replay. On the CPU (the Triton interpreter) ``finish()`` reads
+    the rows directly."""
 
     def __init__(
         self, device: torch.device, kernels: Sequence[tuple[Sequence[IndexCheck], Sequence[str]]]
@@ -129,18 +137,25 @@ class DeviceIndexErrors:
         self.tensor = torch.zeros(len(kernels), 2, dtype=torch.int64, device=device)
         self.rows = list(self.tensor)  # the kernels' arguments
         self.kernels = list(kernels)  # (checks, inputs written in place) per row
-        # on a GPU the rows are copied into page-locked host memory (one small async copy
-        # and a stream synchronization; ``tolist()`` staged them through pageable memory
-        # and built Python lists every call) and read there as a numpy view
         self.host = None
+        self.event: Any = None
         if self.tensor.is_cuda:
             self.host = torch.zeros(len(kernels), 2, dtype=torch.int64, pin_memory=True)
+            self.event = torch.cuda.Event()
             try:
                 self.host_codes: Any = self.host.numpy()[:, 0]
             except RuntimeError:  # torch without numpy
                 self.host_codes = self.host[:, 0]
 
-    def check(self) -> None:
+    def start(self) -> None:
+        """Queue the copy of the rows to the host (GPU); does not wait."""
+        if self.host is None or torch.cuda.is_current_stream_capturing():
+            return
+        self.host.copy_(self.tensor, non_blocking=True)
+        self.event.record(torch.cuda.current_stream(self.tensor.device))
+
+    def finish(self) -> None:
+        """Wait for the copy ``start()`` queued and raise the first failed check's error."""
         t = self.tensor
         if self.host is None:  # CPU tensors (the Triton interpreter): read them directly
             self._raise_failed(t.tolist())
@@ -150,10 +165,14 @@ class DeviceIndexErrors:
             if deferred is not None and self not in deferred:
                 deferred.append(self)
             return
-        self.host.copy_(t, non_blocking=True)
-        torch.cuda.current_stream(t.device).synchronize()
+        self.event.synchronize()
         if self.host_codes.any():
             self._raise_failed(self.host.tolist())
+
+    def check(self) -> None:
+        """``start()`` and ``finish()`` at once (after a CUDA graph replay)."""
+        self.start()
+        self.finish()
 
     def _raise_failed(self, rows: list[list[int]]) -> None:
         for row, (code, value) in enumerate(rows):

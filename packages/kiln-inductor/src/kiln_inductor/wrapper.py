@@ -161,7 +161,7 @@ class WrapperCodegen:
         if not checks:
             return [self.backend.call_line(kernel, args, sizes) + f"  # {step.name}"]
         if src.meta.get("index_report") == "tensor":
-            # the kernel's error row is its last argument; index_errors.check() reads them
+            # the kernel's error row is its last argument; index_errors.finish() reads them
             return [self.backend.call_line(kernel, [*args, f"index_errors_{step.name}"], sizes)]
         self.globals["raise_index_error"] = raise_index_error
         sites = self._global("checks_", tuple(checks))
@@ -194,9 +194,9 @@ class WrapperCodegen:
         body.extend(self._bind_symbols())
         for c in self.ir.constants:
             body.append(f"{c.name} = {self._global('const_', c.value)}")
-        # the error rows are read right after the last kernel that writes one (an embedding
-        # is a graph's first kernel): the host then waits for that kernel only, and queues
-        # the rest of the graph while the device runs it
+        # the error rows are copied to the host right after the last kernel that writes one
+        # (an embedding is a graph's first kernel) and read just before the return: the host
+        # waits for that copy only, with the rest of the graph already queued behind it
         last_checked = max((k for k, s in enumerate(self.steps) if s.name in with_rows), default=-1)
         for k, step in enumerate(self.steps):
             for name, reuse, kind in self.plan.allocations.get(k, []):
@@ -209,7 +209,9 @@ class WrapperCodegen:
             if freed:
                 body.append(f"del {', '.join(freed)}")
             if k == last_checked:
-                body.append("index_errors.check()")
+                body.append("index_errors.start()")
+        if last_checked >= 0:
+            body.append("index_errors.finish()")
         outs = []
         for o in self.ir.outputs:
             outs.append(self.view_expr(o) if isinstance(o, StorageView) else self._arg(o))
