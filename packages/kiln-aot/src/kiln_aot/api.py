@@ -13,6 +13,18 @@ signature:
 
 The callable runs through ``kiln_aot.runtime``.
 
+# Persistent plans
+
+``aot_graph(..., plan_store=store)`` consults ``store.load(signature)`` before tracing a
+signature and offers each newly compiled plan to ``store.save(signature, plan)``: a
+compiler that can serialize what its ``fw_compiler``/``bw_compiler`` returned (kiln-
+inductor's artifact cache does) makes a second process skip tracing, partitioning and
+compiling. ``signature`` is the plan cache's key (this module's ``_signature``); the
+store adds the graph's own identity. Signatures holding an object by identity (an
+unhashable non-tensor input) are never offered: their key means nothing in another
+process. ``load`` returns an ``InferencePlan``/``TrainingPlan`` or None; ``save`` must
+not raise.
+
 # Guarded calls
 
 ``aot_graph``'s callable checks every call's signature against its plan cache: a tuple of
@@ -34,7 +46,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx
@@ -50,6 +62,19 @@ from kiln_aot.partition import min_cut_partition
 from kiln_aot.runtime import InferencePlan, TrainingPlan
 
 Compiler = Callable[[fx.GraphModule, list], Callable]
+
+
+class PlanStore(Protocol):
+    """Where compiled plans persist across processes (module docstring, "Persistent plans")."""
+
+    def load(self, signature: tuple) -> InferencePlan | TrainingPlan | None: ...
+
+    def save(self, signature: tuple, plan: InferencePlan | TrainingPlan) -> None: ...
+
+
+def persistent_signature(signature: tuple) -> bool:
+    """Whether a plan cache key means the same in another process (no object identities)."""
+    return not any(type(p) is tuple and p[:1] == ("object",) for p in signature)
 
 
 def _signature(
@@ -114,8 +139,10 @@ class AotCompiled:
         partition_fn: Callable | None,
         decompositions: dict | None,
         symbolic: Sequence[Any] | None = None,
+        plan_store: PlanStore | None = None,
     ):
         self.flat_fn = flat_fn
+        self.plan_store = plan_store
         # per flat input: a meta tensor with symbolic sizes (one plan serves every size
         # the caller's guards admit), or None
         self.symbolic = list(symbolic) if symbolic is not None else None
@@ -130,6 +157,11 @@ class AotCompiled:
         need_grad = _needs_grad(flat_args)
         key = _signature(flat_args, need_grad, extra, self.symbolic)
         plan = self.plans.get(key)
+        store = self.plan_store if persistent_signature(key) else None
+        if plan is None and store is not None:
+            plan = store.load(key)
+            if plan is not None:
+                self.plans[key] = plan
         if plan is None:
             start = time.perf_counter()
             plan = (
@@ -142,6 +174,8 @@ class AotCompiled:
                 f"{'training' if need_grad else 'inference'} compile took {time.perf_counter() - start:.3f}s",
             )
             self.plans[key] = plan
+            if store is not None:
+                store.save(key, plan)
         return plan
 
     def run(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
@@ -337,18 +371,20 @@ def aot_graph(
     bw_compiler: Compiler | None = None,
     partition_fn: Callable | None = None,
     decompositions: dict | None = None,
+    plan_store: PlanStore | None = None,
 ) -> Callable:
     """The backend entry point: compile a torch-level graph (or callable) called as
     ``gm(*args)``; returns a callable with the same calling convention and outputs.
 
     Parameters and buffers of ``gm`` (``get_attr`` targets or submodules' state) become
     graph inputs ahead of ``args``; the example inputs fix the first compilation (inference
-    or training), other signatures compile on first use."""
+    or training), other signatures compile on first use. ``plan_store`` keeps compiled
+    plans across processes (module docstring, "Persistent plans")."""
     module = gm_or_fn if isinstance(gm_or_fn, torch.nn.Module) else None
     symbolic = symbolic_inputs(gm_or_fn)
     if module is None:
         compiled = AotCompiled(
-            gm_or_fn, fw_compiler, bw_compiler, partition_fn, decompositions, symbolic
+            gm_or_fn, fw_compiler, bw_compiler, partition_fn, decompositions, symbolic, plan_store
         )
 
         def run_fn(*args: Any) -> Any:
@@ -367,7 +403,7 @@ def aot_graph(
     if symbolic is not None:
         symbolic = [None] * len(names) + symbolic
     compiled = AotCompiled(
-        flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions, symbolic
+        flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions, symbolic, plan_store
     )
 
     def run_gm(*args: Any) -> Any:

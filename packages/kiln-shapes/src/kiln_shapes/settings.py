@@ -19,6 +19,10 @@ A value is the innermost scope's, else one assigned to the attribute (tests'
 ``monkeypatch.setattr``), else the environment's, else the default. Text is parsed by the
 default's type: bool (:func:`parse_bool`, kiln's one boolean parser), int, float, str,
 ``frozenset`` (comma-separated); ``parse=`` overrides that. Unset or blank means the default.
+
+Every ``Settings`` registers itself under its package name: :func:`registered` lists them,
+so a cache that spans packages (kiln-inductor's artifact cache) keys on each one's
+``affects_cache`` settings without importing them by name.
 """
 
 from __future__ import annotations
@@ -96,6 +100,14 @@ def cache_key(snapshot: object) -> str:
     return ";".join(parts)
 
 
+_REGISTRY: dict[str, Settings[Any]] = {}
+
+
+def registered() -> dict[str, Settings[Any]]:
+    """Every package's ``Settings`` created in this process, by package name."""
+    return dict(_REGISTRY)
+
+
 class Settings(Generic[C]):
     """One package's settings, read when asked for (module docstring)."""
 
@@ -113,6 +125,7 @@ class Settings(Generic[C]):
         vars(self).update(
             package=package, schema=schema, declared=declared, _pinned={}, _scopes=scopes
         )
+        _REGISTRY[package] = self
 
     def __getattr__(self, name: str) -> Any:  # names not stored on the object: settings
         if name.startswith("_") or name not in vars(self).get("declared", {}):
