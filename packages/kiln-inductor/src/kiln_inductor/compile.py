@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 import torch.fx
 
 from . import log
-from .backend import get_backend
+from .backend import KernelSource, get_backend
 from .config import read_config
 from .errors import AotUnavailableError
 from .graph import GraphLowering
@@ -48,6 +49,7 @@ class CompiledGraph:
         self.index_errors: Any = None  # index_check.DeviceIndexErrors of GPU kernels, if any
         self.wrapper_source = source
         self.stats = stats
+        self.artifact: GraphArtifact | None = None  # set by compile_aten_graph
         # kernels index inputs with the strides the graph was compiled for
         self._layouts = list(layouts)
         # (position, strides) of the inputs to check on each call, in one list: the loop
@@ -83,6 +85,12 @@ class CompiledGraph:
         )
         fixed = torch.empty_strided(want[0], want[1], dtype=x.dtype, device=x.device).copy_(x)
         return (*args[:i], fixed, *args[i + 1 :])
+
+
+def graph_debug_dir(cfg: Any) -> tuple[int, Path | None]:
+    """A new graph's number and its dump folder (None without ``KILN_DEBUG_DIR``)."""
+    gid = next(_graph_ids)
+    return gid, Path(cfg.debug_dir) / f"graph{gid}" if cfg.debug_dir else None
 
 
 def _dump(debug: Path | None, stage: str, text: str) -> None:
@@ -123,15 +131,18 @@ def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
     """Compile an ATen-level FX graph (DESIGN.md contract 3) into a callable."""
     cfg = read_config()
-    gid = next(_graph_ids)
-    debug = Path(cfg.debug_dir) / f"graph{gid}" if cfg.debug_dir else None
+    gid, debug = graph_debug_dir(cfg)
     t0 = time.perf_counter()
     _dump(debug, "aten.py", gm.code)
-    lowering = GraphLowering(gm, example_inputs, debug)
-    ir = lowering.run()
-    # the size symbols' ranges stay in force for scheduling and kernel generation
-    with shape_env(lowering.shape_env):
-        return _compile_lowered(gm, lowering, ir, cfg, gid, debug, t0)
+    with log.collect_warnings() as notes:
+        lowering = GraphLowering(gm, example_inputs, debug)
+        ir = lowering.run()
+        # the size symbols' ranges stay in force for scheduling and kernel generation
+        with shape_env(lowering.shape_env):
+            compiled = _compile_lowered(gm, lowering, ir, cfg, gid, debug, t0)
+    if compiled.artifact is not None:
+        compiled.artifact.warnings = list(notes)
+    return compiled
 
 
 def _compile_lowered(
@@ -169,8 +180,7 @@ def _compile_lowered(
     kernels = {g.name: codegen._global("kernel_", fn) for g, fn in zip(groups, loaded)}
     source = codegen.generate(kernels, {g.name: src for g, src in zip(groups, sources)})
     _dump(debug, "wrapper.py", source)
-    namespace = dict(codegen.globals)
-    exec(compile(source, f"<kiln wrapper graph{gid}>", "exec"), namespace)
+    wrapper_globals = dict(codegen.globals)
     stats = {
         "kernels": len(groups),
         "nodes": len(ir.nodes),
@@ -180,10 +190,7 @@ def _compile_lowered(
         "lower_s": t1 - t0,
         "codegen_s": t2 - t1,
         "build_s": t3 - t2,
-        "total_s": time.perf_counter() - t0,
     }
-    log.log("timings", f"graph{gid}: {stats}")
-    log.log("graphs", f"graph{gid}:\n{_format_schedule(steps)}{source}")
     layouts = [
         (tuple(int(s) for s in b.layout.size), tuple(int(s) for s in b.layout.stride))
         if b is not None
@@ -191,8 +198,55 @@ def _compile_lowered(
         else None
         for b in ir.inputs
     ]
+    compiled = wrapper_graph(source, wrapper_globals, stats, layouts, gid)
+    stats["total_s"] = time.perf_counter() - t0
+    log.log("timings", f"graph{gid}: {stats}")
+    log.log("graphs", f"graph{gid}:\n{_format_schedule(steps)}{source}")
+    # what the artifact cache stores to rebuild this graph without lowering it
+    compiled.artifact = GraphArtifact(
+        device=lowering.device.type,
+        source=source,
+        globals=wrapper_globals,
+        kernels={kernels[g.name]: src for g, src in zip(groups, sources)},
+        call_targets=dict(codegen.call_targets),
+        layouts=layouts,
+        stats=dict(stats),
+    )
+    return compiled
+
+
+@dataclass
+class GraphArtifact:
+    """Everything a compiled graph is rebuilt from without lowering: the wrapper's source
+    and globals, the kernel source behind each ``kernel_*`` global (loaded again through
+    the backend and its kernel cache), the op behind each ``aten_*`` global that holds a
+    ``call_target`` (runtime/artifacts.py serializes it)."""
+
+    device: str
+    source: str
+    globals: dict[str, Any]
+    kernels: dict[str, KernelSource]
+    call_targets: dict[str, Any]
+    layouts: list[Any]
+    stats: dict[str, Any]
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # log.warn_once's, replayed
+
+
+def wrapper_graph(
+    source: str,
+    wrapper_globals: dict[str, Any],
+    stats: dict[str, Any],
+    layouts: Sequence[Any],
+    gid: int | None = None,
+) -> CompiledGraph:
+    """The CompiledGraph of a wrapper's source run with its globals (a fresh compile and
+    an artifact cache hit alike)."""
+    gid = next(_graph_ids) if gid is None else gid
+    namespace = dict(wrapper_globals)
+    exec(compile(source, f"<kiln wrapper graph{gid}>", "exec"), namespace)
     compiled = CompiledGraph(namespace["call"], source, stats, layouts)
-    compiled.index_errors = codegen.device_errors  # checked by CUDA graph runners after replay
+    # checked by CUDA graph runners after replay
+    compiled.index_errors = wrapper_globals.get("index_errors")
     return compiled
 
 
@@ -220,8 +274,17 @@ def compile_fx(
     each ATen graph (forward, and backward when training) to ``compile_aten_graph``, or to
     ``compile_graph`` when given (kiln-triton wraps training graphs in CUDA graph runners
     this way). Any callable (an ``nn.Module`` too) is accepted the same way: kiln_aot
-    traces it."""
-    compile_graph = compile_graph or compile_aten_graph
+    traces it.
+
+    Plans compiled from a torch-level graph persist in the artifact cache
+    (runtime/artifacts.py; ``KILN_ARTIFACT_CACHE``) unless ``compile_graph`` is given."""
+    store = None
+    if compile_graph is None:  # the graphs are kiln-inductor's: the artifact cache keeps them
+        compile_graph = compile_aten_graph
+        if not (isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm) and _core_only(gm)):
+            from .runtime.artifacts import plan_store_for
+
+            store = plan_store_for(gm, example_inputs)
     if isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm) and _core_only(gm):
         return compile_graph(gm, list(example_inputs))
     import kiln_aot
@@ -229,4 +292,6 @@ def compile_fx(
     aot_graph = getattr(kiln_aot, "aot_graph", None)
     if aot_graph is None:
         raise AotUnavailableError("aot_graph")
-    return aot_graph(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph)
+    return aot_graph(
+        gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph, plan_store=store
+    )

@@ -39,8 +39,17 @@ class Config:
         "",
         "directory of the on-disk kernel cache (unset: $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)",
     )
+    artifact_cache: bool = setting(
+        "KILN_ARTIFACT_CACHE",
+        True,
+        "keep every compiled graph (wrapper, kernels, runtime plan) on disk under the cache "
+        "directory, so that another process running the same graph skips tracing, lowering "
+        "and code generation (runtime/artifacts.py); 0: compile every graph afresh",
+    )
     log: str = setting(
-        "KILN_LOG", "", "comma-separated log topics: graphs,kernels,timings,fallbacks,layouts"
+        "KILN_LOG",
+        "",
+        "comma-separated log topics: graphs,kernels,timings,fallbacks,layouts,cache",
     )
     debug_dir: str = setting(
         "KILN_DEBUG_DIR", "", "when set, every graph, IR dump and kernel source is written here"

@@ -80,6 +80,8 @@ class WrapperCodegen:
     ):
         self.ir, self.steps, self.plan, self.backend = ir, steps, plan, backend
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided}
+        # global name -> the op whose call_target it holds (the artifact cache stores the op)
+        self.call_targets: dict[str, Any] = {}
         self.lines: list[str] = []
         # buffers something other than a generated kernel sees (extern and fallback ops, the
         # caller): these need tensors of their own size and strides
@@ -272,6 +274,7 @@ class WrapperCodegen:
     def _extern(self, step: ExternKernel) -> list[str]:
         target = call_target(step.op)
         op = self._global("aten_", target)
+        self.call_targets[op] = step.op
         args = ", ".join(
             [self._arg(a) for a in step.args]
             + [f"{k}={self._arg(v)}" for k, v in step.kwargs.items()]

@@ -8,16 +8,20 @@ everything that determines the files: source, flags, compiler identity, kiln ver
 An entry is built in a private temporary directory beside it and renamed into place in one
 ``os.rename`` (atomic on POSIX), so a reader never sees half an entry; concurrent builders
 race harmlessly (the loser discards its copy). A reader verifies the manifest before use; a
-truncated or corrupt entry is removed and rebuilt, never loaded.
+truncated or corrupt entry is removed and rebuilt, never loaded. When the cache directory
+cannot be written, entries are built in a private temporary directory removed at exit
+(with a warning, once): the process runs, without keeping what it built.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,8 +89,11 @@ class KernelCache:
         if found is not None:
             return found
         final = self.entry_dir(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:8]}-", dir=final.parent))
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:8]}-", dir=final.parent))
+        except OSError as e:
+            return self._build_privately(key, build, e)
         try:
             build(tmp)
             files = {
@@ -107,3 +114,25 @@ class KernelCache:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return final
+
+    def _build_privately(self, key: str, build: Callable[[Path], None], error: OSError) -> Path:
+        """Build into this process's private directory (the cache cannot be written)."""
+        if not _private:
+            _private.append(Path(tempfile.mkdtemp(prefix="kiln-private-cache-")))
+            atexit.register(shutil.rmtree, _private[0], True)
+            warnings.warn(
+                f"kiln: cannot write the kernel cache under {self.root} ({error}): kernels are "
+                f"built in {_private[0]} for this process only (set KILN_CACHE_DIR to a "
+                "writable directory)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        path = _private[0] / self.root.name / key
+        if not path.exists():
+            path.mkdir(parents=True)
+            build(path)
+            STATS.builds += 1
+        return path
+
+
+_private: list[Path] = []  # this process's build directory when the cache is read-only
