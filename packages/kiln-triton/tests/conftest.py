@@ -10,6 +10,11 @@ import tempfile
 # the IR verifier (kiln_inductor.verify) checks every graph the tests compile
 os.environ.setdefault("KILN_VERIFY", "1")
 
+# compiled graphs persist across processes by default (kiln-inductor's artifact cache); the
+# suites compile afresh so that a test that patches the compiler never meets a graph another
+# run compiled unpatched. test_artifact_cache.py turns it on for its own tests.
+os.environ.setdefault("KILN_ARTIFACT_CACHE", "0")
+
 import pytest
 
 # before triton is imported anywhere: run kernels on CPU tensors through the interpreter,

@@ -95,14 +95,17 @@ def lookup(backend: str | Backend, options: dict[str, Any]) -> tuple[str, Backen
         env["KILN_DEBUG_DIR"] = options["debug_dir"]
     if not options.get("check_indices", True):
         env["KILN_CHECK_INDICES"] = "0"
+    if not options.get("artifact_cache", True):
+        env["KILN_ARTIFACT_CACHE"] = "0"
     if env:
         fn = _with_env(fn, env)
     return backend, fn
 
 
 def _with_env(backend: Backend, env: dict[str, str]) -> Backend:
-    """Set the packages' environment settings (``KILN_DEBUG_DIR``, ``KILN_CHECK_INDICES``)
-    while compiling: the options that kiln.compile passes down this way."""
+    """Set the packages' environment settings (``KILN_DEBUG_DIR``, ``KILN_CHECK_INDICES``,
+    ``KILN_ARTIFACT_CACHE``) while compiling: the options that kiln.compile passes down
+    this way (the artifact cache is chosen when a graph reaches the backend)."""
 
     @functools.wraps(backend)
     def compiling(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

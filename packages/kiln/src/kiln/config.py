@@ -51,6 +51,15 @@ OPTIONS: dict[str, Option] = {
             True,
         ),
         Option(
+            "artifact_cache",
+            bool,
+            True,
+            "keep compiled graphs on disk (KILN_ARTIFACT_CACHE) so that another process "
+            "running the same graph skips tracing, lowering and code generation; False "
+            "compiles afresh and saves nothing",
+            False,
+        ),
+        Option(
             "triton.cudagraphs",
             bool,
             False,

@@ -172,6 +172,8 @@ _BREAKDOWN = (
     ("lowering + scheduling", "lower", ()),
     ("kernel codegen", "codegen", ()),
     ("C++ / Triton compiler", "build", ()),
+    ("artifact cache load", "artifact-load", ()),
+    ("artifact cache save", "artifact-save", ()),
 )
 
 
@@ -182,6 +184,18 @@ def stage_breakdown(timings: dict[str, float]) -> dict[str, float]:
         if total in timings:
             out[label] = max(0.0, timings[total] - sum(timings.get(i, 0.0) for i in inner))
     return out
+
+
+def artifact_cache_line(report: Report) -> str:
+    """Hits and misses of kiln-inductor's artifact cache (graphs compiled in an earlier
+    process and loaded, or compiled here), with the time spent loading."""
+    lines = [r for section in report.records.values() for r in section]
+    hits = sum("artifact cache hit" in r for r in lines)
+    misses = sum("artifact cache miss" in r for r in lines)
+    if not hits and not misses:
+        return "artifact cache: not used (off, or no graph reached kiln's compiler)"
+    load = report.timings.get("artifact-load", 0.0)
+    return f"artifact cache: {hits} hit(s), {misses} miss(es), load {load:.3f} s"
 
 
 def render(report: Report) -> str:
@@ -222,6 +236,7 @@ def render(report: Report) -> str:
         if not shown and not lines:
             parts.append("<p class='muted'>none</p>")
     parts.append("<h2 id='timings'>Compile time by stage</h2>")
+    parts.append(f"<p id='artifact-cache'>{esc(artifact_cache_line(report))}</p>")
     stages = stage_breakdown(report.timings)
     if stages:
         top = max(stages.values()) or 1.0
