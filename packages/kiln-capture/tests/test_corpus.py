@@ -21,6 +21,7 @@ for _mod in (
     "contexts",
     "patterns",
     "withs",
+    "generators",
 ):
     importlib.import_module(f"corpus.{_mod}")
 

@@ -42,6 +42,7 @@ from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import NullVar, Var
 from kiln_capture.variables.containers import IteratorVar
 from kiln_capture.variables.contexts import ContextMethodVar
+from kiln_capture.variables.generators import drain_generators
 from kiln_capture.variables.sizes import SymIntVar
 
 MAX_RESTARTS = 32
@@ -122,6 +123,7 @@ def compile_frame(
         if moved is not None and moved[0] not in break_at:
             break_at[moved[0]] = moved[1]  # enter that manager in Python, then resume
             continue
+        drain_generators([*root.stack, *root.locals.values()])
         return _finish_break(out, root, value, break_at[root.instructions[value].offset], ctx)
     return SkipFrame("too many graph breaks in one frame")
 

@@ -20,7 +20,16 @@ from kiln_capture.variables.tensors import TensorVar
 
 _SAFE_LITERALS = (int, bool, str, type(None), bytes)
 _MUTABLE_NEW = frozenset(
-    {"ListVar", "DictVar", "SetVar", "NewObjectVar", "RecordVar", "IteratorVar"}
+    {
+        "ListVar",
+        "DictVar",
+        "SetVar",
+        "NewObjectVar",
+        "RecordVar",
+        "IteratorVar",
+        "GeneratorVar",
+        "PullIteratorVar",
+    }
 )
 
 

@@ -48,12 +48,13 @@ from kiln_capture.variables.containers import (
 )
 from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.functions import NestedFunctionVar
+from kiln_capture.variables.generators import GeneratorVar, Yield
 from kiln_capture.variables.objects import SuperVar
 from kiln_capture.variables.sizes import SymIntVar
 
 PY312 = sys.version_info >= (3, 12)
 MAX_INLINE_DEPTH = 40
-_UNSUPPORTED_CODE_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_UNSUPPORTED_CODE_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 class _Unbound(Var):
@@ -101,12 +102,7 @@ class Frame:
         name: str,
         parent: Frame | None = None,
     ) -> None:
-        self.yielded: list[Var] | None = None
-        if code.co_flags & inspect.CO_GENERATOR and not code.co_flags & (
-            inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-        ):
-            self.yielded = []  # generators are run to completion; their values are collected
-        elif code.co_flags & _UNSUPPORTED_CODE_FLAGS:
+        if code.co_flags & _UNSUPPORTED_CODE_FLAGS:
             raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"coroutine {name}")
         self.out = out
         self.code = code
@@ -135,18 +131,45 @@ class Frame:
             while True:
                 self.step()
         except Return as r:
-            if self.yielded is not None:
-                return IteratorVar(self.yielded)
             return r.value
+
+    # -- generators (see variables/generators.py, "suspended frames") ---------------------
 
     def RETURN_GENERATOR(self, ins):
         self.push(ConstVar(None))
 
     def YIELD_VALUE(self, ins):
-        if self.yielded is None:
-            raise Unsupported(breaks.UNSUPPORTED_BYTECODE, "yield")
-        self.yielded.append(self.pop())
-        self.push(ConstVar(None))
+        if not self.code.co_flags & inspect.CO_GENERATOR:
+            raise Unsupported(breaks.UNSUPPORTED_BYTECODE, "yield outside a generator")
+        raise Yield(self.pop())  # GeneratorVar.send pushes the sent value on resuming
+
+    def GET_YIELD_FROM_ITER(self, ins):
+        v = self.stack[-1]
+        if not isinstance(v, IteratorVar):
+            self.stack[-1] = IteratorVar(v.unpack(self))
+
+    def SEND(self, ins):
+        value = self.pop()
+        receiver = self.stack[-1]
+        if isinstance(receiver, GeneratorVar):
+            item = receiver.send(value)
+            result = receiver.result
+        elif isinstance(receiver, IteratorVar) and value.is_const() and value.as_const() is None:
+            item, result = receiver.next(), ConstVar(None)
+        else:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"yield from {receiver!r}")
+        if item is not None:
+            self.push(item)
+            return
+        if PY312:  # (receiver, value -- receiver, retval); END_SEND drops the receiver
+            self.push(result)
+        else:
+            self.stack[-1] = result
+        self.jump(ins)
+
+    def END_SEND(self, ins):
+        value = self.pop()
+        self.stack[-1] = value
 
     def step(self) -> None:
         ins = self.instructions[self.ip]
@@ -208,8 +231,11 @@ class Frame:
             raise Unsupported(
                 breaks.UNSUPPORTED_VALUE, f"inlining deeper than {MAX_INLINE_DEPTH} calls"
             )
+        frame = Frame(self.out, code, globals_dict, bound, cells, name, parent=self)
+        if code.co_flags & inspect.CO_GENERATOR:
+            return GeneratorVar(frame)  # none of its body runs until it is iterated
         try:
-            return Frame(self.out, code, globals_dict, bound, cells, name, parent=self).run()
+            return frame.run()
         finally:
             self.out.frame = self
 

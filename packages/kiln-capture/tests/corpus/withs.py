@@ -101,16 +101,16 @@ def enter_result_used_after_break(x):
     return y, log
 
 
-@case(graphs=3, breaks=3)  # making it, entering it, exiting it: eager steps
+@case(graphs=1, breaks=0)
 def generator_context_manager(x):
     log = []
     y = x * 2
-    with scope(log, "g") as tag:  # its __enter__/__exit__ drive a generator: eager steps
+    with scope(log, "g") as tag:  # its setup and teardown are traced into the graph
         y = y + len(tag)
     return y * 3, log
 
 
-@case(graphs=3, breaks=4)
+@case(graphs=3, breaks=3)  # the with (entered in Python), the eager call, the real __exit__
 def generator_context_manager_with_break(x):
     log = []
     y = x.sin()
@@ -146,7 +146,7 @@ def catch_warnings_with_break(x):
     return y + 1
 
 
-@case(graphs=3, breaks=4)  # making, entering, manual_seed, exiting
+@case(graphs=3, breaks=3)  # the with (entered in Python), manual_seed, its real __exit__
 def fork_rng_with_break(x):
     y = x * 2
     with torch.random.fork_rng():

@@ -7,6 +7,7 @@ import functools
 import itertools
 import math
 import operator
+import sys
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
@@ -21,6 +22,7 @@ from kiln_capture.variables.containers import (
     SequenceVar,
     TupleVar,
 )
+from kiln_capture.variables.generators import LazyIteratorVar, PullIteratorVar
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 
@@ -310,13 +312,37 @@ def _items(tx, x: Var) -> list[Var]:
 
 
 def _enumerate(tx, it, start=None) -> Var:
-    s = start.as_const() if start is not None else 0
-    return IteratorVar([TupleVar([ConstVar(i + s), v]) for i, v in enumerate(_items(tx, it))])
+    it = _as_iter(tx, it)
+    n = itertools.count(start.as_const() if start is not None else 0)
+
+    def step() -> Var | None:
+        v = it.next()
+        return None if v is None else TupleVar([ConstVar(next(n)), v])
+
+    return _iterate("enumerate", step, [it])
 
 
 def _zip(tx, *its, strict=None) -> Var:
-    lists = [_items(tx, i) for i in its]
-    return IteratorVar([TupleVar(list(t)) for t in zip(*lists)])
+    """Rows are read as CPython reads them: one item of each in turn, stopping at the
+    first exhausted one (so an endless generator zipped with a list ends)."""
+    iters = [_as_iter(tx, i) for i in its]
+
+    def step() -> Var | None:
+        row = _next_row(iters)
+        return TupleVar(row) if row else None
+
+    return _iterate("zip", step, iters)
+
+
+def _next_row(iters: list[IteratorVar]) -> list[Var] | None:
+    """One item of each iterator in turn; None once one is exhausted."""
+    row = []
+    for it in iters:
+        v = it.next()
+        if v is None:
+            return None
+        row.append(v)
+    return row
 
 
 def _reversed(tx, it) -> Var:
@@ -324,17 +350,113 @@ def _reversed(tx, it) -> Var:
 
 
 def _map(tx, fn, *its) -> Var:
-    lists = [_items(tx, i) for i in its]
-    return IteratorVar([fn.call(tx, list(t), {}) for t in zip(*lists)])
+    iters = [_as_iter(tx, i) for i in its]
+
+    def step() -> Var | None:
+        row = _next_row(iters)
+        return None if row is None else fn.call(tx, row, {})
+
+    return _iterate("map", step, iters)
 
 
 def _filter(tx, fn, it) -> Var:
-    out = []
-    for v in _items(tx, it):
-        keep = v if fn.is_const() and fn.as_const() is None else fn.call(tx, [v], {})
-        if keep.truth(tx):
-            out.append(v)
-    return IteratorVar(out)
+    it = _as_iter(tx, it)
+
+    def step() -> Var | None:
+        while (v := it.next()) is not None:
+            keep = v if fn.is_const() and fn.as_const() is None else fn.call(tx, [v], {})
+            if keep.truth(tx):
+                return v
+        return None
+
+    return _iterate("filter", step, [it])
+
+
+def _as_iter(tx, x: Var) -> IteratorVar:
+    return x if isinstance(x, IteratorVar) else IteratorVar(_items(tx, x))
+
+
+def _iterate(name: str, step, sources: list[IteratorVar]) -> IteratorVar:
+    """An iterator of ``step()``'s items: read on demand when a source is (a generator,
+    ``itertools.count``), else all now (an iterator over known items)."""
+    if any(isinstance(s, LazyIteratorVar) and not s.drained for s in sources):
+        return PullIteratorVar(name, step, sources)
+    items = []
+    while (v := step()) is not None:
+        items.append(v)
+    return IteratorVar(items)
+
+
+def _islice(tx, it, *bounds) -> Var:
+    it = _as_iter(tx, it)
+    bounds_ = slice(*[b.as_const() for b in bounds])
+    start, stop, stride = bounds_.start or 0, bounds_.stop, bounds_.step or 1
+    if stop is None:
+        stop = sys.maxsize
+    pos = [0]  # items read so far
+    wanted = iter(range(start, stop, stride))
+
+    def step() -> Var | None:
+        target = next(wanted, None)
+        if target is None:
+            return None
+        v = None
+        while pos[0] <= target:
+            v = it.next()
+            if v is None:
+                return None
+            pos[0] += 1
+        return v
+
+    return _iterate("islice", step, [it])
+
+
+def _count(tx, start=None, stride=None) -> Var:
+    n = itertools.count(
+        start.as_const() if start is not None else 0, stride.as_const() if stride else 1
+    )
+    return PullIteratorVar("count", lambda: ConstVar(next(n)), [])
+
+
+def _chain(tx, *its) -> Var:
+    return IteratorVar([v for i in its for v in _items(tx, i)])
+
+
+def _chain_from_iterable(tx, its) -> Var:
+    return _chain(tx, *_items(tx, its))
+
+
+def _combinatoric(fn):
+    """itertools.product/permutations/combinations/...: the index tuples ``fn`` makes
+    over the items' positions, mapped back to the items."""
+
+    def handler(tx, *args, **kwargs):
+        kw = {k: v.as_const() for k, v in kwargs.items()}
+        if fn is itertools.product:
+            pools = [_items(tx, a) for a in args] * kw.get("repeat", 1)
+            rows = itertools.product(*[range(len(p)) for p in pools])
+            return IteratorVar([TupleVar([p[i] for p, i in zip(pools, t)]) for t in rows])
+        pool = _items(tx, args[0])
+        rows = fn(range(len(pool)), *[a.as_const() for a in args[1:]], **kw)
+        return IteratorVar([TupleVar([pool[i] for i in t]) for t in rows])
+
+    return handler
+
+
+def _accumulate(tx, it, func=None, initial=None) -> Var:
+    items = _items(tx, it)
+    acc = [] if initial is None else [initial]
+    for v in items:
+        if not acc:
+            acc.append(v)
+            continue
+        prev = acc[-1]
+        acc.append(
+            binary(tx, operator.add, prev, v)
+            if func is None or (func.is_const() and func.as_const() is None)
+            else func.call(tx, [prev, v], {})
+        )
+    return IteratorVar(acc)
 
 
 def _list(tx, it=None) -> Var:
@@ -465,6 +587,15 @@ def _repeat(tx, value, times=None) -> Var:
 
 _HANDLERS = {
     itertools.repeat: _repeat,
+    itertools.islice: _islice,
+    itertools.count: _count,
+    itertools.chain: _chain,
+    itertools.chain.from_iterable: _chain_from_iterable,
+    itertools.accumulate: _accumulate,
+    itertools.product: _combinatoric(itertools.product),
+    itertools.permutations: _combinatoric(itertools.permutations),
+    itertools.combinations: _combinatoric(itertools.combinations),
+    itertools.combinations_with_replacement: _combinatoric(itertools.combinations_with_replacement),
     len: _len,
     isinstance: _isinstance,
     issubclass: _issubclass,

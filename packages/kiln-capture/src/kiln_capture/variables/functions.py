@@ -3,7 +3,6 @@ and torch functions (graph nodes, or constants when no tensor is involved)."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import sys
@@ -17,6 +16,7 @@ from kiln_capture.sources import AttrSource, ClosureSource
 from kiln_capture.variables.base import CellVar, Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import DictVar, TupleVar
+from kiln_capture.variables.generators import make_generator_cm
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import DATA_DEPENDENT_FUNCTIONS, TensorVar
 
@@ -84,8 +84,6 @@ _PURE_STDLIB_MODULES = frozenset(
     {"inspect", "dataclasses", "typing", "enum", "abc", "re", "string", "textwrap"}
 )
 _NO_VALUE = object()
-# the code of every function @contextlib.contextmanager returns
-_CONTEXTMANAGER_HELPER = contextlib.contextmanager(lambda: iter(())).__code__
 
 
 def python_value(v: Var) -> object:
@@ -118,17 +116,6 @@ _FUNCTION_ATTRS = frozenset(
         "__annotations__",
     }
 )
-
-
-def refuse_contextmanager(fn) -> None:
-    """A ``@contextlib.contextmanager`` function is called in Python: the trace runs
-    generators to completion when they are made, but this one must stop at its yield
-    until ``__exit__``, and each call must make a fresh, unentered manager."""
-    if getattr(fn, "__code__", None) is _CONTEXTMANAGER_HELPER:
-        raise Unsupported(
-            breaks.UNKNOWN_CALLABLE,
-            f"{fn.__qualname__} makes a contextlib.contextmanager (made in Python)",
-        )
 
 
 class UserFunctionVar(Var):
@@ -175,7 +162,9 @@ class UserFunctionVar(Var):
                     ) from e
         if getattr(fn, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{fn.__qualname__} is disabled")
-        refuse_contextmanager(fn)
+        manager = make_generator_cm(tx, fn, args, kwargs, self.source)
+        if manager is not None:
+            return manager
         defaults = [tx.out.wrap_value(d) for d in (fn.__defaults__ or ())]
         kwdefaults = {k: tx.out.wrap_value(v) for k, v in (fn.__kwdefaults__ or {}).items()}
         bound = bind_args(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
@@ -394,7 +383,9 @@ class TorchFnVar(Var):
         fn = self.fn
         name = getattr(fn, "__name__", "")
         mod = getattr(fn, "__module__", "") or ""
-        refuse_contextmanager(fn)
+        manager = make_generator_cm(tx, fn, args, kwargs, self.source)
+        if manager is not None:  # torch.random.fork_rng(), ...
+            return manager
         if fn in DATA_DEPENDENT_FUNCTIONS or (fn is torch.where and len(args) == 1):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:

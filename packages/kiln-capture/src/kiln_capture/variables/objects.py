@@ -301,6 +301,8 @@ def _cached_call(tx, fn, args: list[Var], kwargs: dict[str, Var]) -> Var:
         raise Unsupported(breaks.UNKNOWN_CALLABLE, "an lru_cache'd function on non-constants")
 
     result = fn(*[value(a) for a in args], **{k: value(v) for k, v in kwargs.items()})
+    if isinstance(result, types.ModuleType):  # torch.get_device_module(...)
+        return tx.out.wrap_value(result)
     if not is_constant_value(result):
         raise Unsupported(
             breaks.UNKNOWN_CALLABLE, f"an lru_cache'd function returned a {type(result).__name__}"
