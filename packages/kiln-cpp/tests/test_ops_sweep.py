@@ -755,15 +755,16 @@ def test_fallback_ops_run_eagerly():
     x = make((6, 7), torch.float32)
     cases = [
         Case(
-            "scatter_add_then_exp",
+            "scatter_reduce_prod_then_exp",  # (scatter_add is a kernel: test_scatter.py)
             lambda a: aten.exp.default(
-                aten.scatter_add.default(
+                aten.scatter_reduce.two(
                     a,
                     1,
                     aten.remainder.Scalar(
                         aten.abs.default(aten._to_copy.default(a, dtype=torch.int64)), 7
                     ),
                     a,
+                    "prod",
                 )
             ),
             (x,),

@@ -127,6 +127,22 @@ def test_views_cat_and_indexing_on_gpu():
         assert_case(results[c.label])
 
 
+def test_scatter_ops_on_gpu():
+    """index_put, scatter, scatter_add, index_add and embedding_dense_backward as kernels
+    with atomic adds on CUDA tensors (the cases test_scatter.py runs in the interpreter),
+    and the gradients of F.embedding and advanced indexing they compute in training."""
+    from kiln_inductor.testing import Gather, check_compiled, check_scatter_training, scatter_cases
+
+    for name, (fn, inputs, tol) in scatter_cases(CUDA).items():
+        compiled = check_compiled(fn, inputs, *((tol, tol) if tol else ()))
+        stats = compiled.stats
+        assert not stats["fallbacks"] and not stats["externs"], (name, stats)
+    ids = torch.randint(0, 12, (4, 64), device=CUDA)
+    rows = torch.randint(-9, 9, (4, 64), device=CUDA)
+    for graph in check_scatter_training(Gather(3, True).to(CUDA), ids, rows):
+        assert not graph.stats["fallbacks"] and not graph.stats["externs"], graph.stats
+
+
 def test_int64_indexing_past_two_billion_elements():
     x = torch.randn(2**31 + 1024, dtype=torch.bfloat16, device=CUDA)
     results = run_batch([Case("mul", lambda t: aten.add.Tensor(aten.mul.Tensor(t, 2), 1), (x,))])

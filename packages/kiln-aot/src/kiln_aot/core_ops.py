@@ -58,9 +58,11 @@ _scaled_dot_product_cudnn_attention _scaled_dot_product_cudnn_attention_backward
 """
 
 # Composites kept whole: the compiler lowers them itself or calls them as extern kernels.
+# (index_add: its decomposition, an index_put, would wrap negative indices and raise
+# IndexError where index_add raises RuntimeError for them.)
 _KEPT_NAMES = (
     """
-native_dropout embedding embedding_dense_backward
+native_dropout embedding embedding_dense_backward index_add
 """
     + _ATTENTION_NAMES
 )

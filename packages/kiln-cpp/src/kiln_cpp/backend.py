@@ -15,6 +15,8 @@ from .kernel import generate_cpp_kernel
 
 class CppBackend:
     name = "cpp"
+    # kiln-inductor lowers index_put, scatter_add, index_add... to Scatter nodes for it
+    supports_scatter = True
 
     def codegen_kernel(self, group: FusedGroup, buffers: dict[str, Buffer]) -> KernelSource:
         source, checks, sizes = generate_cpp_kernel(group, buffers)

@@ -42,6 +42,7 @@ from .cpp_ops import STORAGE_TYPES, CppValue, ctype, literal, print_index
 from .prefetch import plan_row_prefetch
 from .prelude import PRELUDE
 from .row_values import MAX_SCRATCH_BYTES, KernelOpsHandler, LoopScope, RowSharing
+from .scatter import emit_scatter
 from .streaming import plan_streamed_rows
 
 PARALLEL_WORK = 32768  # elements of work below which a kernel runs on one thread
@@ -146,7 +147,9 @@ class CppKernel:
     def generate(self) -> str:
         g = self.group
         with ops_handler(self.h):
-            if not g.outer:
+            if g.blocks and g.blocks[0].kind == "scatter":
+                emit_scatter(self, g.blocks[0])
+            elif not g.outer:
                 for block in g.blocks:
                     self.block(block, parallel=True)
             else:

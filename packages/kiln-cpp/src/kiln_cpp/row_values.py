@@ -137,6 +137,8 @@ class KernelOpsHandler(CppOpsHandler):
                 ]
             )
             self.hoisted[key] = name
+        if self.bad_lanes is not None:
+            self.bad_lanes.append(f"{name}_b")
         return sympy.Symbol(name, integer=True, nonnegative=True)
 
     def _inline(self, name: str, depth: int = 0) -> str | None:

@@ -230,7 +230,192 @@ def bad_index_cases(device: str = "cpu") -> dict[str, tuple[Callable[..., Any], 
             [r(6), _i64(1, 2).to(device), r(2)],
             [r(6), _i64(1, 9).to(device), r(2)],
         ),
+        "index_put_accumulate_too_negative": (
+            lambda y, i, v: torch.index_put(y * 2, (i,), v, accumulate=True),
+            [r(6, 3), _i64(-6, 5, 5).to(device), r(3, 3)],
+            [r(6, 3), _i64(0, -7).to(device), r(2, 3)],
+        ),
+        "scatter_add_past_end": (
+            lambda y, i, v: torch.scatter_add(y, 1, i, v) + 1,
+            [x, ri(8, 4, 3), r(4, 5)],
+            [x, full.clamp(max=8), r(4, 5)],
+        ),
+        "scatter_negative": (
+            lambda y, i: torch.scatter(y, 0, i, 2.0) * 3,
+            [x, ri(4, 2, 8)],
+            [x, -ri(4, 2, 8) - 1],
+        ),
+        "index_add_past_end": (
+            lambda y, i, v: torch.index_add(y, 0, i, v).exp(),
+            [x, ri(4, 6), r(6, 8)],
+            [x, _i64(0, 1, 2, 3, 4, 1).to(device), r(6, 8)],
+        ),
     }
+
+
+def scatter_cases(device: str = "cpu") -> dict[str, tuple[Callable[..., Any], list, float]]:
+    """``name -> (fn, inputs, tolerance)``: ATen-level graphs of the scatter-type ops
+    (lowering/scatter.py) on random inputs: duplicate and negative indices, indices over
+    one dimension and over several, broadcast values, non-contiguous operands (``t``,
+    ``permute``, ``slice`` inside the graph), every mode, 16-bit floats (summed in
+    float32) and 8-bit ints (wrapping as eager's do). ``tolerance`` is rtol and atol
+    (0: torch's defaults)."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    def ri(low: int, high: int, *shape: int) -> torch.Tensor:
+        return torch.randint(low, high, shape, generator=g).to(device)
+
+    def rows_of_distinct(n: int, rows: int, k: int) -> torch.Tensor:
+        return torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(rows)]).to(device)
+
+    def ebwd(pad: int = -1, freq: bool = False) -> Callable[..., Any]:
+        return lambda gr, i: aten.embedding_dense_backward.default(gr, i, 10, pad, freq)
+
+    def put(acc: bool) -> Callable[..., Any]:
+        return lambda x, i, v: aten.index_put.default(x, [i], v, acc)
+
+    b16, f16, i8 = torch.bfloat16, torch.float16, torch.int8
+    return {
+        "index_put_accumulate_duplicates_negative": (
+            put(True),
+            [r(6, 3), ri(-6, 6, 40), r(40, 3)],
+            0,
+        ),
+        "index_put_store_distinct_negative": (
+            put(False),
+            [r(6, 3), torch.randperm(6, generator=g)[:4].to(device) - 3, r(4, 3)],
+            0,
+        ),
+        "index_put_broadcast_value": (put(True), [r(6, 3), ri(-6, 6, 9), r(3)], 0),
+        "index_put_dim1": (
+            lambda x, i, v: aten.index_put.default(x, [None, i], v, True),
+            [r(5, 7, 2), ri(-7, 7, 3, 4), r(5, 3, 4, 2)],
+            0,
+        ),
+        "index_put_split_indices": (
+            lambda x, i, j, v: aten.index_put.default(x, [i, None, j], v, True),
+            [r(5, 3, 7), ri(0, 5, 4), ri(-7, 7, 4), r(4, 3)],
+            0,
+        ),
+        "index_put_noncontiguous": (
+            lambda x, i, v: aten.index_put.default(
+                aten.t.default(x), [i], aten.permute.default(v, [1, 0]), True
+            ),
+            [r(3, 6), ri(0, 6, 20), r(3, 20)],
+            0,
+        ),
+        "index_put_bf16_accumulate": (
+            put(True),
+            [r(6, 3, dtype=b16), ri(0, 6, 30), r(30, 3, dtype=b16)],
+            2e-2,
+        ),
+        "index_put_int8_wraps": (
+            put(True),
+            [ri(-100, 100, 6, 3).to(i8), ri(0, 6, 30), ri(-100, 100, 30, 3).to(i8)],
+            0,
+        ),
+        "scatter_add_dim1_small_index": (
+            lambda x, i, s: aten.scatter_add.default(x, 1, i, s),
+            [r(4, 8), ri(0, 8, 3, 12), r(4, 13)],
+            0,
+        ),
+        "scatter_add_dim0_noncontiguous": (
+            lambda x, i, s: aten.scatter_add.default(
+                x, 0, i, aten.slice.Tensor(aten.t.default(s), 1, 1, 7)
+            ),
+            [r(4, 6), ri(0, 4, 7, 6), r(8, 7)],
+            0,
+        ),
+        "scatter_src_distinct": (
+            lambda x, i, s: aten.scatter.src(x, 1, i, s),
+            [r(4, 8), rows_of_distinct(8, 4, 5), r(4, 5)],
+            0,
+        ),
+        "scatter_value": (
+            lambda x, i: aten.scatter.value(x, 0, i, -1.5),
+            [r(5, 4), ri(0, 5, 3, 4)],
+            0,
+        ),
+        "scatter_reduce_add": (
+            lambda x, i, s: aten.scatter.reduce(x, 0, i, s, reduce="add"),
+            [r(5, 4), ri(0, 5, 6, 4), r(6, 4)],
+            0,
+        ),
+        "scatter_reduce_sum_exclude_self": (
+            lambda x, i, s: aten.scatter_reduce.two(x, 0, i, s, "sum", include_self=False),
+            [r(7), ri(0, 7, 12), r(12)],
+            0,
+        ),
+        "index_add_alpha": (
+            lambda x, i, s: aten.index_add.default(x, 0, i, s, alpha=-2),
+            [r(6, 3), ri(0, 6, 10), r(10, 3)],
+            0,
+        ),
+        "index_add_dim1_int32": (
+            lambda x, i, s: aten.index_add.default(x, 1, i, s),
+            [ri(-9, 9, 6, 3).int(), ri(0, 3, 10), ri(-9, 9, 6, 10).int()],
+            0,
+        ),
+        "embedding_dense_backward": (ebwd(), [r(4, 5, 16), ri(0, 10, 4, 5)], 0),
+        "embedding_dense_backward_padding": (ebwd(3), [r(4, 5, 16), ri(0, 10, 4, 5)], 0),
+        "embedding_dense_backward_scale_by_freq": (
+            ebwd(2, True),
+            [r(4, 5, 16), ri(0, 10, 4, 5)],
+            1e-5,
+        ),
+        "embedding_dense_backward_bf16": (ebwd(), [r(6, 16, dtype=b16), ri(0, 10, 6)], 2e-2),
+        "embedding_dense_backward_f16": (ebwd(), [r(6, 16, dtype=f16), ri(0, 10, 6)], 2e-3),
+    }
+
+
+class Gather(torch.nn.Module):
+    """Weights read through ``F.embedding`` and advanced indexing: their gradients are
+    ``embedding_dense_backward`` and ``index_put(accumulate=True)``."""
+
+    def __init__(self, padding_idx: int | None = None, scale_grad_by_freq: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(
+            12, 8, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq
+        )
+        self.table = torch.nn.Parameter(torch.randn(9, 8))
+
+    def forward(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        e = self.emb(ids)  # (B, T, 8)
+        t = self.table[rows]  # (B, T, 8), rows may be negative
+        return (e * t.tanh()).sum(-1)
+
+
+def check_scatter_training(module: torch.nn.Module, ids: torch.Tensor, rows: torch.Tensor) -> list:
+    """Compile ``module`` for training (kiln_aot + the registered backend), assert its
+    output and its parameters' gradients match eager's, and return the compiled graphs
+    (for the caller to check that no graph calls a library op)."""
+    import copy
+
+    from .compile import compile_fx
+
+    ref = copy.deepcopy(module)
+    graphs: list = []
+
+    def record(gm: torch.fx.GraphModule, inputs: list) -> Any:
+        graphs.append(compile_aten_graph(gm, inputs))
+        return graphs[-1]
+
+    compiled = compile_fx(module, [ids, rows], compile_graph=record)
+    out = compiled(ids, rows)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    want = ref(ids, rows)
+    torch.testing.assert_close(out, want)
+    weight = torch.linspace(-1, 1, want.numel()).view(want.shape).to(want.device)
+    (out * weight).sum().backward()
+    (want * weight).sum().backward()
+    for (name, p), q in zip(module.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=name)
+    return graphs
 
 
 def check_bad_index_cases(

@@ -28,7 +28,16 @@ import torch
 
 from .config import read_config
 from .errors import KilnInductorError
-from .ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Reduction, Scan, StorageView
+from .ir.nodes import (
+    ComputedBuffer,
+    ExternKernel,
+    GraphIR,
+    Layout,
+    Reduction,
+    Scan,
+    Scatter,
+    StorageView,
+)
 from .ir.ops import OP_NAMES, ops_handler
 from .ir.symbols import index_vars
 from .scheduler.access import node_access
@@ -143,6 +152,15 @@ def _body_dtype_problems(node: ComputedBuffer, dtypes: dict[str, torch.dtype]) -
                 index_vars("q", len(body.size)), index_vars("r", len(body.reduction_ranges))
             )
             want, what = body.src_dtype, "reduces"
+        elif isinstance(body, Scatter):
+            target, got = body.inner_fn(index_vars("q", len(body.ranges)))
+            want, what = body.dtype, "scatters"
+            if len(target) != len(body.size):
+                problems.append(
+                    f"{where}: a target of rank {len(target)} in a tensor of rank {len(body.size)}"
+                )
+            if dtypes.get(body.base) != body.dtype:
+                problems.append(f"{where}: updates its base {body.base} of another dtype")
         else:
             got = body.inner_fn(index_vars("q", len(body.size)))
             want, what = body.dtype, "stores"

@@ -64,6 +64,8 @@ class TritonBackend:
     name = "triton"
     # kiln-inductor lowers cumsum/cumprod to Scan nodes for backends that say so
     supports_scan = True
+    # ... and index_put, scatter_add, index_add, embedding_dense_backward to Scatter nodes
+    supports_scatter = True
 
     def codegen_kernel(self, group: FusedGroup, buffers: dict[str, Buffer]) -> KernelSource:
         cfg = read_triton_config()

@@ -96,6 +96,9 @@ class OpsHandler:
         self.cache: dict[str, KernelValue] = {}
         self.defs: dict[str, str] = {}  # value name -> the expression it was defined by
         self.count = 0
+        # while a scatter computes its target, the names of the checked indices' "out of
+        # range" flags: its lanes with a bad index write nothing (see ``indirect_indexing``)
+        self.bad_lanes: list[str] | None = None
 
     # -- language hooks ----------------------------------------------------------------------
     def declare(self, name: str, expr: str, dtype: torch.dtype) -> str:
@@ -197,7 +200,8 @@ class OpsHandler:
     def indirect_indexing(self, value: KernelValue, size: Any, check: Any = None) -> sympy.Symbol:
         """``value`` as an index of a dimension of ``size``: negatives wrapped where
         ``check`` says (always without one); with ``check``, a lane out of range reports
-        itself once per scope and reads element 0 (``kiln_inductor.index_check``)."""
+        itself once per scope and reads element 0 (``kiln_inductor.index_check``); while
+        ``bad_lanes`` is a list (a scatter's target), the lane's flag is added to it."""
         size_s = self.INDEX(size)
         v = self._value(self.cast(value, torch.int64), torch.int64)
         wrap = check is None or check.wrap
@@ -208,8 +212,21 @@ class OpsHandler:
         if f"check:{bad}" not in self.cache:
             self.cache[f"check:{bad}"] = bad
             self.emit_index_fail(bad, v, w, self.check_code(check))
+        if self.bad_lanes is not None:
+            self.bad_lanes.append(bad.name)
         ok = self._value(self.select(bad, self.INDEX(0), w), torch.int64)
         return sympy.Symbol(ok.name, integer=True, nonnegative=True)
+
+    def scatter_update(self, body: Any, index: Any) -> tuple[Any, Any, list[str]]:
+        """A ``Scatter`` body's target and value at ``index`` (run under this handler), and
+        the flags of its checked indices (true in a lane whose index is out of range:
+        the backend writes nothing there)."""
+        self.bad_lanes = []
+        try:
+            target, value = body.inner_fn(index)
+            return target, value, list(dict.fromkeys(self.bad_lanes))
+        finally:
+            self.bad_lanes = None
 
     # -- arithmetic --------------------------------------------------------------------------
     def _bin(self, a: KernelValue, b: KernelValue, op: str) -> KernelValue:

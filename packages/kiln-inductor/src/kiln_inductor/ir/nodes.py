@@ -100,7 +100,7 @@ class ConstantBuffer(Buffer):
 class ComputedBuffer(Buffer):
     """A buffer computed by a generated kernel from a pointwise or reduction body."""
 
-    body: Pointwise | Reduction | Scan | None = None
+    body: Pointwise | Reduction | Scan | Scatter | None = None
     origin: str = ""  # the ATen op(s) it came from, for logs and dumps
 
 
@@ -208,6 +208,36 @@ class Scan:
 
     def __post_init__(self) -> None:
         assert self.scan_type in SCAN_TYPES, self.scan_type
+
+
+SCATTER_MODES = frozenset({"add", "store"})
+
+
+@dataclass(frozen=True, eq=False)
+class Scatter:
+    """An in-place update of the buffer ``base`` (which the scatter's own buffer then
+    is): for every index ``i`` of ``ranges``, ``inner_fn(i)`` returns ``(target, value)``
+    and the element ``target`` (an index of ``size``, the updated buffer's) becomes
+    ``value`` (``store``) or grows by it (``add``). index_put, scatter, scatter_add,
+    index_add and embedding_dense_backward lower to one.
+
+    ``serial``: the dimensions of ``ranges`` along which two updates may reach one element
+    (their target coordinate is loaded data). Every other dimension of ``ranges`` is one
+    dimension of ``size`` itself, so updates that differ in it never collide: a backend
+    runs those in parallel and the ``serial`` ones in order inside each (no atomics, and
+    sums in eager's order), or uses atomic adds. ``dtype`` is the buffer's."""
+
+    device: torch.device
+    dtype: torch.dtype
+    size: tuple[Expr, ...]
+    ranges: tuple[Expr, ...]
+    inner_fn: Callable[[Sequence[Expr]], tuple[Sequence[Expr], Any]]
+    mode: str
+    base: str
+    serial: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        assert self.mode in SCATTER_MODES, self.mode
 
 
 @dataclass(frozen=True, eq=False)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .nodes import ComputedBuffer, ExternKernel, GraphIR, Layout, Reduction, Scan, StorageView
+from .nodes import (
+    ComputedBuffer,
+    ExternKernel,
+    GraphIR,
+    Layout,
+    Reduction,
+    Scan,
+    Scatter,
+    StorageView,
+)
 from .ops import ops_handler
 from .symbols import index_vars
 
@@ -47,11 +56,18 @@ def print_node(node: ComputedBuffer | ExternKernel) -> str:
     body = node.body
     h = _PrintHandler()
     idx = index_vars("i", len(body.size))
+    result: Any
     with ops_handler(h):
         if isinstance(body, Reduction):
             rv = index_vars("r", len(body.reduction_ranges))
             result = body.inner_fn(idx, rv)
             head = f"{node.name}: {format_layout(node.layout)} = {body.reduction_type} over r in {list(body.reduction_ranges)}"
+        elif isinstance(body, Scatter):
+            target, value = body.inner_fn(index_vars("u", len(body.ranges)))
+            op = "+=" if body.mode == "add" else "="
+            result = f"{node.name}[{', '.join(str(t) for t in target)}] {op} {value}"
+            serial = [f"u{d}" for d in body.serial]
+            head = f"{node.name}: {format_layout(node.layout)} = {body.base} updated in place, over u in {list(body.ranges)} (in order along {serial})"
         elif isinstance(body, Scan):
             result = body.inner_fn(idx)
             head = f"{node.name}: {format_layout(node.layout)} = cumulative {body.scan_type} of i{body.axis} over i in {list(body.size)}"
@@ -60,9 +76,8 @@ def print_node(node: ComputedBuffer | ExternKernel) -> str:
             head = (
                 f"{node.name}: {format_layout(node.layout)} = pointwise over i in {list(body.size)}"
             )
-    lines = (
-        [head + f"  # {node.origin}"] + [f"    {ln}" for ln in h.lines] + [f"    return {result}"]
-    )
+    last = result if isinstance(body, Scatter) else f"return {result}"
+    lines = [head + f"  # {node.origin}"] + [f"    {ln}" for ln in h.lines] + [f"    {last}"]
     return "\n".join(lines)
 
 

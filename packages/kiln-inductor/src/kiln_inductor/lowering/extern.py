@@ -1,5 +1,5 @@
 """Ops called from ATen on purpose (extern kernels: matmuls, convolution, attention) and
-ops known to run eagerly (fallbacks: random numbers, data-dependent shapes, scatter)."""
+ops known to run eagerly (fallbacks: random numbers, data-dependent shapes, sorts)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ register_extern(
     aten.mv,
     aten.dot,
     aten.convolution,
-    aten.embedding_dense_backward,  # kept whole by kiln-aot: eager's sorted, parallel kernel
 )
 
 # torch.distributed's functional collectives and their wait (passes/collectives.py orders
@@ -190,15 +189,10 @@ register_fallback(
     aten._adaptive_avg_pool2d_backward,
 )
 register_fallback(
-    "scatters, sorts and these special functions are not lowered yet",
+    "these scatters, sorts and special functions are not lowered yet",
     aten.erfinv,
     aten.as_strided_scatter,
     aten.diagonal_scatter,
-    aten.scatter,
-    aten.scatter_add,
-    aten.scatter_reduce,
-    aten.index_put,
     aten.sort,
     aten.topk,
-    aten.index_add,
 )

@@ -3,8 +3,8 @@ constant_pad_nd, gather/index/index_select/embedding, slice_scatter/select_scatt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import sympy
 import torch
@@ -346,9 +346,20 @@ def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
     return _index(x, indices, wrap=True, message=OUT_OF_BOUNDS)
 
 
-def _index(
+class AdvancedIndex(NamedTuple):
+    """``x[indices]`` (advanced indexing) as index arithmetic: the result's ``size``, the
+    dimensions of it that the index tensors give (``indexed``, adjacent), and ``source``,
+    which maps an index of the result to the index of ``x`` it reads (index_put: writes),
+    each index tensor's value checked (``index_check``)."""
+
+    size: tuple[Expr, ...]
+    indexed: tuple[int, ...]
+    source: Callable[[Sequence[Expr]], list[Expr]]
+
+
+def advanced_index(
     x: TensorValue, indices: Sequence[TensorValue | None], *, wrap: bool, message: str
-) -> TensorValue:
+) -> AdvancedIndex:
     given = [(d, t) for d, t in enumerate(indices) if t is not None]
     for _, t in given:
         if t.dtype in (torch.bool, torch.uint8):
@@ -373,10 +384,9 @@ def _index(
         )
         for d, t in given
     ]
-    xl = x.make_loader()
     nb, nbs = len(before), len(bshape)
 
-    def inner(idx: Sequence[Expr]) -> Any:
+    def source(idx: Sequence[Expr]) -> list[Expr]:
         src: list[Expr] = [sympy.Integer(0)] * x.ndim
         for k, d in enumerate(before):
             src[d] = idx[k]
@@ -385,9 +395,17 @@ def _index(
             src[d] = _indirect(ld(bidx), x.size[d], check)
         for k, d in enumerate(after):
             src[d] = idx[nb + nbs + k]
-        return xl(src)
+        return src
 
-    return Pointwise(x.device, x.dtype, tuple(size), inner)
+    return AdvancedIndex(tuple(size), tuple(range(nb, nb + nbs)), source)
+
+
+def _index(
+    x: TensorValue, indices: Sequence[TensorValue | None], *, wrap: bool, message: str
+) -> TensorValue:
+    adv = advanced_index(x, indices, wrap=wrap, message=message)
+    xl = x.make_loader()
+    return Pointwise(x.device, x.dtype, adv.size, lambda idx: xl(adv.source(idx)))
 
 
 @register_lowering(aten.slice_scatter)

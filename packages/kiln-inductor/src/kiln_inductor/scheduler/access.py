@@ -25,7 +25,7 @@ from typing import Any
 
 import sympy
 
-from ..ir.nodes import ComputedBuffer, Reduction, Scan
+from ..ir.nodes import ComputedBuffer, Reduction, Scan, Scatter
 from ..ir.ops import ops_handler
 from ..ir.symbols import Expr, index_vars, size_hint
 
@@ -113,10 +113,45 @@ def _scan_access(node: ComputedBuffer, body: Scan) -> Access:
     )
 
 
+def _scatter_access(node: ComputedBuffer, body: Scatter) -> Access:
+    """A scatter loops over the dimensions of its update space that are target dimensions
+    themselves (outer: parallel, no two of their iterations write one element), then over
+    its ``serial`` ones (a reduction range: in order; one loop of 1 when there are none).
+    It reads its base (the buffer it updates) where it writes; its store index holds the
+    symbols of the loaded indices."""
+    sizes = tuple(body.ranges)
+    ivars, rvars = index_vars("i", len(sizes)), index_vars("r", len(sizes))
+    full: list[Expr] = []
+    outer: list[int] = []
+    inner: list[int] = []
+    for d, n in enumerate(sizes):
+        serial = d in body.serial
+        full.append(sympy.Integer(0) if n == 1 else (rvars if serial else ivars)[d])
+        if n != 1:
+            (inner if serial else outer).append(d)
+    rec = _Recorder()
+    with ops_handler(rec):
+        target, _ = body.inner_fn(full)
+    store = sympy.expand(node.layout.index(target))
+    rr = tuple(sizes[d] for d in inner) or (sympy.Integer(1),)
+    rvs = tuple(rvars[d] for d in inner) or tuple(index_vars("r", 1))
+    return Access(
+        tuple(sizes[d] for d in outer),
+        rr,
+        tuple(ivars[d] for d in outer),
+        rvs,
+        ((body.base, store), *rec.loads),
+        store,
+        True,
+        tuple(full),
+        tuple(full[d] for d in inner),
+    )
+
+
 def own_order(node: ComputedBuffer) -> tuple[int, ...]:
     """The loop order of the buffer ``node`` writes (its body's dimensions, outermost first)."""
     assert node.body is not None
-    if isinstance(node.body, Scan):
+    if isinstance(node.body, (Scan, Scatter)):
         return tuple(range(len(node.body.size)))
     return loop_order(node.body.size, node.layout.stride)
 
@@ -128,6 +163,8 @@ def node_access(node: ComputedBuffer, order: Sequence[int] | None = None) -> Acc
     assert body is not None
     if isinstance(body, Scan):
         return _scan_access(node, body)
+    if isinstance(body, Scatter):
+        return _scatter_access(node, body)
     order = own_order(node) if order is None else order
     index, ivars, ranges = _loop_index("i", tuple(body.size), order=order)
     rec = _Recorder()

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Reduction, Scan, StorageView
+from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Reduction, Scan, Scatter, StorageView
 from ..ir.symbols import (
     Expr,
     coefficients,
@@ -58,7 +58,7 @@ MAX_GROUP_NODES = 48
 
 @dataclass
 class Block:
-    kind: str  # "pointwise" | "reduction" | "welford" | "scan"
+    kind: str  # "pointwise" | "reduction" | "welford" | "scan" | "scatter"
     inner: tuple[Expr, ...]  # non-reduced inner ranges
     rranges: tuple[Expr, ...]
     vars: tuple[sympy.Symbol, ...]
@@ -112,7 +112,9 @@ class AccessTable(dict[str, Access]):
 
 
 def _size(node: ComputedBuffer) -> tuple[Expr, ...] | None:
-    return None if node.body is None or isinstance(node.body, Scan) else tuple(node.body.size)
+    if node.body is None or isinstance(node.body, (Scan, Scatter)):
+        return None
+    return tuple(node.body.size)
 
 
 def group_order(nodes: Sequence[ComputedBuffer]) -> tuple[int, ...] | None:
@@ -234,10 +236,10 @@ def _plan(
         kind = "pointwise"
         if isinstance(node.body, Reduction):
             kind = "welford" if node.body.reduction_type.startswith("welford") else "reduction"
-        elif isinstance(node.body, Scan):
+        elif isinstance(node.body, (Scan, Scatter)):
             if len(nodes) > 1:
-                return None  # a scan is a kernel of its own
-            kind = "scan"
+                return None  # a scan or a scatter is a kernel of its own
+            kind = "scan" if isinstance(node.body, Scan) else "scatter"
         inner = acc.ranges[len(outer) :]
         rr = acc.rranges
         # a load of a member at a data-dependent index fails the affine checks below

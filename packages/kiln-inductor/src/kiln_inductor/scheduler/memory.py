@@ -7,7 +7,8 @@ Only storage the wrapper allocated itself is recycled (never graph inputs, const
 what an ATen call returned, which may alias other tensors). A buffer is dead after the last
 step that reads it; graph outputs never die. A kernel may write its output in place of an
 input it is the last reader of when every read of that input is at the very index it
-writes (a pointwise output written over a dead input).
+writes (a pointwise output written over a dead input). A scatter always writes over its
+base (the copy of the tensor it updates, which only it reads).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, StorageView
+from ..ir.nodes import ComputedBuffer, ExternKernel, GraphIR, Scatter, StorageView
 from ..passes.collectives import is_collective_op, is_wait_op
 from .fuse import FusedGroup, Step
 
@@ -76,6 +77,16 @@ def plan_memory(steps: list[Step], ir: GraphIR) -> MemoryPlan:
         if isinstance(step, FusedGroup):
             for name in step.outputs:
                 buf = ir.buffers[name]
+                if isinstance(buf, ComputedBuffer) and isinstance(buf.body, Scatter):
+                    # a scatter updates its base (a copy only it reads) in place
+                    base = buf.body.base
+                    assert base in owned and last_use.get(base) == k, (name, base)
+                    owned.discard(base)
+                    step.aliases.update((base, name))
+                    allocs.append((name, base, "inplace"))
+                    owned.add(name)
+                    plan.reused += 1
+                    continue
                 reuse = _pick(pool, buf, ir)
                 kind = "pool" if reuse is not None else "new"
                 if reuse is None:

@@ -20,6 +20,9 @@ the outer variables by ``//`` and ``%``. What sits inside the outer loops decide
 * a scan (cumsum, cumprod) is a group of its own, shaped like a reduction over its
   scanned axis: persistent when that fits a block, looped with a carry otherwise
   (``codegen/scan.py``).
+* a scatter (index_put, scatter_add, embedding_dense_backward...) is a group of its own
+  and a pointwise kernel over its updates, one per lane (its serial loops outermost):
+  ``tl.atomic_add`` or ``tl.store`` at the target element (``scatter``).
 
 A reduction block with non-reduced inner ranges runs them as a sequential scalar loop
 inside the program. Reduction results are ``[XBLOCK, 1]`` values that later blocks of the
@@ -55,7 +58,7 @@ import sympy
 import torch
 
 from kiln_inductor.index_check import check_number
-from kiln_inductor.ir.nodes import Buffer, ComputedBuffer
+from kiln_inductor.ir.nodes import Buffer, ComputedBuffer, Scatter
 from kiln_inductor.ir.ops import ops_handler
 from kiln_inductor.ir.symbols import (
     coefficients,
@@ -148,10 +151,14 @@ def persistent_limit(group: FusedGroup, persistent_max: int, buffers: dict[str, 
     return 1 << (max(limit, 1).bit_length() - 1)  # a power of two at most the limit
 
 
+def is_scatter(group: FusedGroup) -> bool:
+    return bool(group.blocks) and group.blocks[0].kind == "scatter"
+
+
 def kernel_kind(
     group: FusedGroup, persistent_max: int, buffers: dict[str, Buffer] | None = None
 ) -> str:
-    if all(b.kind == "pointwise" and not b.inner for b in group.blocks):
+    if is_scatter(group) or all(b.kind == "pointwise" and not b.inner for b in group.blocks):
         return "pointwise"
     from .scan import scan_across_memory
 
@@ -188,6 +195,9 @@ class TritonKernel:
         self.kind = kind or kernel_kind(group, persistent_max, buffers)
         self.xnumel: sympy.Expr = sympy.sympify(product(group.outer))
         self.extent = max_extent([block_extent(b) for b in group.blocks])
+        if is_scatter(group):  # one lane per update: its serial loops are x too
+            self.xnumel = sympy.sympify(product([*group.outer, *group.blocks[0].rranges]))
+            self.extent = sympy.Integer(1)
         # whether launch configurations and masks may be chosen from the sizes
         self.static = is_static(self.xnumel) and is_static(self.extent)
         self.rblock = next_power_of_2(max(int(self.extent), 1)) if is_static(self.extent) else 0
@@ -388,7 +398,24 @@ class TritonKernel:
         if self.kind != "pointwise":
             self.emit("rbase = tl.arange(0, RBLOCK)[None, :]")
             self.emit("xrzero = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
+        if is_scatter(self.group):
+            self.define_scatter_vars()
+            return
         self.define_outer_vars()
+
+    def define_scatter_vars(self) -> None:
+        """A scatter's lanes: its serial loops outermost, then its outer loops (an
+        embedding gradient's lanes along the contiguous row, not across ids)."""
+        g, block = self.group, self.group.blocks[0]
+        syms = [*block.rvars, *g.outer_vars]
+        sizes = [sympy.sympify(s) for s in (*block.rranges, *g.outer)]
+        for v, n in zip(syms, sizes):
+            self.ranges[v] = n
+        self._define_vars("xindex", syms, sizes, self.xsyms)
+        self.xsyms.add(XINDEX)
+        self.ranges[XINDEX] = (
+            sympy.Integer(max(int(self.xnumel), 1)) if is_static(self.xnumel) else self.xnumel
+        )
 
     def define_outer_vars(self) -> sympy.Expr:
         """Emit the outer variables from ``xindex``; returns their flat contiguous index."""
@@ -425,6 +452,9 @@ class TritonKernel:
 
     # -- blocks ------------------------------------------------------------------------------
     def block(self, k: int, block: Block) -> None:
+        if block.kind == "scatter":
+            self.scatter(block)
+            return
         if block.kind == "pointwise":
             if not block.inner:
                 self.pointwise(block, {})
@@ -503,6 +533,26 @@ class TritonKernel:
             vs, _, store = self._vars(node, subs)
             value = node.body.inner_fn(vs)  # type: ignore[union-attr]
             self.store(node, value, store)
+
+    def scatter(self, block: Block) -> None:
+        """One update per lane (kiln_inductor.lowering.scatter): ``tl.atomic_add`` (lanes
+        of one program, or of two, may reach one element) or ``tl.store``; a lane with a
+        bad index writes nothing."""
+        (node,) = block.nodes
+        body = node.body
+        assert isinstance(body, Scatter)
+        vs, _, _ = self._vars(node, {})
+        target, value, bad = self.h.scatter_update(body, vs)
+        value = self.h.to_dtype(value, node.dtype)
+        ptr, _ = self.ptrs[node.name]
+        at = self.index_text(node.layout.index(target))
+        mask = self.mask_text()
+        if bad:
+            mask = f"({mask} & ({' | '.join(bad)} == 0))"
+        if body.mode == "add":
+            self.emit(f'tl.atomic_add({ptr} + {at}, {value}, {mask}, sem="relaxed")')
+        else:
+            self.emit(f"tl.store({ptr} + {at}, {value}, {mask})")
 
     # -- reductions --------------------------------------------------------------------------
     def reduction(self, k: int, block: Block) -> None:
