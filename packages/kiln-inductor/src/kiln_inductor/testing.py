@@ -360,6 +360,14 @@ def scatter_cases(device: str = "cpu") -> dict[str, tuple[Callable[..., Any], li
             [ri(-9, 9, 6, 3).int(), ri(0, 3, 10), ri(-9, 9, 6, 10).int()],
             0,
         ),
+        "index_add_and_scatter_add_0d": (
+            lambda x, i, s, j: (
+                aten.index_add.default(x, 0, i, s, alpha=3),
+                aten.scatter_add.default(x, 0, j, s),
+            ),
+            [r(1).view(()), ri(0, 1, 1), r(1).view(()), ri(0, 1, 1).view(())],
+            0,
+        ),
         "embedding_dense_backward": (ebwd(), [r(4, 5, 16), ri(0, 10, 4, 5)], 0),
         "embedding_dense_backward_padding": (ebwd(3), [r(4, 5, 16), ri(0, 10, 4, 5)], 0),
         "embedding_dense_backward_scale_by_freq": (

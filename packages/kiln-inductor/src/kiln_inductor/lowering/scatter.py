@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from ..backend import registered_backends
@@ -140,12 +141,17 @@ def index_put(
 # -- scatter, scatter_add, scatter_reduce ---------------------------------------------------
 
 
+def _src_ndim(src: Any) -> int:
+    return src.ndim if isinstance(src, TensorValue) else 0
+
+
 def _scatter(x: TensorValue, dim: int, index: TensorValue, src: Any, mode: str) -> TensorValue:
-    if x.ndim == 0 or index.ndim != x.ndim:
-        raise unsupported("a scatter of a 0-d tensor or with a 0-d index")
-    dim = normalize_dim(dim, x.ndim)
+    if index.ndim != x.ndim or x.ndim == 0 and _src_ndim(src) != 0:
+        raise unsupported("a scatter whose index has another rank than self")
+    dim = normalize_dim(dim, max(x.ndim, 1))
     il = index.make_loader()
-    check = index_check(dim, x.size[dim], wrap=False, error=RuntimeError, index=index)
+    n = x.size[dim] if x.ndim else sympy.Integer(1)  # a 0-d tensor is one element
+    check = index_check(dim, n, wrap=False, error=RuntimeError, index=index)
     if isinstance(src, TensorValue):
         sl = to_dtype(src, x.dtype).make_loader()
     else:
@@ -153,10 +159,12 @@ def _scatter(x: TensorValue, dim: int, index: TensorValue, src: Any, mode: str) 
 
     def update(idx: Sequence[Expr]) -> tuple[Sequence[Expr], Any]:
         target = list(idx)
-        target[dim] = _indirect(il(idx), x.size[dim], check)
+        at = _indirect(il(idx), n, check)
+        if x.ndim:
+            target[dim] = at
         return target, sl(idx)
 
-    return scatter_into(x, tuple(index.size), update, mode, (dim,))
+    return scatter_into(x, tuple(index.size), update, mode, (dim,) if x.ndim else ())
 
 
 @register_lowering(aten.scatter)
@@ -196,23 +204,27 @@ def scatter_reduce(
 def index_add(
     x: TensorValue, dim: int, index: TensorValue, source: TensorValue, alpha: Any = 1
 ) -> TensorValue:
-    if x.ndim == 0 or source.ndim != x.ndim or index.ndim > 1:
-        raise unsupported("index_add of a 0-d tensor or source")
-    dim = normalize_dim(dim, x.ndim)
+    if source.ndim != x.ndim or index.ndim > 1:
+        raise unsupported("index_add with a source of another rank than self")
+    dim = normalize_dim(dim, max(x.ndim, 1))
     il = index.make_loader()
-    check = index_check(dim, x.size[dim], wrap=False, error=RuntimeError, index=index)
+    n = x.size[dim] if x.ndim else sympy.Integer(1)  # a 0-d tensor is one element
+    check = index_check(dim, n, wrap=False, error=RuntimeError, index=index)
     sl = to_dtype(source, x.dtype).make_loader()
 
     def update(idx: Sequence[Expr]) -> tuple[Sequence[Expr], Any]:
         target = list(idx)
-        target[dim] = _indirect(il([idx[dim]] if index.ndim else []), x.size[dim], check)
+        # (a 0-d self: one update, from the index's one element)
+        at = _indirect(il([idx[dim] if x.ndim else sympy.Integer(0)] * index.ndim), n, check)
+        if x.ndim:
+            target[dim] = at
         v = sl(idx)
         if alpha != 1:
             cdt = compute_dtype(x.dtype)
             v = ops.mul(ops.to_dtype(v, cdt), ops.constant(alpha, cdt))
         return target, v
 
-    return scatter_into(x, tuple(source.size), update, "add", (dim,))
+    return scatter_into(x, tuple(source.size), update, "add", (dim,) if x.ndim else ())
 
 
 # -- embedding_dense_backward ---------------------------------------------------------------
