@@ -203,7 +203,7 @@ def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEnt
         return SkipFrame(f"{e.kind.id}: {e.detail}")
     compiled, gm, inputs = _compile_graph(out, cg, ctx)
     extra: dict = {}
-    body = _graph_call(root, compiled, inputs, extra)
+    body = out.prelude + _graph_call(root, compiled, inputs, extra)
     if compiled is None and out.grad_enabled != out.initial_grad:
         # no graph to carry it: the frame still leaves the grad mode it set
         body.append(f"torch._C._set_grad_enabled({out.grad_enabled})")
@@ -376,7 +376,8 @@ def _finish_break(
     step = _step_lines(ins, stack, base, root.kw_names, calls, reraise)
     compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
     body = (
-        _graph_call(root, compiled, inputs, extra)
+        out.prelude
+        + _graph_call(root, compiled, inputs, extra)
         + cg.preamble
         + temps
         + [locals_line]

@@ -143,6 +143,8 @@ class OutputGraph:
         self._int_inputs: dict[str, SymIntVar] = {}  # symbolic int inputs, by source
         self._keepalive: list[object] = []
         self._frozen: set[Source] = set()
+        # statements the generated code runs before the graph (building fresh modules)
+        self.prelude: list[str] = []
         self._placeholder_names: set[str] = set()
         self.ops = 0
         self.frame: Any = None  # the evaluator frame running now (its stack goes on nodes)
@@ -198,9 +200,14 @@ class OutputGraph:
         self._keepalive.append(value)
         return var
 
+    def guards_reads_in(self, source: Source | None) -> bool:
+        """Whether what is read inside ``source`` is guarded (not below a frozen source)."""
+        return source is not None and not self._below_frozen(source)
+
     def _below_frozen(self, source: Source) -> bool:
         """Whether ``source`` reads inside an immutable object whose identity is guarded
-        (a code object): what it reads there cannot change, so it needs no guard."""
+        (a code object), or inside a module built by the generated code (FreshSource):
+        what it reads there cannot change, so it needs no guard."""
         while source is not None and self._frozen:
             if source in self._frozen:
                 return True
@@ -325,9 +332,11 @@ class OutputGraph:
         ):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor subclass {type(t).__name__}")
         node = self.graph.placeholder(self._input_name(source))
-        meta = self._symbolic_meta(t, source)
+        fresh = self._below_frozen(source)  # a fresh module's parameter: made as guarded
+        meta = None if fresh else self._symbolic_meta(t, source)
         if meta is None:
-            self.guards.tensor(source, t)
+            if not fresh:
+                self.guards.tensor(source, t)
             meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
             if t.requires_grad:
                 meta.requires_grad_(True)

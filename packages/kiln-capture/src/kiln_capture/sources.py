@@ -84,6 +84,18 @@ class ConstRef(Source):
 
 
 @dataclass(frozen=True)
+class FreshSource(Source):
+    """A torch.nn module the generated code builds before the graph runs, as the frame
+    built it (``__k_m<i>``; see variables/fresh_modules.py): what is read inside it
+    follows from its constructor's (guarded) arguments and needs no guard."""
+
+    index: int
+
+    def expr(self) -> str:
+        return f"__k_m{self.index}"
+
+
+@dataclass(frozen=True)
 class CallSource(Source):
     """The result of a read-only call, re-evaluated by guards: ``fn(base, *args)``."""
 

@@ -156,7 +156,7 @@ class ModuleVar(Var):
         else:
             for table in _GLOBAL_HOOKS:
                 g.dict_keys(AttrSource(impl_ref, table), tuple(getattr(impl, table)))
-        if self.source is not None:
+        if tx.out.guards_reads_in(self.source):
             if not (m._forward_hooks or m._forward_pre_hooks):
                 g.no_hooks(self.source)
             else:
@@ -199,7 +199,7 @@ class ModuleVar(Var):
 
     def _guard_keys(self, tx, table: str) -> None:
         """Iterating a container depends on which children it holds."""
-        if self.source is not None:
+        if tx.out.guards_reads_in(self.source):
             tx.out.guards.dict_keys(
                 AttrSource(self.source, table), tuple(self.value.__dict__[table])
             )

@@ -273,9 +273,12 @@ def _stateless_module(cls: type, args: list[Var], kwargs: dict[str, Var]) -> obj
         return None
     if not all(a.is_const() for a in args) or not all(v.is_const() for v in kwargs.values()):
         return None
-    try:
-        module = cls(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()})
-    except Exception:
+    from kiln_capture.variables.fresh_modules import build_keeping_rng
+
+    module = build_keeping_rng(
+        cls, [a.as_const() for a in args], {k: v.as_const() for k, v in kwargs.items()}
+    )
+    if module is None:
         return None  # the constructor's error: capture breaks and eager raises it
     tables = (module._parameters, module._buffers, module._modules)
     if any(v is not None for table in tables for v in table.values()):
@@ -374,6 +377,11 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
             cls(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()})
         )
     if issubclass(cls, torch.nn.Module):
+        from kiln_capture.variables.fresh_modules import build_fresh_module
+
+        fresh = build_fresh_module(tx, cls, args, kwargs)
+        if fresh is not None:
+            return fresh
         stateless = _stateless_module(cls, args, kwargs)
         if stateless is not None:
             return tx.out.wrap_value(stateless)
