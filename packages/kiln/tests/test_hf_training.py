@@ -15,8 +15,10 @@ transformers = pytest.importorskip("transformers")
 SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4)
 
 
-def _model(name: str):
+def _model(name: str, use_cache: bool | None = False):
+    """``use_cache=None``: the config's default (on for T5 and BART)."""
     T = transformers
+    cache = {} if use_cache is None else {"use_cache": use_cache}
     if name == "gpt2":
         cfg = T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
         return T.GPT2LMHeadModel(cfg)
@@ -25,7 +27,7 @@ def _model(name: str):
     if name == "t5":
         cfg = T.T5Config(
             num_layers=2, num_decoder_layers=2, d_model=64, d_kv=16, d_ff=128, num_heads=4,
-            vocab_size=128, decoder_start_token_id=0, dropout_rate=0.0, use_cache=False,
+            vocab_size=128, decoder_start_token_id=0, dropout_rate=0.0, **cache,
         )  # fmt: skip
         return T.T5ForConditionalGeneration(cfg)
     if name == "bart":
@@ -33,20 +35,26 @@ def _model(name: str):
             d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
             encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_layers=2, decoder_layers=2,
             vocab_size=128, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-            use_cache=False,
+            **cache,
         )  # fmt: skip
         return T.BartForConditionalGeneration(cfg)
     return T.BertForMaskedLM(T.BertConfig(**SMALL, vocab_size=128))
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5", "bart"])
-def test_training_with_labels_is_one_graph(name):
+@pytest.mark.parametrize(
+    "name,use_cache",
+    [("gpt2", None), ("llama", None), ("bert", None), ("t5", False), ("bart", False)]
+    # T5's and BART's default (None): the decoder builds an EncoderDecoderCache, whose
+    # DynamicCache deep-copies the config (get_text_config) and deletes attributes of the copy
+    + [("t5", None), ("bart", None)],
+)
+def test_training_with_labels_is_one_graph(name, use_cache):
     torch.manual_seed(0)
-    eager = _model(name)
+    eager = _model(name, use_cache)
     for m in eager.modules():  # dropout draws differ between eager and compiled code
         if isinstance(m, torch.nn.Dropout):  # (functional dropout: the configs say 0)
             m.p = 0.0
-    model = _model(name)
+    model = _model(name, use_cache)
     model.load_state_dict(eager.state_dict())
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):

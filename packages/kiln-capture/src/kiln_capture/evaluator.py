@@ -381,6 +381,13 @@ class Frame:
         value = self.pop()
         obj.setattr(self, ins.argval, value)
 
+    def DELETE_ATTR(self, ins):
+        obj = self.pop()
+        method = getattr(obj, "delattr", None)
+        if method is None:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"del {obj!r}.{ins.argval}")
+        method(self, ins.argval)
+
     def IMPORT_NAME(self, ins):
         level, fromlist = self.popn(2)
         module = __import__(ins.argval, self.globals, None, fromlist.as_const(), level.as_const())

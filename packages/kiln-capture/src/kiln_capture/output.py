@@ -200,14 +200,19 @@ class OutputGraph:
         self._keepalive.append(value)
         return var
 
+    def freeze(self, source: Source) -> None:
+        """Reads inside ``source`` need no guard from now on (see ``_below_frozen``)."""
+        self._frozen.add(source)
+
     def guards_reads_in(self, source: Source | None) -> bool:
         """Whether what is read inside ``source`` is guarded (not below a frozen source)."""
         return source is not None and not self._below_frozen(source)
 
     def _below_frozen(self, source: Source) -> bool:
         """Whether ``source`` reads inside an immutable object whose identity is guarded
-        (a code object), or inside a module built by the generated code (FreshSource):
-        what it reads there cannot change, so it needs no guard."""
+        (a code object), inside a module built by the generated code (FreshSource), or
+        inside a private copy made while capturing (``copy.deepcopy`` of a config): what
+        it reads there follows from guarded state, so it needs no guard."""
         while source is not None and self._frozen:
             if source in self._frozen:
                 return True

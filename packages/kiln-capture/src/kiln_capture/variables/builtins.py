@@ -301,6 +301,14 @@ def _setattr(tx, obj, name, value) -> Var:
     return ConstVar(None)
 
 
+def _delattr(tx, obj, name) -> Var:
+    method = getattr(obj, "delattr", None)
+    if method is None:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"delattr on {obj!r}")
+    method(tx, name.as_const())
+    return ConstVar(None)
+
+
 def _range(tx, *args) -> Var:
     return ConstVar(range(*[a.as_const() for a in args]))
 
@@ -602,6 +610,7 @@ _HANDLERS = {
     getattr: _getattr,
     hasattr: _hasattr,
     setattr: _setattr,
+    delattr: _delattr,
     range: _range,
     enumerate: _enumerate,
     zip: _zip,

@@ -122,7 +122,7 @@ def build_fresh_module(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -
     source = FreshSource(len(out.prelude))
     call = ", ".join([*(expr(p) for p in parts), *(f"{k}={expr(p)}" for k, p in named.items())])
     out.prelude.append(f"{source.expr()} = {out.guards.const(cls)}({call})")
-    out._frozen.add(source)
+    out.freeze(source)
     out.module_sources.add(source)
     return FreshModuleVar(module, source)
 

@@ -3,6 +3,7 @@ and torch functions (graph nodes, or constants when no tensor is involved)."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import sys
@@ -162,6 +163,10 @@ class UserFunctionVar(Var):
                     ) from e
         if getattr(fn, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{fn.__qualname__} is disabled")
+        if fn is copy.deepcopy:
+            from kiln_capture.variables.objects import deepcopy_var
+
+            return deepcopy_var(tx, *args, **kwargs)
         manager = make_generator_cm(tx, fn, args, kwargs, self.source)
         if manager is not None:
             return manager

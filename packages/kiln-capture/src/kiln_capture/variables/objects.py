@@ -3,6 +3,7 @@ objects created during the trace, and ``super()``."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -311,6 +312,87 @@ def _cached_call(tx, fn, args: list[Var], kwargs: dict[str, Var]) -> Var:
             breaks.UNKNOWN_CALLABLE, f"an lru_cache'd function returned a {type(result).__name__}"
         )
     return ConstVar(result)
+
+
+class CopiedObjectVar(ObjectVar):
+    """``copy.deepcopy(obj)`` of a plain Python object (a model config): a copy made while
+    capturing, read and written in the trace like any object, private to it (see
+    ``deepcopy_var``); generated code cannot hand it on, since eager code makes a new one
+    on every call. Being private, it is written for real while capturing (what the trace
+    reads from it afterwards follows from the guarded original)."""
+
+    def setattr(self, tx, name: str, value: Var) -> None:
+        from kiln_capture.variables.functions import _NO_VALUE, python_value
+
+        real = python_value(value)
+        if real is _NO_VALUE or isinstance(real, torch.Tensor):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"storing {value!r} on a copied object")
+        setattr(self.value, name, real)
+
+    def delattr(self, tx, name: str) -> None:
+        delattr(self.value, name)
+
+    def reconstruct(self, cg) -> str:
+        raise Unsupported(
+            breaks.UNSUPPORTED_VALUE,
+            f"a copy of a {type(self.value).__name__} made in captured code leaving it",
+        )
+
+
+def deepcopy_var(tx, x: Var, memo: Var | None = None) -> Var:
+    """``copy.deepcopy(x)``: containers of traced values are copied item by item;
+    an object holding only plain Python data (a transformers config, deep-copied in
+    ``DynamicCache.__init__`` through ``get_text_config``) is copied now, while capturing,
+    and its whole state is guarded equal to what was copied (``snapshot == vars(obj)``,
+    one C-level comparison); tensors and objects whose copy would not compare equal to
+    them break the graph."""
+    from kiln_capture.variables.containers import DictVar, ListVar, SetVar
+
+    if memo is not None and not (memo.is_const() and memo.as_const() is None):
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "copy.deepcopy with a memo")
+    if x.is_const():
+        return x
+    if isinstance(x, ListVar | TupleVar) and type(x) in (ListVar, TupleVar):
+        return type(x)([deepcopy_var(tx, i) for i in x.items])
+    if type(x) is DictVar:
+        return DictVar({k: deepcopy_var(tx, v) for k, v in x.items.items()}, cls=x.cls)
+    if type(x) is SetVar:
+        return SetVar(set(x.values))
+    obj = getattr(x, "value", None)
+    if type(x) is ObjectVar and obj is not None and hasattr(obj, "__dict__"):
+        state = vars(obj)
+        snapshot = copy.deepcopy(state)
+        if _holds_tensor(snapshot) or not _equal(snapshot, state):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"copy.deepcopy of a {type(obj).__name__}")
+        g = tx.out.guards
+        src = x.source.expr() if x.source is not None else g.const(obj)
+        g.add(f"{g.const(snapshot)} == vars({src})", f"{src} holds what was copied at capture")
+        clone = copy.deepcopy(obj)
+        ref = tx.out.const_ref(clone)
+        tx.out.freeze(ref)  # private: what it holds follows from the guard above
+        return CopiedObjectVar(clone, ref)
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"copy.deepcopy of {x!r}")
+
+
+def _equal(a: object, b: object) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _holds_tensor(value: object, depth: int = 0) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth > 20:
+        return True  # deeper than configs go: not plain data
+    if isinstance(value, dict):
+        return any(_holds_tensor(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_tensor(v, depth + 1) for v in value)
+    if hasattr(value, "__dict__") and not isinstance(value, type | types.ModuleType):
+        return _holds_tensor(vars(value), depth + 1)
+    return False
 
 
 class PartialVar(Var):

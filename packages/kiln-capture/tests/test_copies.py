@@ -1,0 +1,70 @@
+"""``copy.deepcopy`` in captured code (variables/objects.py, ``deepcopy_var``): containers
+are copied in the trace; a plain-data object (a config) is copied while capturing, its
+state guarded, and the private copy written for real (``setattr``/``delattr``)."""
+
+import copy
+
+import torch
+from helpers import CountingBackend, assert_same
+
+import kiln_capture
+
+
+class Config:
+    def __init__(self):
+        self.layers = 2
+        self.scale = 0.5
+        self.names = {"a": 1}
+        self.decoder_layers = 3
+
+
+def _use_copy(x, cfg):
+    c = copy.deepcopy(cfg)
+    c.scale = c.scale * 2
+    del c.decoder_layers
+    c.names["b"] = 2
+    return x * c.scale + c.layers + len(c.names) + hasattr(c, "decoder_layers")
+
+
+def test_config_copy_is_one_graph_and_leaves_the_original():
+    cfg = Config()
+    x = torch.randn(3)
+    report = kiln_capture.explain(_use_copy)(x, cfg)
+    assert (report.graph_count, report.break_count) == (1, 0), str(report)
+    assert_same(report.result, _use_copy(x, Config()))
+    assert vars(cfg) == vars(Config())
+
+
+def test_changing_the_original_recompiles():
+    backend = CountingBackend()
+    fn = kiln_capture.optimize(backend)(_use_copy)
+    cfg = Config()
+    x = torch.randn(3)
+    assert_same(fn(x, cfg), _use_copy(x, cfg))
+    assert_same(fn(x, cfg), _use_copy(x, cfg))
+    assert len(backend.graphs) == 1
+    cfg.names["z"] = 0  # a nested change: the copy would differ
+    assert_same(fn(x, cfg), _use_copy(x, cfg))
+    assert len(backend.graphs) == 2
+
+
+def test_containers_are_copied_in_the_trace():
+    def f(x, items):
+        c = copy.deepcopy(items)
+        c[0].append(x * 2)
+        return c, items
+
+    report = kiln_capture.explain(f)(torch.randn(2), [[1], {"k": (2, 3)}])
+    assert (report.graph_count, report.break_count) == (1, 0), str(report)
+    assert report.result[1] == [[1], {"k": (2, 3)}]
+
+
+def test_copy_escaping_breaks_instead_of_sharing():
+    def f(x, cfg):
+        return x + 1, copy.deepcopy(cfg)
+
+    fn = kiln_capture.optimize(CountingBackend())(f)
+    cfg = Config()
+    first = fn(torch.randn(2), cfg)[1]
+    second = fn(torch.randn(2), cfg)[1]
+    assert first is not second and vars(first) == vars(cfg)
