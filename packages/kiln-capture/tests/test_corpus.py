@@ -22,15 +22,25 @@ for _mod in (
     "patterns",
     "withs",
     "generators",
+    "functions",
 ):
     importlib.import_module(f"corpus.{_mod}")
+
+
+_XFAIL = importlib.import_module("corpus.functions").EXPECTED_FAILURES
+_PARAMS = [
+    pytest.param(c, marks=pytest.mark.xfail(reason=_XFAIL[c.name], strict=True))
+    if c.name in _XFAIL
+    else c
+    for c in CASES
+]
 
 
 def test_corpus_is_large_enough():
     assert len(CASES) >= 150
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", _PARAMS, ids=lambda c: c.name)
 def test_program(case):
     torch.manual_seed(1234)
     args = case.args()

@@ -13,6 +13,8 @@ from kiln_capture.variables.base import Var
 class SideEffects:
     mutated_containers: list[Var] = field(default_factory=list)
     attr_stores: dict[tuple[int, str], tuple[Var, str, Var]] = field(default_factory=dict)
+    # stores made through object.__setattr__ (a frozen dataclass's __init__): replayed so
+    raw_stores: set[tuple[int, str]] = field(default_factory=set)
     global_stores: dict[str, Var] = field(default_factory=dict)
     order: list[tuple[str, object]] = field(default_factory=list)
 
@@ -23,11 +25,13 @@ class SideEffects:
             self.mutated_containers.append(container)
             self.order.append(("container", container))
 
-    def store_attr(self, obj: Var, name: str, value: Var) -> None:
+    def store_attr(self, obj: Var, name: str, value: Var, raw: bool = False) -> None:
         key = (id(obj), name)
         if key not in self.attr_stores:
             self.order.append(("attr", key))
         self.attr_stores[key] = (obj, name, value)
+        if raw:
+            self.raw_stores.add(key)
 
     def pending_attr(self, obj: Var, name: str) -> Var | None:
         entry = self.attr_stores.get((id(obj), name))
@@ -78,7 +82,8 @@ class SideEffects:
             elif kind == "attr":
                 obj, name, value = self.attr_stores[key]
                 compute.append(f"{tmp} = ({cg.rebuild(obj)}, {cg.rebuild(value)})")
-                apply.append(f"setattr({tmp}[0], {name!r}, {tmp}[1])")
+                store = "object.__setattr__" if key in self.raw_stores else "setattr"
+                apply.append(f"{store}({tmp}[0], {name!r}, {tmp}[1])")
             elif kind == "call":
                 apply.append(key(cg) if callable(key) else key)
             else:

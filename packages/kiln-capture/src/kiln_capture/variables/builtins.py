@@ -21,6 +21,7 @@ from kiln_capture.variables.containers import (
     NamedTupleVar,
     SequenceVar,
     TupleVar,
+    sort_items,
 )
 from kiln_capture.variables.generators import LazyIteratorVar, PullIteratorVar
 from kiln_capture.variables.sizes import SymIntVar
@@ -197,6 +198,11 @@ class BuiltinVar(Var):
 
     def as_const(self) -> object:
         return self.fn
+
+    def getattr(self, tx, name: str) -> Var:
+        if not hasattr(self.fn, name):  # itertools.chain.from_iterable, int.from_bytes...
+            raise AttributeError(name)
+        return tx.out.wrap_value(getattr(self.fn, name))
 
     def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
         fn = self.fn
@@ -547,17 +553,16 @@ def _callable(tx, x) -> Var:
 
 
 def _sorted(tx, it, key=None, reverse=None) -> Var:
-    items = _items(tx, it)
-    if key is None and all(i.is_const() for i in items):
-        return ListVar(
-            [
-                ConstVar(v)
-                for v in sorted(
-                    (i.as_const() for i in items), reverse=bool(reverse and reverse.as_const())
-                )
-            ]
-        )
-    raise Unsupported(breaks.UNSUPPORTED_VALUE, "sorted() of non-constants")
+    return ListVar(sort_items(tx, _items(tx, it), key, reverse))
+
+
+def _zip_longest(tx, *its, fillvalue=None) -> Var:
+    lists = [_items(tx, i) for i in its]
+    fill = fillvalue if fillvalue is not None else ConstVar(None)
+    n = max((len(items) for items in lists), default=0)
+    return IteratorVar(
+        [TupleVar([items[i] if i < len(items) else fill for items in lists]) for i in range(n)]
+    )
 
 
 def _reduce(tx, fn, it, *initial) -> Var:
@@ -582,7 +587,10 @@ def _super(tx, *args) -> Var:
 
 
 def _object_setattr(tx, obj, name, value) -> Var:
-    obj.setattr(tx, name.as_const(), value)
+    if type(obj).__name__ == "ObjectVar":  # replayed past the class's own __setattr__
+        tx.out.side_effects.store_attr(obj, name.as_const(), value, raw=True)
+    else:
+        obj.setattr(tx, name.as_const(), value)
     return ConstVar(None)
 
 
@@ -596,6 +604,7 @@ def _repeat(tx, value, times=None) -> Var:
 _HANDLERS = {
     itertools.repeat: _repeat,
     itertools.islice: _islice,
+    itertools.zip_longest: _zip_longest,
     itertools.count: _count,
     itertools.chain: _chain,
     itertools.chain.from_iterable: _chain_from_iterable,

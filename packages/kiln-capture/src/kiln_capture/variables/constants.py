@@ -97,6 +97,7 @@ class ConstMethodVar(Var):
         return f"{cg.const(self.obj)}.{self.name}"
 
     def call(self, tx, args, kwargs) -> Var:
+        args = [_known_list(a) for a in args]  # "-".join(parts) over a list of strings
         if not all(a.is_const() for a in args) or not all(v.is_const() for v in kwargs.values()):
             if isinstance(self.obj, str) and self.name == "format":
                 raise Unsupported(breaks.TENSOR_TO_PYTHON, "formatting a tensor into a string")
@@ -106,6 +107,14 @@ class ConstMethodVar(Var):
         fn = getattr(self.obj, self.name)
         result = fn(*[a.as_const() for a in args], **{k: v.as_const() for k, v in kwargs.items()})
         return tx.out.wrap_value(result)
+
+
+def _known_list(v):
+    """A list of constants read by a method that does not keep it, as a constant tuple."""
+    items = getattr(v, "items", None)
+    if type(v).__name__ == "ListVar" and all(i.is_const() for i in items):
+        return ConstVar(tuple(i.as_const() for i in items))
+    return v
 
 
 def fold(fn, *values: object) -> object:

@@ -6,6 +6,9 @@ them in the side-effect log, and their final contents are written back after the
 
 from __future__ import annotations
 
+import collections
+import operator
+
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.variables.base import MethodCallVar, Var
@@ -51,10 +54,13 @@ class SequenceVar(Var):
         return type(self)(items)
 
     def call_method(self, tx, name, args, kwargs) -> Var:
-        if name == "index":
-            return ConstVar(consts_of(self.items).index(args[0].as_const()))
-        if name == "count":
-            return ConstVar(consts_of(self.items).count(args[0].as_const()))
+        if name == "index" and len(args) == 1:
+            for i, item in enumerate(self.items):
+                if same_item(tx, args[0], item):
+                    return ConstVar(i)
+            raise Unsupported(breaks.EXCEPTION, "ValueError: item not in sequence")
+        if name == "count" and len(args) == 1:
+            return ConstVar(sum(same_item(tx, args[0], item) for item in self.items))
         if name == "__getitem__":
             return self.getitem(tx, args[0])
         if name == "__len__":
@@ -133,6 +139,28 @@ class NamedTupleVar(TupleVar):
         return f"{cg.const(self.cls)}(({items}))"
 
 
+def same_item(tx, a: Var, b: Var) -> bool:
+    """``a == b`` as list.index/count/remove and ``in`` decide it: identity first."""
+    from kiln_capture.variables.builtins import binary, identical
+
+    return identical(tx, a, b) or binary(tx, operator.eq, a, b).truth(tx)
+
+
+def sort_items(tx, items: list[Var], key: Var | None, reverse: Var | None) -> list[Var]:
+    """``sorted(items, key=key, reverse=reverse)``: by constant keys (the items', or what
+    ``key`` returns for each), stable as Python's sort."""
+    if key is None or (key.is_const() and key.as_const() is None):
+        keys = items
+    else:
+        keys = [key.call(tx, [i], {}) for i in items]
+    if not all(k.is_const() for k in keys):
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "sorting by non-constant keys")
+    values = [k.as_const() for k in keys]
+    down = bool(reverse.as_const()) if reverse is not None else False
+    order = sorted(range(len(items)), key=values.__getitem__, reverse=down)
+    return [items[i] for i in order]
+
+
 class ListVar(SequenceVar):
     def python_type(self) -> type:
         return list
@@ -174,6 +202,11 @@ class ListVar(SequenceVar):
             self.items.clear()
         elif name == "reverse":
             self.items.reverse()
+        elif name == "remove":
+            i = self.call_method(tx, "index", args, {}).as_const()
+            del self.items[i]
+        elif name == "sort":
+            self.items[:] = sort_items(tx, self.items, kwargs.get("key"), kwargs.get("reverse"))
         elif name == "copy":
             return ListVar(list(self.items))
         elif name == "__setitem__":
@@ -248,8 +281,17 @@ class DictVar(Var):
                 self.items.update(kwargs)
             elif name == "clear":
                 self.items.clear()
+            elif not self.items:
+                raise Unsupported(breaks.EXCEPTION, "KeyError: popitem(): dictionary is empty")
             else:
-                raise Unsupported(breaks.UNSUPPORTED_VALUE, "dict.popitem")
+                key, value = self.items.popitem()
+                return TupleVar([ConstVar(key), value])
+            return ConstVar(None)
+        if name == "move_to_end" and self.cls is not dict:
+            last = kwargs.get("last", args[1] if len(args) > 1 else ConstVar(True)).as_const()
+            value = self.items.pop(c[0])
+            self.items = {c[0]: value, **self.items} if not last else {**self.items, c[0]: value}
+            tx.out.side_effects.mutated(self)
             return ConstVar(None)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"dict.{name}")
 
@@ -391,6 +433,33 @@ class SliceVar(Var):
 
     def reconstruct(self, cg) -> str:
         return "slice(" + ", ".join(cg.rebuild(p) for p in self.parts) + ")"
+
+
+class DefaultDictVar(DictVar):
+    """``collections.defaultdict(factory, ...)`` made in the trace: a missing key read
+    gets ``factory()``."""
+
+    def __init__(self, factory: Var, items: dict[object, Var], source=None) -> None:
+        super().__init__(items, source, cls=collections.defaultdict)
+        self.factory = factory
+
+    def getitem(self, tx, key: Var) -> Var:
+        k = key.as_const()
+        if k not in self.items:
+            if self.factory.is_const() and self.factory.as_const() is None:
+                raise Unsupported(breaks.EXCEPTION, f"KeyError {k!r}")
+            self.items[k] = self.factory.call(tx, [], {})
+            tx.out.side_effects.mutated(self)
+        return self.items[k]
+
+    def children(self) -> list[Var]:
+        return [*super().children(), self.factory]
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        body = ", ".join(f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in self.items.items())
+        return f"{cg.const(collections.defaultdict)}({cg.rebuild(self.factory)}, {{{body}}})"
 
 
 class IteratorVar(Var):

@@ -163,9 +163,11 @@ class UserFunctionVar(Var):
                     ) from e
         if getattr(fn, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{fn.__qualname__} is disabled")
-        if fn is copy.deepcopy:
-            from kiln_capture.variables.objects import deepcopy_var
+        if fn is copy.deepcopy or fn is copy.copy:
+            from kiln_capture.variables.objects import copy_var, deepcopy_var
 
+            if fn is copy.copy:
+                return copy_var(tx, *args)
             return deepcopy_var(tx, *args, **kwargs)
         manager = make_generator_cm(tx, fn, args, kwargs, self.source)
         if manager is not None:

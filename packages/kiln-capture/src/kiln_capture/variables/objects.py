@@ -3,6 +3,7 @@ objects created during the trace, and ``super()``."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -18,7 +19,7 @@ from kiln_capture.errors import Unsupported
 from kiln_capture.sources import AttrSource, ConstRef
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstMethodVar, ConstVar, is_constant_value
-from kiln_capture.variables.containers import NamedTupleVar, TupleVar
+from kiln_capture.variables.containers import DictVar, NamedTupleVar, TupleVar
 from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, AutocastVar, GradModeVar
 from kiln_capture.variables.modules import lookup_class_attr
 from kiln_capture.variables.tensors import SizeVar
@@ -374,6 +375,22 @@ def deepcopy_var(tx, x: Var, memo: Var | None = None) -> Var:
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"copy.deepcopy of {x!r}")
 
 
+def copy_var(tx, x: Var) -> Var:
+    """``copy.copy(x)`` of a list, dict or set made or read in the trace (a new container
+    holding the same items)."""
+    from kiln_capture.variables.containers import DictVar, ListVar, SetVar
+
+    if x.is_const():
+        return x
+    if type(x) is ListVar:
+        return ListVar(list(x.items))
+    if type(x) is DictVar:
+        return DictVar(dict(x.items), cls=x.cls)
+    if type(x) is SetVar:
+        return SetVar(set(x.values))
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"copy.copy of {x!r}")
+
+
 def _equal(a: object, b: object) -> bool:
     try:
         return bool(a == b)
@@ -429,6 +446,16 @@ class PartialVar(Var):
 
 
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if cls in (collections.OrderedDict, collections.defaultdict):
+        from kiln_capture.variables.builtins import BuiltinVar
+        from kiln_capture.variables.containers import DefaultDictVar
+
+        if cls is collections.OrderedDict:
+            made = BuiltinVar(dict).call(tx, list(args), dict(kwargs))
+            return DictVar(made.items, cls=cls)
+        factory = args[0] if args else ConstVar(None)
+        made = BuiltinVar(dict).call(tx, list(args[1:]), dict(kwargs))
+        return DefaultDictVar(factory, made.items)
     if cls is functools.partial and args:
         return PartialVar(args[0], list(args[1:]), dict(kwargs))
     if cls in GRAD_MODE_CLASSES:

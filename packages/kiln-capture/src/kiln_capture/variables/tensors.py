@@ -177,6 +177,22 @@ def _type_name(dtype: torch.dtype, device: torch.device) -> str:
     return prefix + name
 
 
+def _type_target(target: object, device: torch.device) -> tuple[torch.dtype, torch.device]:
+    """What ``Tensor.type(target)`` converts to: a dtype keeps the device; a type name
+    (``"torch.HalfTensor"``, ``torch.cuda.HalfTensor``) names the device too."""
+    if isinstance(target, torch.dtype):
+        return target, device
+    name = target if isinstance(target, str) else f"{target.__module__}.{target.__name__}"
+    parts = name.split(".")
+    by_name = {v: k for k, v in _TYPE_NAMES.items()}
+    if len(parts) not in (2, 3) or parts[0] != "torch" or parts[-1] not in by_name:
+        raise Unsupported(breaks.EXCEPTION, f"ValueError: invalid type: {name!r}")
+    where = torch.device(parts[1]) if len(parts) == 3 else torch.device("cpu")
+    if where.type == device.type:
+        where = device  # the same device keeps its index
+    return by_name[parts[-1]], where
+
+
 def _uniform_masked_write(x: TensorVar, key: Var, value: Var) -> bool:
     """``x[mask] = value`` where every selected element (or row) gets the same value
     (``kiln_shapes.indexing.uniform_masked_write``; a Python number too): its shape does
@@ -244,6 +260,11 @@ class TensorMethodVar(Var):
         if name == "type" and not args and not kwargs:
             # the type name of the real tensor (the meta one would say torch.meta.*)
             return ConstVar(_type_name(t.meta.dtype, t.device))
+        if name == "type" and len(args) == 1 and not kwargs and args[0].is_const():
+            dtype, device = _type_target(args[0].as_const(), t.device)
+            return t.call_method(
+                tx, "to", [], {"dtype": ConstVar(dtype), "device": ConstVar(device)}
+            )
         if name == "is_inference":  # not in the metadata: the input's own flag, guarded
             if t.node.op != "placeholder" or t.source is None:
                 raise Unsupported(
