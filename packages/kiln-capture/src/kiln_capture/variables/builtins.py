@@ -162,6 +162,13 @@ def contains(tx, item: Var, container: Var) -> bool:
         )
     if container.is_const():
         return item.as_const() in container.as_const()
+    if isinstance(getattr(container, "value", None), frozenset):
+        # a frozenset of classes (3.12's dataclasses._ATOMIC_TYPES): immutable
+        from kiln_capture.variables.functions import _NO_VALUE, python_value
+
+        known = python_value(item)
+        if known is not _NO_VALUE:
+            return known in container.value
     if hasattr(container, "contains"):
         return container.contains(tx, item)
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"`in` on {container!r}")
