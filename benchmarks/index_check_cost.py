@@ -82,7 +82,7 @@ def worker(name: str, device: str, dtype_name: str, size: str, calls: int, sampl
                 out[v].update(graphs=stats["graphs"], fallbacks=stats["fallbacks"])
                 out[v]["checked_kernels"] = sum(
                     g.wrapper_source.count("raise_index_error")
-                    + g.wrapper_source.count("index_errors_")
+                    + g.wrapper_source.count("index_errors.rows[")
                     for g in seen
                 )
             runs[v] = fn

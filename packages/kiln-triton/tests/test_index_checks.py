@@ -68,3 +68,49 @@ def test_bad_index_under_cuda_graphs():
         compiled(*bad_same_shape)
     torch.testing.assert_close(compiled(*good), fn(*good))
     assert compiled.replays >= 3  # the calls replayed the CUDA graph, bad one included
+
+
+def test_error_rows_survive_the_artifact_cache(tmp_path, monkeypatch):
+    """A graph loaded from the persistent artifact cache gets fresh error rows, and its
+    kernels write the rows its reader reads: the bad index still raises eager's error."""
+    from kiln_inductor.runtime import artifacts
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_ARTIFACT_CACHE", "1")
+    fn, good, bad = bad_index_cases()["embedding_huge_id"]
+    gm = torch.fx.symbolic_trace(fn)  # the cache keeps compiled FX graphs
+    with use_triton_for_cpu():
+        cold = kiln_triton.compile_fx(gm, good)
+        hits = artifacts.STATS.hits
+        warm = kiln_triton.compile_fx(gm, good)
+        assert artifacts.STATS.hits == hits + 1  # loaded, not compiled
+        for compiled in (cold, warm):
+            with pytest.raises(IndexError):
+                compiled(*bad)
+            torch.testing.assert_close(compiled(*good), fn(*good))
+
+
+def test_device_index_errors_pickle_to_fresh_rows():
+    import pickle
+
+    from kiln_inductor.index_check import DeviceIndexErrors
+
+    errors = DeviceIndexErrors(torch.device("cpu"), [((), ()), ((), ("#0",))])
+    errors.tensor.fill_(3)
+    copy = pickle.loads(pickle.dumps(errors))
+    assert copy.kernels == errors.kernels and copy.tensor.shape == (2, 2)
+    assert not copy.tensor.any()  # fresh rows, zeroed
+    copy.rows[1][0] = 5  # the rows are views of the tensor the reader reads
+    assert copy.tensor[1, 0] == 5
+
+
+def test_native_error_reader_needs_the_driver_only_when_used():
+    _launch = pytest.importorskip("kiln_triton._launch")
+    host = torch.zeros(2, 2, dtype=torch.int64)
+    reader = _launch.ErrorReader(host.data_ptr(), host.data_ptr(), 32, 2, lambda d: 0, 0)
+    assert reader.finish() is None  # nothing queued yet
+    with pytest.raises(ValueError):
+        _launch.ErrorReader(host.data_ptr(), host.data_ptr(), 16, 2, lambda d: 0, 0)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="libcuda"):
+            reader.start()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -134,11 +134,13 @@ class DeviceIndexErrors:
     def __init__(
         self, device: torch.device, kernels: Sequence[tuple[Sequence[IndexCheck], Sequence[str]]]
     ):
+        self.device = torch.device(device)
         self.tensor = torch.zeros(len(kernels), 2, dtype=torch.int64, device=device)
         self.rows = list(self.tensor)  # the kernels' arguments
         self.kernels = list(kernels)  # (checks, inputs written in place) per row
         self.host = None
         self.event: Any = None
+        self.reader: Any = _UNSET  # a backend's native reader (register_host_reader)
         if self.tensor.is_cuda:
             self.host = torch.zeros(len(kernels), 2, dtype=torch.int64, pin_memory=True)
             self.event = torch.cuda.Event()
@@ -147,12 +149,29 @@ class DeviceIndexErrors:
             except RuntimeError:  # torch without numpy
                 self.host_codes = self.host[:, 0]
 
+    def __reduce__(self) -> tuple:
+        # a compiled graph kept on disk (runtime/artifacts.py) gets fresh rows, host memory
+        # and event; its wrapper reaches the rows through this object (``rows[k]``)
+        return (DeviceIndexErrors, (self.device, self.kernels))
+
+    def _native(self) -> Any:
+        if self.reader is _UNSET:
+            factory = _HOST_READERS.get(self.device.type)
+            self.reader = factory(self.host, self.tensor) if factory is not None else None
+        return self.reader
+
     def start(self) -> None:
         """Queue the copy of the rows to the host (GPU); does not wait."""
-        if self.host is None or torch.cuda.is_current_stream_capturing():
+        if self.host is None:
+            return
+        native = self._native()
+        if native is not None:
+            native.start()
+            return
+        if torch.cuda.is_current_stream_capturing():
             return
         self.host.copy_(self.tensor, non_blocking=True)
-        self.event.record(torch.cuda.current_stream(self.tensor.device))
+        self.event.record(torch.cuda.current_stream(self.device))
 
     def finish(self) -> None:
         """Wait for the copy ``start()`` queued and raise the first failed check's error."""
@@ -160,12 +179,22 @@ class DeviceIndexErrors:
         if self.host is None:  # CPU tensors (the Triton interpreter): read them directly
             self._raise_failed(t.tolist())
             return
+        native = self._native()
+        if native is not None:
+            failed = native.finish()
+            if failed:
+                self._raise_failed(self.host.tolist())
+            if failed is not None:
+                return
         if torch.cuda.is_current_stream_capturing():
             deferred = getattr(_capture, "deferred", None)
             if deferred is not None and self not in deferred:
                 deferred.append(self)
             return
-        self.event.synchronize()
+        if native is not None:  # nothing was queued outside a capture: read now
+            self.host.copy_(t)
+        else:
+            self.event.synchronize()
         if self.host_codes.any():
             self._raise_failed(self.host.tolist())
 
@@ -183,6 +212,20 @@ class DeviceIndexErrors:
 
 
 _capture = threading.local()
+_UNSET = object()
+_HOST_READERS: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {}
+
+
+def register_host_reader(
+    device_type: str, factory: Callable[[torch.Tensor, torch.Tensor], Any]
+) -> None:
+    """A backend's native read of error rows on ``device_type``: ``factory(host, rows)``
+    (page-locked host memory and the device rows, both ``(n, 2)`` int64) returns an object
+    whose ``start()`` queues the rows' copy to ``host`` and an event on the current stream
+    (nothing while the stream is being captured) and whose ``finish()`` waits for it and
+    returns whether a check failed (None when ``start()`` queued nothing), or None to keep
+    torch's copy and event. kiln-triton registers its C reader for "cuda"."""
+    _HOST_READERS[device_type] = factory
 
 
 @contextmanager

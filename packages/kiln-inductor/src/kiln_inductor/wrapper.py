@@ -142,8 +142,9 @@ class WrapperCodegen:
             device, [(src.meta["index_checks"], self._written(src)) for _, src in rows]
         )
         self.globals["index_errors"] = errors
-        for k, (name, _) in enumerate(rows):
-            self.globals[f"index_errors_{name}"] = errors.rows[k]
+        # the wrapper reaches each kernel's row through ``index_errors`` (not a global of its
+        # own), so a graph loaded from the artifact cache writes the rows its reader reads
+        self.error_row = {name: k for k, (name, _) in enumerate(rows)}
         return errors
 
     def _written(self, src: KernelSource) -> tuple[str, ...]:
@@ -164,7 +165,8 @@ class WrapperCodegen:
             return [self.backend.call_line(kernel, args, sizes) + f"  # {step.name}"]
         if src.meta.get("index_report") == "tensor":
             # the kernel's error row is its last argument; index_errors.finish() reads them
-            return [self.backend.call_line(kernel, [*args, f"index_errors_{step.name}"], sizes)]
+            row = f"index_errors.rows[{self.error_row[step.name]}]"
+            return [self.backend.call_line(kernel, [*args, row], sizes)]
         self.globals["raise_index_error"] = raise_index_error
         sites = self._global("checks_", tuple(checks))
         written = self._written(src)

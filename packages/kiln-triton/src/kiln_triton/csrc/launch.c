@@ -468,6 +468,190 @@ static PyTypeObject SizedLauncherType = {
     .tp_new = sized_new,
 };
 
+/* ErrorReader(host, device_rows, nbytes, rows, get_stream, device): the host side of
+ * kiln_inductor.index_check.DeviceIndexErrors on a GPU, with no torch call per graph call.
+ * `host` and `device_rows` are addresses: page-locked host memory and the device tensor of
+ * the error rows (`rows` rows of two int64: check number, bad index), `nbytes` long.
+ * start() queues cuMemcpyDtoHAsync of the rows on the current stream and records an event
+ * after it (False, with nothing queued, while the stream is being captured into a CUDA
+ * graph); finish() waits for that event and says whether any row's check number is not 0
+ * (None when start() queued nothing). torch's copy_ into pinned memory and a
+ * torch.cuda.Event cost ~40 us of host time per call; these are two driver calls each. */
+typedef int (*cu_memcpy_dtoh_async_t)(void *dst, unsigned long long src, size_t n, void *stream);
+typedef int (*cu_event_create_t)(void **event, unsigned flags);
+typedef int (*cu_event_record_t)(void *event, void *stream);
+typedef int (*cu_event_synchronize_t)(void *event);
+typedef int (*cu_event_destroy_t)(void *event);
+typedef int (*cu_stream_is_capturing_t)(void *stream, int *status);
+
+static cu_memcpy_dtoh_async_t cu_memcpy_dtoh_async = NULL;
+static cu_event_create_t cu_event_create = NULL;
+static cu_event_record_t cu_event_record = NULL;
+static cu_event_synchronize_t cu_event_synchronize = NULL;
+static cu_event_destroy_t cu_event_destroy = NULL;
+static cu_stream_is_capturing_t cu_stream_is_capturing = NULL;
+
+static int load_copy_driver(void) {
+    if (cu_event_synchronize != NULL) return 0;
+    if (load_driver() < 0) return -1;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "kiln_triton: cannot open libcuda.so.1 (%s)", dlerror());
+        return -1;
+    }
+    cu_memcpy_dtoh_async = (cu_memcpy_dtoh_async_t)dlsym(lib, "cuMemcpyDtoHAsync_v2");
+    cu_event_create = (cu_event_create_t)dlsym(lib, "cuEventCreate");
+    cu_event_record = (cu_event_record_t)dlsym(lib, "cuEventRecord");
+    cu_event_destroy = (cu_event_destroy_t)dlsym(lib, "cuEventDestroy_v2");
+    cu_stream_is_capturing = (cu_stream_is_capturing_t)dlsym(lib, "cuStreamIsCapturing");
+    cu_event_synchronize = (cu_event_synchronize_t)dlsym(lib, "cuEventSynchronize");
+    if (cu_memcpy_dtoh_async == NULL || cu_event_create == NULL || cu_event_record == NULL ||
+        cu_event_destroy == NULL || cu_stream_is_capturing == NULL ||
+        cu_event_synchronize == NULL) {
+        cu_event_synchronize = NULL;
+        PyErr_SetString(PyExc_RuntimeError,
+                        "kiln_triton: libcuda lacks cuMemcpyDtoHAsync_v2/cuEvent*/cuStreamIsCapturing");
+        return -1;
+    }
+    return 0;
+}
+
+static int cuda_check(int err, const char *what) {
+    if (err == 0) return 0;
+    const char *text = NULL;
+    if (cu_get_error_string != NULL) cu_get_error_string(err, &text);
+    PyErr_Format(PyExc_RuntimeError, "kiln_triton: %s failed: CUDA error %d (%s)", what, err,
+                 text != NULL ? text : "unknown");
+    return -1;
+}
+
+typedef struct {
+    PyObject_HEAD
+    unsigned long long host, rows_ptr, nbytes;
+    Py_ssize_t rows;
+    PyObject *get_stream, *device;
+    void *event;
+    int started;
+} ErrorReader;
+
+static PyObject *reader_start(ErrorReader *self, PyObject *unused) {
+    (void)unused;
+    if (load_copy_driver() < 0) return NULL;
+    PyObject *stream = PyObject_CallOneArg(self->get_stream, self->device);
+    if (stream == NULL) return NULL;
+    unsigned long long s;
+    int bad = as_u64(stream, &s);
+    Py_DECREF(stream);
+    if (bad < 0) return NULL;
+    int status = 0;
+    if (cuda_check(cu_stream_is_capturing((void *)(uintptr_t)s, &status), "cuStreamIsCapturing"))
+        return NULL;
+    self->started = 0;
+    if (status != 0) Py_RETURN_FALSE; /* being captured: the runner checks after replays */
+    if (self->event == NULL &&
+        cuda_check(cu_event_create(&self->event, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate"))
+        return NULL;
+    if (cuda_check(cu_memcpy_dtoh_async((void *)(uintptr_t)self->host, self->rows_ptr,
+                                        (size_t)self->nbytes, (void *)(uintptr_t)s),
+                   "cuMemcpyDtoHAsync") ||
+        cuda_check(cu_event_record(self->event, (void *)(uintptr_t)s), "cuEventRecord"))
+        return NULL;
+    self->started = 1;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *reader_finish(ErrorReader *self, PyObject *unused) {
+    (void)unused;
+    if (!self->started) Py_RETURN_NONE;
+    self->started = 0;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = cu_event_synchronize(self->event);
+    Py_END_ALLOW_THREADS
+    if (cuda_check(err, "cuEventSynchronize")) return NULL;
+    const int64_t *rows = (const int64_t *)(uintptr_t)self->host;
+    for (Py_ssize_t k = 0; k < self->rows; k++) {
+        if (rows[2 * k] != 0) Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *host, *rows_ptr, *nbytes, *rows, *get_stream, *device;
+    const char *usage = "ErrorReader(host, device_rows, nbytes, rows, get_stream, device)";
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "ErrorReader", 6, 6, &host, &rows_ptr, &nbytes, &rows,
+                           &get_stream, &device))
+        return NULL;
+    if (!PyCallable_Check(get_stream)) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    ErrorReader *self = (ErrorReader *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    int bad = as_u64(host, &self->host) < 0 || as_u64(rows_ptr, &self->rows_ptr) < 0 ||
+              as_u64(nbytes, &self->nbytes) < 0;
+    if (!bad) {
+        self->rows = PyLong_AsSsize_t(rows);
+        bad = self->rows == -1 && PyErr_Occurred();
+    }
+    if (!bad && (self->rows < 0 || (unsigned long long)self->rows * 16 > self->nbytes ||
+                 self->host == 0 || self->rows_ptr == 0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "ErrorReader(): rows * 16 bytes must fit nbytes; addresses not 0");
+        bad = 1;
+    }
+    if (bad) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->get_stream = Py_NewRef(get_stream);
+    self->device = Py_NewRef(device);
+    return (PyObject *)self;
+}
+
+static int reader_traverse(ErrorReader *self, visitproc visit, void *arg) {
+    Py_VISIT(self->get_stream);
+    Py_VISIT(self->device);
+    return 0;
+}
+
+static int reader_clear(ErrorReader *self) {
+    Py_CLEAR(self->get_stream);
+    Py_CLEAR(self->device);
+    return 0;
+}
+
+static void reader_dealloc(ErrorReader *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->event != NULL && cu_event_destroy != NULL) cu_event_destroy(self->event);
+    reader_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef reader_methods[] = {
+    {"start", (PyCFunction)reader_start, METH_NOARGS,
+     "queue the rows' copy to the host and an event; False while the stream is captured"},
+    {"finish", (PyCFunction)reader_finish, METH_NOARGS,
+     "wait for start()'s copy: True when a check failed, None when nothing was queued"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ErrorReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln_triton._launch.ErrorReader",
+    .tp_basicsize = sizeof(ErrorReader),
+    .tp_dealloc = (destructor)reader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The host read of a graph's index-check error rows: start(), then finish().",
+    .tp_traverse = (traverseproc)reader_traverse,
+    .tp_clear = (inquiry)reader_clear,
+    .tp_methods = reader_methods,
+    .tp_new = reader_new,
+};
+
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(function, grid_x, grid_y, grid_z, threads, shared_bytes, stream, hidden, tensors, "
@@ -483,11 +667,14 @@ PyMODINIT_FUNC PyInit__launch(void) {
     data_ptr_name = PyUnicode_InternFromString("data_ptr");
     calls_name = PyUnicode_InternFromString("calls");
     if (data_ptr_name == NULL || calls_name == NULL) return NULL;
-    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&SizedLauncherType) < 0) return NULL;
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&SizedLauncherType) < 0 ||
+        PyType_Ready(&ErrorReaderType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Launcher", (PyObject *)&LauncherType) < 0 ||
-        PyModule_AddObjectRef(m, "SizedLauncher", (PyObject *)&SizedLauncherType) < 0) {
+        PyModule_AddObjectRef(m, "SizedLauncher", (PyObject *)&SizedLauncherType) < 0 ||
+        PyModule_AddObjectRef(m, "ErrorReader", (PyObject *)&ErrorReaderType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

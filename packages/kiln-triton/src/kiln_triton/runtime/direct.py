@@ -37,6 +37,7 @@ import torch
 from triton.runtime import driver
 
 from kiln_inductor import log
+from kiln_inductor.index_check import register_host_reader
 
 from ..config import read_triton_config
 
@@ -44,6 +45,27 @@ try:  # the optional C extension (kiln-triton's setup.py); without it Triton's l
     from kiln_triton import _launch as _c_launch
 except ImportError:  # pragma: no cover - a build without a C compiler
     _c_launch = None
+
+
+def error_reader(host: torch.Tensor, rows: torch.Tensor) -> Any:
+    """The C read of a graph's index-check error rows (``kiln_triton._launch.ErrorReader``:
+    the rows' copy to page-locked ``host`` memory and an event, two driver calls each way,
+    where torch's ``copy_`` and ``torch.cuda.Event`` cost ~40 us per call), or None to keep
+    torch's (no C extension, or ``KILN_TRITON_C_LAUNCH=0``)."""
+    reader = getattr(_c_launch, "ErrorReader", None)
+    if reader is None or not read_triton_config().c_launch:
+        return None
+    return reader(
+        host.data_ptr(),
+        rows.data_ptr(),
+        rows.numel() * rows.element_size(),
+        rows.shape[0],
+        driver.active.get_current_stream,
+        rows.device.index if rows.device.index is not None else torch.cuda.current_device(),
+    )
+
+
+register_host_reader("cuda", error_reader)
 
 
 def _hook_holder() -> tuple[Any, str, str]:
