@@ -2,14 +2,16 @@
 
 Skip list (documented, by file): frames whose code lives in the standard library, in
 torch (except ``torch/nn/modules/*`` other than ``module.py``, so that a bare
-``nn.Linear`` can be optimized), in kiln_capture itself, in pytest/pluggy, or in kiln's
-own generated code (``<kiln ...>`` file names) and frozen modules are never captured; they
-run normally, and the frames they call are still offered to the hook. Other generated
-code (``exec``, ``eval``, fx ``GraphModule.forward``) is captured like any file.
+``nn.Linear`` can be optimized), in kiln_capture itself or kiln's other packages, in
+pytest/pluggy, or in kiln's own generated code (``<kiln ...>`` file names) and frozen
+modules are never captured; they run normally, and the frames they call are still
+offered to the hook. Other generated code (``exec``, ``eval``, fx ``GraphModule.forward``)
+is captured like any file.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sysconfig
 import threading
@@ -45,6 +47,24 @@ def _dir(p: str) -> str:
 _TORCH_DIR = _dir(os.path.dirname(torch.__file__))
 _TORCH_NN_MODULES = _TORCH_DIR + os.path.join("nn", "modules") + os.sep
 _KILN_DIR = _dir(os.path.dirname(__file__))
+
+
+def _sibling_dirs() -> tuple[str, ...]:
+    """The directories of kiln's other packages, located without importing them: their
+    runtime (a compiled graph's call, a training graph's backward run by autograd inside
+    a captured frame's ``loss.backward()``) is never captured either."""
+    found = []
+    for name in ("kiln_aot", "kiln_inductor", "kiln_cpp", "kiln_triton", "kiln_shapes", "kiln"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            found.append(_dir(loc))
+    return tuple(found)
+
+
+_KILN_SIBLING_DIRS = _sibling_dirs()
 # In a virtual environment the "stdlib" path can contain site-packages: third-party
 # code is recognised first, by its site directory.
 _SITE_DIRS = tuple({_dir(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
@@ -63,7 +83,7 @@ def skipped_file(filename: str) -> bool:
     path = os.path.realpath(filename)
     if path.startswith(_TORCH_NN_MODULES) and not path.endswith("module.py"):
         return False
-    if path.startswith((_TORCH_DIR, _KILN_DIR)):
+    if path.startswith((_TORCH_DIR, _KILN_DIR, *_KILN_SIBLING_DIRS)):
         return True
     parts = path.split(os.sep)
     if path.startswith(_SITE_DIRS) or "site-packages" in parts or "dist-packages" in parts:

@@ -48,6 +48,11 @@ from kiln_capture.variables.contexts import (
 from kiln_capture.variables.functions import BoundMethodVar, TorchFnVar, UserFunctionVar
 from kiln_capture.variables.modules import ModuleVar
 from kiln_capture.variables.objects import ObjectVar, RecordVar, is_record_type
+from kiln_capture.variables.optimizers import (
+    TensorKeyedDictVar,
+    group_value,
+    is_tensor_keyed_dict,
+)
 from kiln_capture.variables.sizes import SYM_TYPES, SymIntVar, expr_value
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 
@@ -68,6 +73,8 @@ _INLINED_TORCH_MODULES = (
     # functional collectives: Python over torch.ops._c10d_functional (a collective, then
     # wait_tensor where a compiler traces it), which the graph records as ops
     "torch.distributed._functional_collectives",
+    # optimizers: step() and zero_grad() (variables/optimizers.py, "optimizer steps")
+    "torch.optim",
 )
 
 
@@ -139,8 +146,10 @@ class OutputGraph:
         )
         self.example_inputs: list[torch.Tensor] = []
         self.input_sources: dict[fx.Node, Source] = {}
+        self._input_values: dict[fx.Node, object] = {}
         self._wrapped: dict[int, Var] = {}
         self._int_inputs: dict[str, SymIntVar] = {}  # symbolic int inputs, by source
+        self.lifted_floats: dict[str, Var] = {}  # floats read as tensor inputs, by source
         self._keepalive: list[object] = []
         self._frozen: set[Source] = set()
         # statements the generated code runs before the graph (building fresh modules)
@@ -172,6 +181,10 @@ class OutputGraph:
             symbolic = self._dynamic_int(value, source)
             if symbolic is not None:
                 return symbolic
+        if type(value) is float and rooted:  # an optimizer's varying learning rate
+            lifted = group_value(self, value, source)
+            if lifted is not None:
+                return lifted
         if isinstance(value, LITERAL_TYPES) or isinstance(
             value, torch.dtype | torch.device | torch.memory_format | torch.layout
         ):
@@ -279,6 +292,9 @@ class OutputGraph:
                 for f in dataclasses.fields(value)
             }
             return RecordVar(type(value), fields, source=source)
+        if is_tensor_keyed_dict(value) and rooted:  # an optimizer's state
+            g.type_is(source, value)
+            return TensorKeyedDictVar(value, source)
         if type(value) in LIST_ITERATOR_TYPES and rooted:  # a continuation's loop iterator
             g.type_is(source, value)
             return SourcedIteratorVar(self, value, source)
@@ -350,7 +366,14 @@ class OutputGraph:
         node.meta["source"] = source.expr()
         self.example_inputs.append(t)
         self.input_sources[node] = source
+        self._input_values[node] = t
         return TensorVar(node, meta, t.device, source, cls=type(t))
+
+    def input_value(self, var: Var) -> object | None:
+        """The real tensor behind a tensor input of the graph (None for values the trace
+        computed)."""
+        node = getattr(var, "node", None)
+        return self._input_values.get(node) if node is not None else None
 
     def _input_name(self, source: Source) -> str:
         """A placeholder name for ``source`` not used yet in this graph."""

@@ -106,3 +106,15 @@ class CallSource(Source):
     def expr(self) -> str:
         args = "".join(f", {a!r}" for a in self.args)
         return f"{self.fn.expr()}({self.base.expr()}{args})"
+
+
+@dataclass(frozen=True)
+class TensorKeySource(Source):
+    """``base[key]`` where ``key`` is a tensor read from its own source (an optimizer's
+    state entry of a parameter: variables/optimizers.py)."""
+
+    base: Source
+    key: Source
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key.expr()}]"

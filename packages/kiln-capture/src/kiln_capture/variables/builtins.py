@@ -211,6 +211,11 @@ class BuiltinVar(Var):
             raise AttributeError(name)
         return tx.out.wrap_value(getattr(self.fn, name))
 
+    def getitem(self, tx, key: Var) -> Var:
+        if isinstance(self.fn, type) and key.is_const():  # list[Tensor] in a cast()
+            return tx.out.wrap_value(self.fn[key.as_const()])
+        return super().getitem(tx, key)
+
     def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
         fn = self.fn
         handler = _HANDLERS.get(fn)

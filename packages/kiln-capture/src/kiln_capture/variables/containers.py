@@ -247,7 +247,10 @@ class DictVar(Var):
         return self.items[k]
 
     def setitem(self, tx, key: Var, value: Var) -> None:
-        self.items[key.as_const()] = value
+        k = key.as_const()
+        if k in self.items and self.items[k] is value:
+            return  # storing the value it holds: no change (an optimizer's state entries)
+        self.items[k] = value
         tx.out.side_effects.mutated(self)
 
     def call_method(self, tx, name, args, kwargs) -> Var:

@@ -137,6 +137,8 @@ class UserFunctionVar(Var):
 
     def getattr(self, tx, name):
         fn = self.fn
+        if name == "__get__":  # fn.__get__(obj, cls): the bound method
+            return _FunctionGetVar(self)
         if name in _FUNCTION_ATTRS or name in getattr(fn, "__dict__", {}):
             try:
                 value = getattr(fn, name)
@@ -163,6 +165,11 @@ class UserFunctionVar(Var):
                     ) from e
         if getattr(fn, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{fn.__qualname__} is disabled")
+        from kiln_capture.variables.optimizers import unwrap_optimizer_function
+
+        inner = unwrap_optimizer_function(fn)
+        if inner is not None:
+            return UserFunctionVar(inner).call(tx, args, kwargs)
         if fn is copy.deepcopy or fn is copy.copy:
             from kiln_capture.variables.objects import copy_var, deepcopy_var
 
@@ -188,6 +195,20 @@ class UserFunctionVar(Var):
                 tx.out.wrap(contents, src) if src else tx.out.wrap_value(contents)
             )
         return tx.inline(fn.__code__, fn.__globals__, bound, cells, fn.__qualname__)
+
+
+class _FunctionGetVar(Var):
+    """``fn.__get__``: binding a function to an object."""
+
+    def __init__(self, fn: Var) -> None:
+        self.fn = fn
+
+    def call(self, tx, args, kwargs) -> Var:
+        if len(args) not in (1, 2) or kwargs:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "function.__get__ with these arguments")
+        if args[0].is_const() and args[0].as_const() is None:
+            return self.fn
+        return BoundMethodVar(self.fn, args[0])
 
 
 class NestedFunctionVar(Var):
@@ -426,6 +447,11 @@ class TorchFnVar(Var):
         if any(contains_tensor(a) for a in args) or any(
             contains_tensor(v) for v in kwargs.values()
         ):
+            from kiln_capture.variables.optimizers import foreach_scalars_tensor_call
+
+            per_tensor = foreach_scalars_tensor_call(tx, fn, args, kwargs)
+            if per_tensor is not None:
+                return per_tensor
             return tx.out.tensor_op("call_function", fn, list(args), kwargs)
         if any(contains_symbolic(a) for a in args) or any(
             contains_symbolic(v) for v in kwargs.values()

@@ -4,12 +4,15 @@ objects created during the trace, and ``super()``."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import functools
 import inspect
+import operator
 import sys
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -192,6 +195,11 @@ class ObjectVar(Var):
             return tx.out.wrap_value(call).call(tx, [self, *args], kwargs)
         if isinstance(v, _LRU_CACHE_WRAPPER):
             return _cached_call(tx, v, args, kwargs)
+        if type(v) is weakref.ref and not args and not kwargs and self.source is not None:
+            # an LR scheduler's wrapper of optimizer.step holds the optimizer by weakref
+            from kiln_capture.sources import CallSource
+
+            return tx.out.wrap(v(), CallSource(tx.out.const_ref(operator.call), self.source, ()))
         if type(v) is functools.partial and self.source is not None:
             # partial(f, *a, **k)(*args, **kw) is f(*a, *args, **{**k, **kw}); its fields are
             # read (and guarded) at their sources
@@ -458,6 +466,8 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         return DefaultDictVar(factory, made.items)
     if cls is functools.partial and args:
         return PartialVar(args[0], list(args[1:]), dict(kwargs))
+    if cls is torch.autograd.profiler.record_function:  # a profiling range: not a graph op
+        return construct(tx, contextlib.nullcontext, [], {})
     if cls in GRAD_MODE_CLASSES:
         return GradModeVar(tx, cls, args)
     if issubclass(cls, torch.amp.autocast):

@@ -127,6 +127,10 @@ class TensorVar(Var):
             return tx.out.tensor_op("call_function", getattr, [self, ConstVar(name)], {})
         if name == "data":
             return tx.out.tensor_op("call_method", "detach", [self], {})
+        if name == "grad" and self.source is not None:
+            from kiln_capture.variables.optimizers import grad_of
+
+            return grad_of(tx, self)
         if name in ("grad", "grad_fn", "_base", "_version"):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor.{name}")
         if callable(getattr(torch.Tensor, name, None)):
@@ -134,6 +138,13 @@ class TensorVar(Var):
         if not hasattr(torch.Tensor, name):
             raise AttributeError(name)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"tensor attribute {name!r}")
+
+    def setattr(self, tx, name: str, value: Var) -> None:
+        if name != "grad":
+            super().setattr(tx, name, value)
+        from kiln_capture.variables.optimizers import set_grad_of
+
+        set_grad_of(tx, self, value)
 
     def call_method(self, tx, name, args, kwargs) -> Var:
         return TensorMethodVar(self, name).call(tx, args, kwargs)
@@ -282,6 +293,11 @@ class TensorMethodVar(Var):
         if name == "__setitem__":
             t.setitem(tx, args[0], args[1])
             return ConstVar(None)
+        from kiln_capture.variables.optimizers import tensor_scalar_call
+
+        rewritten = tensor_scalar_call(tx, name, t, args, kwargs)
+        if rewritten is not None:
+            return rewritten
         return tx.out.tensor_op("call_method", name, [t, *args], kwargs)
 
 
