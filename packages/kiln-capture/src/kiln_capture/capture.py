@@ -34,7 +34,7 @@ from kiln_capture.bytecode.rewrite import covering_handlers, in_exception_range
 from kiln_capture.codegen import CodeGen, build_function
 from kiln_capture.config import config
 from kiln_capture.dynamic import FrameShapes
-from kiln_capture.errors import BackendError, GraphBreakError, Unsupported
+from kiln_capture.errors import BackendError, GraphBreakError, Raised, Unsupported
 from kiln_capture.evaluator import UNBOUND, Return, RootFrame
 from kiln_capture.guards import GuardSet, hoist_args
 from kiln_capture.log import log
@@ -119,6 +119,13 @@ def compile_frame(
             return SkipFrame(f"{e.kind.id}: {e.detail}")
         if kind == "return":
             return _finish_return(out, root, value, ctx)
+        if kind == "raise":
+            offset, error = value
+            entry = _finish_return(out, root, error.exc, ctx, raises=True)
+            if isinstance(entry, CacheEntry):
+                return entry
+            break_at[offset] = error  # the exception cannot be rebuilt: break at the step
+            continue
         moved = None if ctx.fullgraph else _enclosing_generic_with(root)
         if moved is not None and moved[0] not in break_at:
             break_at[moved[0]] = moved[1]  # enter that manager in Python, then resume
@@ -137,6 +144,8 @@ def _run_root(root: RootFrame):
             root.step()
         except Return as r:
             return "return", r.value
+        except Raised as e:  # no handler of the trace caught it: it leaves the frame
+            return "raise", (ins.offset, e)
         except Unsupported as e:
             raise _Restart(ins.offset, e) from None
 
@@ -193,11 +202,17 @@ def _graph_lines(compiled, inputs: list[str]) -> list[str]:
     return [*reads, f"__k_out = __k_graph({', '.join(args)})"]
 
 
-def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEntry | SkipFrame:
+def _finish_return(
+    out: OutputGraph, root: RootFrame, value: Var, ctx, raises: bool = False
+) -> CacheEntry | SkipFrame:
+    """The frame returns ``value`` (or, with ``raises``, raises it: an exception made in
+    the trace that none of its handlers caught): the graph runs, the side effects are
+    applied, and the generated code returns the value (raises an equal exception, as
+    eager code would)."""
     cg = CodeGen(out)
-    cg.collect([ret, *out.side_effects.values()])
+    cg.collect([value, *out.side_effects.values()])
     try:
-        ret_expr = cg.rebuild(ret)
+        expr = cg.rebuild(value)
         compute, apply = out.side_effects.replay(cg)
     except Unsupported as e:
         return SkipFrame(f"{e.kind.id}: {e.detail}")
@@ -207,8 +222,8 @@ def _finish_return(out: OutputGraph, root: RootFrame, ret: Var, ctx) -> CacheEnt
     if compiled is None and out.grad_enabled != out.initial_grad:
         # no graph to carry it: the frame still leaves the grad mode it set
         body.append(f"torch._C._set_grad_enabled({out.grad_enabled})")
-    body += cg.preamble + [f"__k_ret = {ret_expr}"] + compute + apply
-    body.append("return __k_ret")
+    body += cg.preamble + [f"__k_ret = {expr}"] + compute + apply
+    body.append("raise __k_ret" if raises else "return __k_ret")
     return _entry(out, root, cg, compiled, gm, body, extra)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln_capture.breaks import BreakKind, GraphBreak
+from kiln_capture.breaks import EXCEPTION, BreakKind, GraphBreak
 
 
 class Unsupported(Exception):
@@ -14,6 +14,16 @@ class Unsupported(Exception):
         self.detail = detail
         self.where: tuple[str, int, str] | None = None  # innermost user source location
         self.chain: list[str] = []  # inlined frames, innermost first
+
+
+class Raised(Unsupported):
+    """An exception the captured code raises, its type and arguments known at trace time
+    (``exc``, an ExcVar; see variables/exceptions.py). The evaluator's frames hand it to
+    their handlers; anywhere else it is a graph break like any ``Unsupported``."""
+
+    def __init__(self, exc, detail: str) -> None:
+        super().__init__(EXCEPTION, detail)
+        self.exc = exc
 
 
 class GraphBreakError(RuntimeError):

@@ -10,6 +10,9 @@ END_FOR, LOAD_FAST_AND_CLEAR, CALL_INTRINSIC_1 and the method bit of LOAD_ATTR) 
 their own handler. Calls of user functions are inlined by running a child Frame over
 the callee's bytecode; values live on the stack as Vars (see variables/).
 
+Exceptions the captured code raises and handles run through the code's exception table
+as in CPython (see variables/exceptions.py, "exceptions as control flow").
+
 A step the evaluator cannot model raises Unsupported. The root frame turns it into a
 graph break at its own current instruction (see capture.py); the innermost source line
 is recorded for the report.
@@ -25,7 +28,8 @@ import sys
 import types
 
 from kiln_capture import breaks
-from kiln_capture.errors import Unsupported
+from kiln_capture.bytecode.rewrite import parse_exception_table
+from kiln_capture.errors import Raised, Unsupported
 from kiln_capture.output import OutputGraph
 from kiln_capture.sources import GlobalSource, ItemSource
 from kiln_capture.variables.base import NULL, CellVar, NullVar, Var
@@ -47,6 +51,14 @@ from kiln_capture.variables.containers import (
     TupleVar,
 )
 from kiln_capture.variables.contexts import ContextVar
+from kiln_capture.variables.exceptions import (
+    ExcVar,
+    as_exception,
+    attribute_error,
+    exception_matches,
+    raised,
+    stop_iteration_error,
+)
 from kiln_capture.variables.functions import NestedFunctionVar
 from kiln_capture.variables.generators import GeneratorVar, Yield
 from kiln_capture.variables.objects import SuperVar
@@ -123,6 +135,9 @@ class Frame:
         self.generic_withs: list[tuple[int, Var, type, tuple[str, int, str]]] = []
         self.current: dis.Instruction | None = None
         self.lineno = code.co_firstlineno
+        # the exception being handled (sys.exc_info()), shared by the trace's frames
+        self.exc_state: list[Var] = parent.exc_state if parent else [ConstVar(None)]
+        self._exc_table: list | None = None
 
     # -- running -------------------------------------------------------------------------
 
@@ -183,6 +198,13 @@ class Frame:
             if handler is None:
                 raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"bytecode {ins.opname}")
             handler(ins)
+        except Raised as e:
+            if self.unwind(ins.offset, e.exc):
+                return
+            if e.where is None:
+                e.where = self.location()
+            e.chain.append(f"{self.name} ({self.code.co_filename}:{self.lineno})")
+            raise
         except Unsupported as e:
             if e.where is None:
                 e.where = self.location()
@@ -192,6 +214,23 @@ class Frame:
             raise
         except RecursionError as e:
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "recursion too deep while capturing") from e
+
+    def unwind(self, offset: int, exc: Var) -> bool:
+        """Hand ``exc``, raised at ``offset``, to the handler covering it, as CPython
+        does: the stack cut to the handler's depth, the offset (where the handler re-raises
+        with it) and the exception pushed. False where no handler covers ``offset``."""
+        if self._exc_table is None:
+            self._exc_table = parse_exception_table(self.code)
+        for start, end, target, depth, lasti in self._exc_table:
+            if start <= offset < end:
+                del self.stack[depth:]
+                if lasti:
+                    self.push(ConstVar(offset))
+                self.push(exc)
+                self.ip = self.index_of[target]
+                self.kw_names = ()
+                return True
+        return False
 
     def stack_trace(self) -> str:
         """The user's call stack at this instruction, innermost last, in traceback form
@@ -364,9 +403,7 @@ class Frame:
         try:
             return obj.getattr(self, name)
         except AttributeError as e:
-            raise Unsupported(
-                breaks.EXCEPTION, f"AttributeError: {obj!r} has no attribute {name!r}"
-            ) from e
+            raise attribute_error(obj, name) from e
 
     def LOAD_SUPER_ATTR(self, ins):
         global_super, cls, obj = self.popn(3)
@@ -472,6 +509,8 @@ class Frame:
             self.UNARY_POSITIVE(ins)
         elif ins.arg == 6:  # INTRINSIC_LIST_TO_TUPLE
             self.push(TupleVar(self.pop().unpack(self)))
+        elif ins.arg == 3:  # INTRINSIC_STOPITERATION_ERROR: 3.12 generators' own handler
+            self.push(stop_iteration_error(self.pop()))
         else:
             raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"CALL_INTRINSIC_1 {ins.argrepr}")
 
@@ -610,13 +649,12 @@ class Frame:
     def MAKE_FUNCTION(self, ins):
         code = self.pop().as_const()
         closure = self.pop().unpack(self) if ins.arg & 0x08 else []
-        if ins.arg & 0x04:
-            self.pop()
+        annotations = self.pop() if ins.arg & 0x04 else None
         kwdefaults = self.pop().items if ins.arg & 0x02 else {}
         defaults = self.pop().unpack(self) if ins.arg & 0x01 else []
-        self.push(
-            NestedFunctionVar(code, self.globals, defaults, kwdefaults, closure, code.co_qualname)
-        )
+        fn = NestedFunctionVar(code, self.globals, defaults, kwdefaults, closure, code.co_qualname)
+        fn.annotations = annotations
+        self.push(fn)
 
     # -- control flow --------------------------------------------------------------------
 
@@ -701,11 +739,56 @@ class Frame:
         self.push(exit_fn)
         self.push(entered)
 
+    # -- exceptions (variables/exceptions.py) ---------------------------------------------
+
     def RAISE_VARARGS(self, ins):
-        raise Unsupported(breaks.EXCEPTION, "raise statement")
+        cause = self.pop() if ins.arg == 2 else None
+        if ins.arg == 0:  # a bare `raise`: the exception being handled
+            exc = self.exc_state[0]
+            if not isinstance(exc, ExcVar):
+                raise raised(RuntimeError, "No active exception to reraise")
+            raise Raised(exc, exc.message())
+        exc = as_exception(self, self.pop())
+        if cause is not None:
+            if not (cause.is_const() and cause.as_const() is None):
+                cause = as_exception(self, cause)
+            exc.attrs["__cause__"] = cause
+            exc.attrs["__suppress_context__"] = ConstVar(True)
+        self.raise_exc(exc)
+
+    def raise_exc(self, exc: ExcVar):
+        context = self.exc_state[0]
+        if isinstance(context, ExcVar) and context is not exc:
+            exc.attrs.setdefault("__context__", context)
+        raise Raised(exc, exc.message())
 
     def LOAD_ASSERTION_ERROR(self, ins):
-        raise Unsupported(breaks.EXCEPTION, "assertion failed")
+        self.push(self.out.wrap_value(AssertionError))
+
+    def PUSH_EXC_INFO(self, ins):
+        exc = self.pop()
+        self.push(self.exc_state[0])
+        self.exc_state[0] = exc
+        self.push(exc)
+
+    def POP_EXCEPT(self, ins):
+        self.exc_state[0] = self.pop()
+
+    def CHECK_EXC_MATCH(self, ins):
+        classes = self.pop()
+        self.push(ConstVar(exception_matches(self, self.stack[-1], classes)))
+
+    def RERAISE(self, ins):
+        exc = self.pop()
+        if not isinstance(exc, ExcVar):
+            raise Unsupported(breaks.EXCEPTION, f"re-raising {exc!r}")
+        raise Raised(exc, exc.message())
+
+    def WITH_EXCEPT_START(self, ins):
+        # (exit, lasti, previous exception, exception): exit(type, exception, traceback)
+        exit_fn, exc = self.stack[-4], self.stack[-1]
+        kind = self.out.wrap_value(exc.python_type())
+        self.push(self.call(exit_fn, [kind, exc, ConstVar(None)], {}))
 
 
 class RootFrame(Frame):

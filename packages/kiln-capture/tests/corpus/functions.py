@@ -668,8 +668,6 @@ def global_module_attribute(x):
 
 # programs above that kiln does not capture whole yet, each with the reason
 EXPECTED_FAILURES = {
-    "functions.functools_wraps_decorator": "functools.update_wrapper reads optional "
-    "attributes inside try/except AttributeError; kiln does not evaluate exception handlers",
     "functions.counter_use": "collections.Counter is not modeled (its construction breaks)",
     "functions.deque_use": "collections.deque (a C type) is not modeled",
     "functions.dataclass_frozen_replace": "== between dataclass instances made in the trace "

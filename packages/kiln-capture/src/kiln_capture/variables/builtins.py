@@ -10,7 +10,7 @@ import operator
 import sys
 
 from kiln_capture import breaks
-from kiln_capture.errors import Unsupported
+from kiln_capture.errors import Raised, Unsupported
 from kiln_capture.variables import sizes
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar, fold
@@ -23,6 +23,7 @@ from kiln_capture.variables.containers import (
     TupleVar,
     sort_items,
 )
+from kiln_capture.variables.exceptions import ExcVar, attribute_error, raised
 from kiln_capture.variables.generators import LazyIteratorVar, PullIteratorVar
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import SizeVar, TensorVar
@@ -228,6 +229,8 @@ class BuiltinVar(Var):
             and len(args) == 1
         ):
             return unary(tx, fn, args[0])
+        if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExcVar):
+            return args[0].call_method(tx, f"__{fn.__name__}__", [], {})
         if fn is operator.getitem:
             return args[0].getitem(tx, args[1])
         if fn is operator.setitem:
@@ -303,7 +306,11 @@ def _getattr(tx, obj, name, *default) -> Var:
     except AttributeError:
         if default:
             return default[0]
-        raise Unsupported(breaks.EXCEPTION, f"AttributeError: {name.as_const()}") from None
+        raise attribute_error(obj, name.as_const()) from None
+    except Raised as e:  # a property or __getattr__ of the trace raised it
+        if default and issubclass(e.exc.python_type(), AttributeError):
+            return default[0]
+        raise
 
 
 def _hasattr(tx, obj, name) -> Var:
@@ -312,6 +319,10 @@ def _hasattr(tx, obj, name) -> Var:
         return ConstVar(True)
     except AttributeError:
         return ConstVar(False)
+    except Raised as e:
+        if issubclass(e.exc.python_type(), AttributeError):
+            return ConstVar(False)
+        raise
 
 
 def _setattr(tx, obj, name, value) -> Var:
@@ -518,7 +529,7 @@ def _next(tx, it, *default) -> Var:
     if v is None:
         if default:
             return default[0]
-        raise Unsupported(breaks.EXCEPTION, "StopIteration")
+        raise raised(StopIteration)
     return v
 
 

@@ -122,6 +122,11 @@ def fold(fn, *values: object) -> object:
     try:
         return fn(*values)
     except Exception as e:  # the eager run raises it again, at the same place
+        from kiln_capture.variables.exceptions import raised_real  # it imports this module
+
+        err = raised_real(e)  # a plain builtin exception: the trace's handlers may catch it
+        if err is not None:
+            raise err from e
         raise Unsupported(
             breaks.EXCEPTION, f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}"
         ) from e

@@ -15,6 +15,12 @@ from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar
 
 
+def _raised(cls: type, *args: object) -> Unsupported:
+    from kiln_capture.variables.exceptions import raised  # it imports this module
+
+    return raised(cls, *args)
+
+
 def consts_of(items: list[Var]) -> list[object]:
     return [i.as_const() for i in items]
 
@@ -48,7 +54,7 @@ class SequenceVar(Var):
         try:
             return self.items[k]
         except (IndexError, TypeError) as e:
-            raise Unsupported(breaks.EXCEPTION, f"index {k!r}: {e}") from e
+            raise _raised(type(e), str(e)) from e
 
     def new(self, items: list[Var]) -> SequenceVar:
         return type(self)(items)
@@ -58,7 +64,7 @@ class SequenceVar(Var):
             for i, item in enumerate(self.items):
                 if same_item(tx, args[0], item):
                     return ConstVar(i)
-            raise Unsupported(breaks.EXCEPTION, "ValueError: item not in sequence")
+            raise _raised(ValueError, "item not in sequence")
         if name == "count" and len(args) == 1:
             return ConstVar(sum(same_item(tx, args[0], item) for item in self.items))
         if name == "__getitem__":
@@ -243,7 +249,7 @@ class DictVar(Var):
     def getitem(self, tx, key: Var) -> Var:
         k = key.as_const()
         if k not in self.items:
-            raise Unsupported(breaks.EXCEPTION, f"KeyError {k!r}")
+            raise _raised(KeyError, k)
         return self.items[k]
 
     def setitem(self, tx, key: Var, value: Var) -> None:
@@ -273,6 +279,8 @@ class DictVar(Var):
             elif name == "setdefault":
                 return self.items.setdefault(c[0], args[1] if len(args) > 1 else ConstVar(None))
             elif name == "pop":
+                if c[0] not in self.items and len(args) < 2:
+                    raise _raised(KeyError, c[0])
                 if c[0] in self.items or len(args) < 2:
                     return self.items.pop(c[0])
                 return args[1]
@@ -285,7 +293,7 @@ class DictVar(Var):
             elif name == "clear":
                 self.items.clear()
             elif not self.items:
-                raise Unsupported(breaks.EXCEPTION, "KeyError: popitem(): dictionary is empty")
+                raise _raised(KeyError, "popitem(): dictionary is empty")
             else:
                 key, value = self.items.popitem()
                 return TupleVar([ConstVar(key), value])
@@ -403,7 +411,7 @@ class SetVar(Var):
             try:
                 getattr(self.values, name)(*consts)
             except KeyError as e:
-                raise Unsupported(breaks.EXCEPTION, f"KeyError {e}") from e
+                raise _raised(KeyError, *e.args) from e
             return ConstVar(None)
         if name in ("union", "intersection", "difference", "symmetric_difference", "copy"):
             return SetVar(getattr(self.values, name)(*consts))
@@ -450,7 +458,7 @@ class DefaultDictVar(DictVar):
         k = key.as_const()
         if k not in self.items:
             if self.factory.is_const() and self.factory.as_const() is None:
-                raise Unsupported(breaks.EXCEPTION, f"KeyError {k!r}")
+                raise _raised(KeyError, k)
             self.items[k] = self.factory.call(tx, [], {})
             tx.out.side_effects.mutated(self)
         return self.items[k]

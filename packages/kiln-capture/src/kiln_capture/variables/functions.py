@@ -223,12 +223,60 @@ class NestedFunctionVar(Var):
         self.kwdefaults = kwdefaults
         self.closure = closure
         self.qualname = qualname
+        self.annotations: Var | None = None  # what MAKE_FUNCTION was given, if anything
+        # attributes written in the trace (functools.update_wrapper): the special ones and
+        # the function's __dict__
+        self.special: dict[str, Var] = {}
+        self.dict = DictVar({})
 
     def __repr__(self) -> str:
         return f"NestedFunction({self.qualname})"
 
     def python_type(self) -> type:
         return types.FunctionType
+
+    def getattr(self, tx, name):
+        if name in self.special:
+            return self.special[name]
+        if name == "__dict__":
+            return self.dict
+        if name in _NESTED_ATTRS:
+            value = self._default_attr(tx, name)
+            if isinstance(value, DictVar):  # mutable: the same dict on every read
+                self.special[name] = value
+            return value
+        if name in self.dict.items:
+            return self.dict.items[name]
+        if name in ("__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__"):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self!r}.{name}")
+        return super().getattr(tx, name)
+
+    def _default_attr(self, tx, name: str) -> Var:
+        code = self.code
+        if name == "__name__":
+            return ConstVar(code.co_name)
+        if name == "__qualname__":
+            return ConstVar(self.qualname)
+        if name == "__module__":
+            return ConstVar(self.globals.get("__name__"))
+        if name == "__doc__":
+            doc = code.co_consts[0] if code.co_consts and code.co_name != "<lambda>" else None
+            return ConstVar(doc if isinstance(doc, str) else None)
+        if name == "__type_params__":
+            return ConstVar(())
+        # __annotations__: 3.11/3.12 hand MAKE_FUNCTION a flat tuple (name, value, ...)
+        if self.annotations is None:
+            return DictVar({})
+        flat = self.annotations.unpack(tx)
+        return DictVar({flat[i].as_const(): flat[i + 1] for i in range(0, len(flat), 2)})
+
+    def setattr(self, tx, name: str, value: Var) -> None:
+        if name in _NESTED_ATTRS:
+            self.special[name] = value
+        elif name == "__dict__" or name.startswith("__") and name not in ("__wrapped__",):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"setting {name} of {self!r}")
+        else:
+            self.dict.items[name] = value
 
     def call(self, tx, args, kwargs) -> Var:
         bound = bind_args(self.code, self.qualname, args, kwargs, self.defaults, self.kwdefaults)
@@ -251,10 +299,35 @@ class NestedFunctionVar(Var):
             if self.closure
             else "None"
         )
-        return f"__k_FunctionType({cg.const(self.code)}, {cg.const(self.globals)}, {self.code.co_name!r}, {defaults}, {cells})"
+        made = f"__k_FunctionType({cg.const(self.code)}, {cg.const(self.globals)}, {self.code.co_name!r}, {defaults}, {cells})"
+        if not self.special and not self.dict.items:
+            return made
+        attrs = {**self.special, **self.dict.items}
+        if "__annotations__" in attrs or "__type_params__" in attrs:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self!r} with annotations escaping")
+        items = ", ".join(f"{k!r}: {cg.rebuild(v)}" for k, v in attrs.items())
+        return f"{cg.const(with_attributes)}({made}, {{{items}}})"
 
     def children(self) -> list[Var]:
-        return list(self.defaults) + [c.contents for c in self.closure if c.contents is not None]
+        return (
+            list(self.defaults)
+            + [c.contents for c in self.closure if c.contents is not None]
+            + list(self.special.values())
+            + list(self.dict.items.values())
+        )
+
+
+# a function's attributes update_wrapper copies or any code may read
+_NESTED_ATTRS = frozenset(
+    {"__name__", "__qualname__", "__module__", "__doc__", "__annotations__", "__type_params__"}
+)
+
+
+def with_attributes(fn: types.FunctionType, attrs: dict) -> types.FunctionType:
+    """A function rebuilt by generated code, with the attributes the trace gave it."""
+    for k, v in attrs.items():
+        setattr(fn, k, v)
+    return fn
 
 
 class BoundMethodVar(Var):

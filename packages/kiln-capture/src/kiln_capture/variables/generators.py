@@ -33,10 +33,11 @@ import types
 
 from kiln_capture import breaks
 from kiln_capture.bytecode.rewrite import parse_exception_table
-from kiln_capture.errors import Unsupported
+from kiln_capture.errors import Raised, Unsupported
 from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import IteratorVar
+from kiln_capture.variables.exceptions import ExcVar, raised, stop_iteration_error
 
 # the code of every function @contextlib.contextmanager returns
 CONTEXTMANAGER_HELPER = contextlib.contextmanager(lambda: iter(())).__code__
@@ -161,10 +162,28 @@ class GeneratorVar(LazyIteratorVar):
             self.started = True
         else:
             f.push(value)
+        return self._resume()
+
+    def throw(self, exc: ExcVar) -> Var | None:
+        """``gen.throw(exc)``: raised at the ``yield`` the generator is suspended at, where
+        its own handlers see it; the next yielded value, or None when it returns."""
+        if self.running:
+            raise Unsupported(breaks.EXCEPTION, "ValueError: generator already executing")
+        if self.drained:
+            raise Unsupported(breaks.EXCEPTION, "throw() into a generator drained at a break")
+        f = self.frame
+        if self.done or not self.started or not f.unwind(f.instructions[f.ip - 1].offset, exc):
+            self.done = True
+            raise Raised(exc, exc.message())
+        return self._resume()
+
+    def _resume(self) -> Var | None:
+        f = self.frame
         out = f.out
         caller = out.frame
         if caller is not None and caller is not f:
             f.parent = caller  # stack traces and break locations read the current caller
+            f.exc_state = caller.exc_state
         self.running = True
         try:
             while True:
@@ -175,6 +194,10 @@ class GeneratorVar(LazyIteratorVar):
             self.done = True
             self.result = r.value
             return None
+        except Raised as e:  # it leaves the generator, which is finished (PEP 479 on 3.11)
+            self.done = True
+            e.exc = stop_iteration_error(e.exc)
+            raise
         finally:
             self.running = False
             out.frame = caller
@@ -183,31 +206,49 @@ class GeneratorVar(LazyIteratorVar):
         if name == "__next__" and not args:
             v = self.next()
             if v is None:
-                raise Unsupported(breaks.EXCEPTION, "StopIteration")
+                raise raised(StopIteration, *self._stop_args())
             return v
         if name == "__iter__" and not args:
             return self
         if name == "send" and len(args) == 1:
             v = self.send(args[0])
             if v is None:
-                raise Unsupported(breaks.EXCEPTION, "StopIteration")
+                raise raised(StopIteration, *self._stop_args())
+            return v
+        if name == "throw" and len(args) == 1:
+            from kiln_capture.variables.exceptions import as_exception
+
+            v = self.throw(as_exception(tx, args[0]))
+            if v is None:
+                raise raised(StopIteration, *self._stop_args())
             return v
         if name == "close" and not args:
             self.close()
             return ConstVar(None)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"generator.{name}")
 
+    def _stop_args(self) -> list[Var]:
+        """StopIteration's arguments once it returned: its return value, if not None."""
+        r = self.result
+        return [] if r.is_const() and r.as_const() is None else [r]
+
     def close(self) -> None:
-        """``close()`` throws GeneratorExit at the current ``yield``: modeled where no
-        handler of the generator's code covers it (nothing of the body runs)."""
+        """``close()`` throws GeneratorExit at the current ``yield``: its handlers and
+        ``finally`` blocks run; yielding again is a RuntimeError."""
         if self.done or not self.started or self.drained:
             self.done = True
             return
-        if _handled_at(self.frame.code, self.frame.instructions[self.frame.ip - 1].offset):
-            raise Unsupported(
-                breaks.EXCEPTION, "close() of a generator suspended in a try or with block"
-            )
-        self.done = True
+        if not _handled_at(self.frame.code, self.frame.instructions[self.frame.ip - 1].offset):
+            self.done = True  # nothing of the body runs
+            return
+        try:
+            value = self.throw(ExcVar(GeneratorExit, []))
+        except Raised as e:
+            if issubclass(e.exc.python_type(), GeneratorExit | StopIteration):
+                return
+            raise
+        if value is not None:
+            raise raised(RuntimeError, "generator ignored GeneratorExit")
 
 
 def drain_generators(roots: list[Var]) -> None:
@@ -291,13 +332,30 @@ class GeneratorCMVar(Var):
         if name == "__exit__":
             typ = args[0] if args else ConstVar(None)
             if not (typ.is_const() and typ.as_const() is None):
-                raise Unsupported(
-                    breaks.EXCEPTION, "an exception thrown into a generator context manager"
-                )
+                return self._exit_with(args[1])
             if self.gen.next() is not None:
-                raise Unsupported(breaks.EXCEPTION, "RuntimeError: generator didn't stop")
+                raise raised(RuntimeError, "generator didn't stop")
             return ConstVar(False)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self!r}.{name}")
+
+    def _exit_with(self, exc: Var) -> Var:
+        """``__exit__`` for a block left by ``exc``: thrown into the generator at its
+        ``yield`` (contextlib's rules: suppressed when the generator returns; the same
+        exception coming back out, or a StopIteration turned RuntimeError, is not
+        suppressed; another exception replaces it)."""
+        if not isinstance(exc, ExcVar):
+            raise Unsupported(breaks.EXCEPTION, f"{exc!r} thrown into a generator context manager")
+        try:
+            value = self.gen.throw(exc)
+        except Raised as e:
+            if e.exc is exc or (
+                issubclass(exc.cls, StopIteration) and e.exc.attrs.get("__cause__") is exc
+            ):
+                return ConstVar(False)
+            raise
+        if value is None:  # it returned: StopIteration, the exception is suppressed
+            return ConstVar(True)
+        raise raised(RuntimeError, "generator didn't stop after throw()")
 
     def children(self) -> list[Var]:
         return [*self.args, *self.kwargs.values()]

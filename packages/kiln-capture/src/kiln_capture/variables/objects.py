@@ -508,7 +508,9 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
             breaks.UNKNOWN_CALLABLE, f"creating a module ({cls.__qualname__}) inside captured code"
         )
     if issubclass(cls, BaseException):
-        raise Unsupported(breaks.EXCEPTION, f"{cls.__name__} raised in captured code")
+        from kiln_capture.variables.exceptions import make_exception
+
+        return make_exception(tx, cls, args, kwargs)
     if (
         cls.__new__ is object.__new__
         and inspect.isfunction(getattr(cls, "__init__", None))
@@ -583,6 +585,9 @@ class NewObjectVar(Var):
         found = lookup_class_attr(tx, self, self.cls, name, None)
         if found is not None:
             return found
+        ga = inspect.getattr_static(self.cls, "__getattr__", None)
+        if inspect.isfunction(ga):
+            return tx.out.wrap_value(ga).call(tx, [self, ConstVar(name)], {})
         raise AttributeError(name)
 
     def setattr(self, tx, name, value) -> None:
@@ -743,6 +748,15 @@ class SuperVar(Var):
                     return BoundMethodVar(tx.out.wrap_value(object.__setattr__), self.obj)
                 if klass is object and name == "__init__":
                     return _NoopVar()
+                if (
+                    issubclass(klass, BaseException)
+                    and klass.__module__ == "builtins"
+                    and name == "__init__"
+                ):
+                    from kiln_capture.variables.exceptions import ExcVar, InitExceptionVar
+
+                    if isinstance(self.obj, ExcVar):  # super().__init__(msg) of a user exception
+                        return InitExceptionVar(self.obj)
                 if (
                     klass is object
                     and name == "__getattribute__"

@@ -1,0 +1,302 @@
+"""Exceptions raised and caught inside captured code.
+
+Design note: "exceptions as control flow"
+------------------------------------------
+An exception the captured code raises (``raise``, a missing dict key, a missing
+attribute, ``next()`` of an exhausted iterator, a failed argument binding, a constant
+computation that fails) whose type and arguments are known at trace time is an ExcVar,
+carried out of the step that raised it by a ``Raised`` (errors.py). Each Frame of the
+evaluator looks the raising instruction up in its code's exception table (3.11 and 3.12
+share the format): a covering handler gets the stack cut to its depth, the exception
+pushed and control, exactly as CPython unwinds, so ``try``/``except``/``finally``,
+``with`` blocks (``__exit__`` gets the exception) and generators (``throw``) run their
+handlers in the trace. An exception no frame of the trace handles leaves the root frame
+as a graph break at the root's instruction (that step then runs eagerly and raises
+eager's exception), or, where the root itself raises it, in generated code after the
+graph (capture.py). ``Raised`` is an ``Unsupported``: code that is not the evaluator
+treats it as a graph break, as before.
+
+Exceptions of tensor operations (shape errors found on the meta device) are never
+ExcVars: the meta kernels need not fail the way eager kernels do, so such a step is a
+graph break and runs eagerly, raising eager's exception.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from kiln_capture import breaks
+from kiln_capture.errors import Raised, Unsupported
+from kiln_capture.variables.base import Var
+from kiln_capture.variables.constants import ConstVar
+from kiln_capture.variables.containers import TupleVar
+
+# attributes every exception has, with their values on a fresh one
+_DEFAULTS = {"__cause__": None, "__context__": None, "__traceback__": None}
+
+
+class ExcVar(Var):
+    """An exception instance made in the trace: its class, ``args`` and attributes."""
+
+    def __init__(self, cls: type, args: list[Var]) -> None:
+        self.cls = cls
+        self.args = list(args)
+        self.attrs: dict[str, Var] = {}
+
+    def __repr__(self) -> str:
+        return f"Exception({self.cls.__name__})"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def truth(self, tx) -> bool:
+        return True
+
+    def children(self) -> list[Var]:
+        return [*self.args, *self.attrs.values()]
+
+    def const_args(self) -> tuple | None:
+        if all(a.is_const() for a in self.args):
+            return tuple(a.as_const() for a in self.args)
+        return None
+
+    def real(self) -> BaseException | None:
+        """An equal real exception (for its message), where its arguments are constants
+        and its class is a builtin one or keeps the builtin ``__init__``/``__str__``."""
+        args = self.const_args()
+        if args is None:
+            return None
+        try:
+            e = BaseException.__new__(self.cls, *args)
+            e.args = args
+        except Exception:
+            return None
+        return e
+
+    def message(self) -> str:
+        e = self.real()
+        if e is not None and not _python_defined(self.cls, "__str__"):
+            try:
+                return f"{self.cls.__name__}: {e}"
+            except Exception:
+                pass
+        return self.cls.__name__
+
+    def getattr(self, tx, name: str) -> Var:
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "args":
+            return TupleVar(list(self.args))
+        if name in _DEFAULTS:
+            return ConstVar(_DEFAULTS[name])
+        if name == "__suppress_context__":
+            return ConstVar(False)
+        if name == "__class__":
+            return tx.out.wrap_value(self.cls)
+        if name == "with_traceback":
+            return _WithTraceback(self)
+        if name == "value" and issubclass(self.cls, StopIteration | StopAsyncIteration):
+            return self.args[0] if self.args else ConstVar(None)
+        static = inspect.getattr_static(self.cls, name, None)
+        if static is not None and _python_defined(self.cls, name):
+            from kiln_capture.variables.modules import lookup_class_attr
+
+            found = lookup_class_attr(tx, self, self.cls, name, None)
+            if found is not None:
+                return found
+        if static is None and name not in dir(BaseException):
+            if inspect.getattr_static(self.cls, "__getattr__", None) is None:
+                raise AttributeError(name)
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}.{name}")
+
+    def setattr(self, tx, name: str, value: Var) -> None:
+        if name == "args":
+            self.args = value.unpack(tx)
+            return
+        self.attrs[name] = value
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        if name in ("__str__", "__repr__") and not args and not _python_defined(self.cls, name):
+            e = self.real()
+            if e is not None:
+                return ConstVar(str(e) if name == "__str__" else repr(e))
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def reconstruct(self, cg) -> str:
+        """An equal exception made by ``build_exception``: its state is its ``args`` and
+        attributes (a Python ``__init__`` already ran in the trace)."""
+        if _python_defined(self.cls, "__new__"):
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"rebuilding a {self.cls.__name__} outside the trace"
+            )
+        args = ", ".join(cg.rebuild(a) for a in self.args)
+        attrs = ", ".join(f"{k!r}: {cg.rebuild(v)}" for k, v in self.attrs.items())
+        return (
+            f"{cg.const(build_exception)}({cg.const(self.cls)}, ({args}{',' if args else ''}), "
+            f"{{{attrs}}})"
+        )
+
+
+def build_exception(cls: type, args: tuple, attrs: dict) -> BaseException:
+    """What generated code calls to make an exception the trace made: the nearest builtin
+    class's ``__init__`` sets its C fields (StopIteration.value, OSError.errno...)."""
+    base = next(k for k in cls.__mro__ if k.__module__ == "builtins")
+    e = BaseException.__new__(cls, *args)
+    base.__init__(e, *args)
+    e.args = args
+    for k, v in attrs.items():
+        setattr(e, k, v)
+    return e
+
+
+class _WithTraceback(Var):
+    def __init__(self, exc: ExcVar) -> None:
+        self.exc = exc
+
+    def call(self, tx, args, kwargs) -> Var:
+        return self.exc  # traceback objects are not modeled: the trace has none
+
+
+class InitExceptionVar(Var):
+    """``BaseException.__init__`` bound to an exception made in the trace (a user
+    exception's ``super().__init__(...)``): sets its ``args``."""
+
+    def __init__(self, exc: ExcVar) -> None:
+        self.exc = exc
+
+    def call(self, tx, args, kwargs) -> Var:
+        if kwargs:
+            raise raised(TypeError, f"{self.exc.cls.__name__}() takes no keyword arguments")
+        self.exc.args = list(args)
+        return ConstVar(None)
+
+
+def _python_defined(cls: type, name: str) -> bool:
+    """Whether a class of ``cls``'s MRO below the builtin exceptions defines ``name``."""
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins":
+            return False
+        if name in klass.__dict__:
+            return True
+    return False
+
+
+def make_exception(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> ExcVar:
+    """``cls(*args, **kwargs)`` for an exception class: builtin classes take their
+    arguments as ``args``; a user class's Python ``__init__`` is inlined."""
+    if _python_defined(cls, "__new__"):
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{cls.__qualname__}.__new__ in captured code")
+    exc = ExcVar(cls, args)
+    if _python_defined(cls, "__init__"):
+        init = inspect.getattr_static(cls, "__init__")
+        if not inspect.isfunction(init):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{cls.__qualname__}.__init__")
+        result = tx.out.wrap_value(init).call(tx, [exc, *args], kwargs)
+        if not (result.is_const() and result.as_const() is None):
+            raise raised(TypeError, "__init__() should return None")
+    elif kwargs:
+        raise raised(TypeError, f"{cls.__name__}() takes no keyword arguments")
+    return exc
+
+
+def raised(cls: type, *args: object) -> Raised:
+    """A ``Raised`` for ``cls(*args)`` (constant arguments), to ``raise`` from a step."""
+    exc = ExcVar(cls, [a if isinstance(a, Var) else ConstVar(a) for a in args])
+    return Raised(exc, exc.message())
+
+
+def raised_real(e: BaseException) -> Raised | None:
+    """A ``Raised`` for a real exception a constant computation raised, when its type
+    and arguments are plain (else None: the step is a graph break as before)."""
+    cls = type(e)
+    if cls.__module__ != "builtins" or not isinstance(e, Exception):
+        return None
+    from kiln_capture.variables.constants import is_constant_value
+
+    if not all(is_constant_value(a) for a in e.args):
+        return None
+    return raised(cls, *e.args)
+
+
+def attribute_error(obj: Var, name: str) -> Unsupported:
+    """What a failed ``obj.name`` raises: a catchable AttributeError where the value's
+    class has no such attribute either (else a graph break: kiln's model of the value
+    lacks it, the real value may well have it)."""
+    try:
+        cls = obj.python_type()
+    except Unsupported:
+        cls = None
+    if (
+        cls is None
+        or (
+            type(obj).__name__ != "ObjectVar"
+            and any(_python_defined(cls, n) for n in ("__getattr__", "__getattribute__"))
+        )
+        or (
+            not isinstance(obj, ExcVar)
+            and type(obj).__name__ not in _FULLY_MODELED
+            and any(name in k.__dict__ for k in cls.__mro__)
+        )
+    ):
+        return Unsupported(breaks.EXCEPTION, f"AttributeError: {obj!r} has no attribute {name!r}")
+    what = (
+        f"type object '{obj.as_const().__name__}'"
+        if obj.is_const() and isinstance(obj.as_const(), type)
+        else f"'{cls.__name__}' object"
+    )
+    return raised(AttributeError, f"{what} has no attribute '{name}'")
+
+
+# Vars whose attributes are all known to the trace (instances made in it, records)
+_FULLY_MODELED = frozenset(
+    {"NewObjectVar", "RecordVar", "ObjectVar", "ModuleVar", "TorchFnVar", "UserFunctionVar"}
+)
+
+
+def stop_iteration_error(exc: Var) -> Var:
+    """PEP 479: a StopIteration leaving a generator's body becomes a RuntimeError."""
+    if isinstance(exc, ExcVar) and issubclass(exc.cls, StopIteration):
+        err = ExcVar(RuntimeError, [ConstVar("generator raised StopIteration")])
+        err.attrs["__cause__"] = exc
+        err.attrs["__context__"] = exc
+        err.attrs["__suppress_context__"] = ConstVar(True)
+        return err
+    return exc
+
+
+def as_exception(tx, v: Var) -> ExcVar:
+    """What ``raise v`` raises: an instance, or an instance made by calling a class."""
+    if isinstance(v, ExcVar):
+        return v
+    if v.is_const():
+        cls = v.as_const()
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            made = v.call(tx, [], {})
+            if isinstance(made, ExcVar):
+                return made
+    raise raised(TypeError, "exceptions must derive from BaseException")
+
+
+def exception_matches(tx, exc: Var, classes: Var) -> bool:
+    """``except classes:`` for the exception being handled."""
+    want = classes.as_const()
+    items = want if isinstance(want, tuple) else (want,)
+    if not all(isinstance(c, type) and issubclass(c, BaseException) for c in items):
+        raise raised(
+            TypeError, "catching classes that do not inherit from BaseException is not allowed"
+        )
+    return issubclass(exc.python_type(), want)
+
+
+__all__ = [
+    "ExcVar",
+    "InitExceptionVar",
+    "as_exception",
+    "attribute_error",
+    "build_exception",
+    "exception_matches",
+    "make_exception",
+    "raised",
+    "raised_real",
+    "stop_iteration_error",
+]
