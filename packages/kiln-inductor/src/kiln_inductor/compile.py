@@ -277,7 +277,21 @@ def compile_fx(
     traces it.
 
     Plans compiled from a torch-level graph persist in the artifact cache
-    (runtime/artifacts.py; ``KILN_ARTIFACT_CACHE``) unless ``compile_graph`` is given."""
+    (runtime/artifacts.py; ``KILN_ARTIFACT_CACHE``) unless ``compile_graph`` is given.
+    A torch-level graph whose module calls repeat (transformer layers) compiles each
+    repeated block once (regions.py; ``KILN_REGIONAL_REUSE``)."""
+    if read_config().regional_reuse and isinstance(gm, torch.fx.GraphModule):
+        from .config import settings
+        from .regions import compile_regions
+
+        def compile_piece(piece: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+            with settings.scope(regional_reuse=False):
+                return compile_fx(piece, inputs, compile_graph=compile_graph)
+
+        if not is_aten_graph(gm):
+            stitched = compile_regions(gm, example_inputs, compile_piece)
+            if stitched is not None:
+                return stitched
     store = None
     if compile_graph is None:  # the graphs are kiln-inductor's: the artifact cache keeps them
         compile_graph = compile_aten_graph

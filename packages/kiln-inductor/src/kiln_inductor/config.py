@@ -46,6 +46,14 @@ class Config:
         "directory, so that another process running the same graph skips tracing, lowering "
         "and code generation (runtime/artifacts.py); 0: compile every graph afresh",
     )
+    regional_reuse: bool = setting(
+        "KILN_REGIONAL_REUSE",
+        True,
+        "compile each repeated block of a graph (transformer layers, ResNet blocks, "
+        "ModuleList loops: module calls that are the same computation over parameters of "
+        "the same shapes) once and call it for every instance (regions.py); 0: compile "
+        "each graph whole",
+    )
     log: str = setting(
         "KILN_LOG",
         "",

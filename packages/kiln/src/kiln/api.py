@@ -14,6 +14,7 @@ original.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections.abc import Callable
@@ -133,8 +134,11 @@ def disable(fn: F | None = None, recursive: bool = True) -> Any:
 
 def reset() -> None:
     """Forget every compiled frame and cache entry (``torch._dynamo.reset``)."""
+    from kiln_inductor.regions import STATS as regions
+
     kiln_capture.reset()
     backends.FALLBACKS[0] = 0
+    regions.reset()
     distributed.SPLITS.clear()
 
 
@@ -154,12 +158,49 @@ def stats() -> dict[str, int]:
     }
 
 
+@dataclasses.dataclass
+class ExplainOutput(kiln_capture.ExplainOutput):
+    """kiln_capture's explanation, plus the blocks kiln's compiler compiles once and
+    reuses (``reused_blocks``: one line per group of identical module calls, per graph)."""
+
+    reused_blocks: list[str] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.reused_blocks:
+            text += "\n--- reused blocks (compiled once) ---\n  " + "\n  ".join(self.reused_blocks)
+        return text
+
+
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Graphs, graph breaks (reason and source line), guards and recompiles of ``fn``.
+    """Graphs, graph breaks (reason and source line), guards and recompiles of ``fn``, and
+    the repeated blocks kiln compiles once (``reused_blocks``; off with
+    ``KILN_REGIONAL_REUSE=0``).
 
     ``kiln.explain(fn)(*args)`` as torch._dynamo.explain; ``kiln.explain(fn, *args)`` too.
     """
     explainer = kiln_capture.explain(fn)
+
+    def run(*a: Any, **k: Any) -> ExplainOutput:
+        out = explainer(*a, **k)
+        fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+        return ExplainOutput(**fields, reused_blocks=_reused_blocks(out.graphs))
+
     if args or kwargs:
-        return explainer(*args, **kwargs)
-    return explainer
+        return run(*args, **kwargs)
+    return run
+
+
+def _reused_blocks(graphs: list[torch.fx.GraphModule]) -> list[str]:
+    """What kiln-inductor's regional reuse would do with each graph (regions.py)."""
+    from kiln_inductor.config import read_config
+    from kiln_inductor.regions import plan_regions
+
+    if not read_config().regional_reuse:
+        return []
+    lines = []
+    for i, gm in enumerate(graphs):
+        plan = plan_regions(gm)
+        for group in plan.groups if plan is not None else ():
+            lines.append(f"graph {i}: {group.describe()}")
+    return lines

@@ -60,6 +60,15 @@ OPTIONS: dict[str, Option] = {
             False,
         ),
         Option(
+            "regional_reuse",
+            bool,
+            True,
+            "compile each repeated block (transformer layers, ResNet blocks, ModuleList "
+            "loops) once and reuse it for every instance (KILN_REGIONAL_REUSE); False "
+            "compiles each graph whole",
+            False,
+        ),
+        Option(
             "triton.cudagraphs",
             bool,
             False,

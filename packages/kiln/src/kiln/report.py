@@ -174,6 +174,7 @@ _BREAKDOWN = (
     ("C++ / Triton compiler", "build", ()),
     ("artifact cache load", "artifact-load", ()),
     ("artifact cache save", "artifact-save", ()),
+    ("regional reuse (find blocks, stitch)", "regions", ()),
 )
 
 
@@ -184,6 +185,15 @@ def stage_breakdown(timings: dict[str, float]) -> dict[str, float]:
         if total in timings:
             out[label] = max(0.0, timings[total] - sum(timings.get(i, 0.0) for i in inner))
     return out
+
+
+def regional_reuse_lines(report: Report) -> list[str]:
+    """The blocks kiln-inductor compiled once and reused (regions.py), one line each."""
+    lines = [r for section in report.records.values() for r in section]
+    marker = "regional reuse: "
+    blocks = [r[r.index(marker) + len(marker) :] for r in lines if marker in r]
+    blocks = [b for b in blocks if "compiled once" in b]
+    return blocks or ["none (off, or no graph had a repeated block)"]
 
 
 def artifact_cache_line(report: Report) -> str:
@@ -237,6 +247,10 @@ def render(report: Report) -> str:
             parts.append("<p class='muted'>none</p>")
     parts.append("<h2 id='timings'>Compile time by stage</h2>")
     parts.append(f"<p id='artifact-cache'>{esc(artifact_cache_line(report))}</p>")
+    reuse = "".join(f"<li>{esc(line)}</li>" for line in regional_reuse_lines(report))
+    parts.append(
+        f"<p>regional reuse (blocks compiled once):</p><ul id='regional-reuse'>{reuse}</ul>"
+    )
     stages = stage_breakdown(report.timings)
     if stages:
         top = max(stages.values()) or 1.0

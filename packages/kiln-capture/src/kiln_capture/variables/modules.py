@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 
 from torch import nn
 
@@ -52,6 +53,25 @@ def lookup_class_attr(tx, obj_var: Var, cls: type, name: str, src):
             else tx.out.wrap_value(value)
         )
     return tx.out.wrap(attr, AttrSource(src, name)) if src is not None else tx.out.wrap_value(attr)
+
+
+_call_ids = itertools.count()
+
+
+def _record_module_call(graph, last, module_var: ModuleVar) -> None:
+    """Mark the nodes one inlined ``forward`` added (those after ``last``) with the call,
+    in ``meta["nn_module_stack"]`` (torch's key and layout: call key -> (path, class),
+    outermost first; the key is unique per call). kiln-inductor's regional reuse reads it
+    to find repeated blocks (transformer layers) and compile each once."""
+    node = next(iter(graph.nodes), None) if last is None else last.next
+    if node is None or node.op == "root":  # the node list's sentinel: nothing was added
+        return
+    m = module_var.value
+    path = module_var.source.expr() if module_var.source is not None else type(m).__name__
+    entry = {f"{path}@{next(_call_ids)}": (path, type(m))}
+    while node.op != "root":  # inner calls recorded first: this one goes in front
+        node.meta["nn_module_stack"] = {**entry, **node.meta.get("nn_module_stack", {})}
+        node = node.next
 
 
 class ModuleVar(Var):
@@ -126,7 +146,10 @@ class ModuleVar(Var):
             result = hook.call(tx, [self, TupleVar(args)], {})
             if not (result.is_const() and result.as_const() is None):
                 args = result.unpack(tx) if isinstance(result, TupleVar) else [result]
+        graph = tx.out.graph
+        last = next(iter(reversed(graph.nodes)), None)
         out = self.getattr(tx, "forward").call(tx, args, kwargs)
+        _record_module_call(graph, last, self)
         for hook, with_kwargs in post:
             extra = [DictVar(dict(kwargs))] if with_kwargs else []
             result = hook.call(tx, [self, TupleVar(args), *extra, out], {})

@@ -1,0 +1,497 @@
+"""Regional reuse: the repeated blocks of a torch-level graph compiled once.
+
+# Regional reuse
+
+A transformer's layers, a ResNet stage's blocks, a ``ModuleList`` loop: the captured graph
+holds the same code once per instance, over each instance's own parameters. Compiled as
+one graph, every instance is traced, decomposed, lowered and scheduled again (the kernel
+cache only shares the C++/Triton build, identical layers giving identical kernel sources),
+so compile time grows with depth. ``plan_regions`` finds the instances that are the same
+computation, ``compile_regions`` compiles one of them and calls that compiled block for
+each instance, with the instance's own values as arguments.
+
+Finding them. Capture marks each node with the module calls it was made in
+(``meta["nn_module_stack"]``: call key -> (path, class), outermost first; kiln-capture
+and torch's own capture both write it). Each call's nodes are canonicalized: every node
+as (op, target, arguments, the metadata of its value: shape, stride, storage offset,
+dtype, device, requires_grad), with values made outside the call numbered in order of
+first use (the block's inputs) and values read after it (its outputs) listed. Two calls
+whose canonical forms are equal compute the same function of their inputs. Walking the
+call tree from the outside in, the first call whose form another call shares, with at
+least ``MIN_OPS`` operations, is a region; calls inside it are not looked at.
+
+Soundness. Equal forms mean equal graphs: any attribute, config value or shape that
+changed the code a layer ran changed its nodes, their constants or their metadata, and
+the layer is not shared. The guards of the captured graph are capture's, unchanged; a
+block's compiled plan is kiln-aot's, which still checks each call's arguments (an
+instance whose inputs differ in layout compiles a plan of its own, correctly). Regions
+are not used (the graph compiles whole) when the graph has symbolic sizes, sets global
+state (grad mode, autocast) inside itself, passes a value that is not a tensor between
+pieces, or writes in place to a tensor another piece made (its aliases across pieces
+would not see the write).
+
+Running them. The graph becomes pieces in program order: each region instance, and each
+run of nodes between regions. Every piece is compiled through ``compile_fx`` (kiln-aot:
+inference, or forward and backward when training; then kiln-inductor) with example
+inputs: the graph's own for its inputs, zero tensors of the recorded metadata for values
+another piece makes. A region's pieces share one compiled callable. A short generated
+function (``stitched``) calls the pieces in order; in training each piece is its own
+autograd node, so autograd composes the backward from each instance's saved values.
+Fusion across a region's boundary is given up (a residual add with the next layer's
+norm), and each piece call checks its arguments: a few microseconds per instance.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import log
+
+MIN_OPS = 5  # a block of fewer operations is not worth a boundary (fusion lost across it)
+STACK = "nn_module_stack"
+_GLOBAL_STATE = {
+    torch._C._set_grad_enabled,
+    getattr(torch.amp, "_enter_autocast", None),
+    getattr(torch.amp, "_exit_autocast", None),
+}
+_INPLACE_OPERATORS = {
+    operator.setitem,
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    operator.ifloordiv,
+    operator.imod,
+    operator.ipow,
+    operator.iand,
+    operator.ior,
+    operator.ixor,
+    operator.ilshift,
+    operator.irshift,
+    operator.imatmul,
+}
+
+
+@dataclass
+class Call:
+    """One module call of the graph: its nodes (contiguous in program order) and form."""
+
+    key: str
+    path: str
+    cls: type
+    parent: str | None
+    nodes: list[torch.fx.Node] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Piece:
+    """A contiguous run of the graph's nodes, compiled as one graph; ``group`` is the
+    region group it belongs to (None for the nodes between regions)."""
+
+    nodes: list[torch.fx.Node]
+    inputs: list[torch.fx.Node]
+    outputs: list[torch.fx.Node]
+    group: int | None = None
+    path: str = ""
+
+
+@dataclass
+class RegionGroup:
+    """Structurally equal module calls: one compiled block serves them all."""
+
+    cls: type
+    paths: list[str]
+    ops: int
+
+    @property
+    def name(self) -> str:
+        return self.cls.__name__
+
+    def describe(self) -> str:
+        shown = ", ".join(self.paths[:3]) + (", ..." if len(self.paths) > 3 else "")
+        return (
+            f"{self.name}: compiled once, reused for {len(self.paths)} instances "
+            f"({self.ops} ops each): {shown}"
+        )
+
+
+@dataclass
+class RegionPlan:
+    pieces: list[Piece]
+    groups: list[RegionGroup]
+
+
+@dataclass
+class ReuseStats:
+    """Since the last reset: region groups compiled, and instances that reused a block."""
+
+    blocks_compiled: int = 0
+    instances: int = 0
+    graphs_split: int = 0
+    blocks: list[str] = field(default_factory=list)  # RegionGroup.describe() of each
+
+    def reset(self) -> None:
+        self.blocks_compiled = self.instances = self.graphs_split = 0
+        self.blocks.clear()
+
+
+STATS = ReuseStats()
+
+
+# -- finding regions -------------------------------------------------------------------
+
+
+def plan_regions(gm: torch.fx.GraphModule) -> RegionPlan | None:
+    """The pieces of ``gm`` with its repeated blocks as regions, or None when no block
+    repeats or the graph must compile whole (module docstring, "Soundness")."""
+    shape_env = gm.meta.get("shape_env")
+    if shape_env is not None and getattr(shape_env, "symbols", None):
+        return None
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    if not nodes or any(n.target in _GLOBAL_STATE for n in nodes):
+        return None
+    if not any(n.meta.get(STACK) for n in nodes):
+        return None
+    calls, roots = _module_calls(nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    forms: dict[str, tuple] = {}
+    for key, call in calls.items():
+        first, last = position[call.nodes[0]], position[call.nodes[-1]]
+        if last - first + 1 == len(call.nodes) and len(call.nodes) >= MIN_OPS:
+            form = _form(call.nodes)
+            if form is not None:
+                forms[key] = (call.cls, form)
+    starts: dict[tuple, set[torch.fx.Node]] = {}
+    for key, form in forms.items():
+        starts.setdefault(form, set()).add(calls[key].nodes[0])
+    chosen: list[Call] = []
+
+    def visit(keys: list[str]) -> None:
+        for key in keys:
+            form = forms.get(key)
+            if form is not None and len(starts[form]) >= 2:
+                chosen.append(calls[key])
+            else:
+                visit(calls[key].children)
+
+    visit(roots)
+    by_form: dict[tuple, list[Call]] = {}
+    for call in chosen:
+        by_form.setdefault(forms[call.key], []).append(call)
+    regions = {f: cs for f, cs in by_form.items() if len(cs) >= 2}
+    if not regions:
+        return None
+    groups = [
+        RegionGroup(cs[0].cls, [c.path for c in cs], len(cs[0].nodes)) for cs in regions.values()
+    ]
+    group_of = {c.key: g for g, cs in enumerate(regions.values()) for c in cs}
+    pieces = _pieces(gm, nodes, [c for c in chosen if c.key in group_of], group_of)
+    if pieces is None:
+        return None
+    plan = RegionPlan(pieces, groups)
+    try:
+        _stitch_source(gm, plan)
+    except (KeyError, ValueError):  # an output the stitched function cannot return
+        return None
+    return plan
+
+
+def _module_calls(nodes: list[torch.fx.Node]) -> tuple[dict[str, Call], list[str]]:
+    calls: dict[str, Call] = {}
+    roots: list[str] = []
+    for n in nodes:
+        parent = None
+        for key, (path, cls) in n.meta.get(STACK, {}).items():
+            call = calls.get(key)
+            if call is None:
+                call = calls[key] = Call(
+                    key, str(path), cls if isinstance(cls, type) else object, parent
+                )
+                (calls[parent].children if parent is not None else roots).append(key)
+            call.nodes.append(n)
+            parent = key
+    return calls, roots
+
+
+def _form(nodes: list[torch.fx.Node]) -> tuple | None:
+    """The canonical form of a run of nodes (module docstring, "Finding them"), or None
+    when one of its values cannot be described."""
+    index = {n: i for i, n in enumerate(nodes)}
+    inputs: dict[torch.fx.Node, int] = {}
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            if a in index:
+                return ("n", index[a])
+            if a not in inputs:
+                inputs[a] = len(inputs)
+            return ("i", inputs[a])
+        if isinstance(a, tuple | list):
+            return (type(a).__name__, tuple(arg(x) for x in a))
+        if isinstance(a, dict):
+            return ("dict", tuple((k, arg(v)) for k, v in a.items()))
+        if isinstance(a, slice):
+            return ("slice", arg(a.start), arg(a.stop), arg(a.step))
+        if isinstance(a, float):
+            return ("float", repr(a))  # -0.0 and nan kept apart
+        if a is None or isinstance(a, bool | int | str | torch.dtype | torch.device):
+            return (type(a).__name__, a)
+        if isinstance(a, torch.layout | torch.memory_format) or a is Ellipsis:
+            return ("const", a)
+        return ("object", id(a))  # the same object in both calls, or not equal
+
+    try:
+        body = tuple((n.op, _target(n.target), arg(n.args), arg(n.kwargs), _meta(n)) for n in nodes)
+    except _Undescribed:
+        return None
+    outputs = tuple(i for i, n in enumerate(nodes) if any(u not in index for u in n.users))
+    try:
+        ins = tuple(_meta(a) for a in inputs)
+    except _Undescribed:
+        return None
+    return (body, ins, outputs)
+
+
+class _Undescribed(Exception):
+    pass
+
+
+def _target(t: Any) -> Any:
+    try:
+        hash(t)
+        return t
+    except TypeError:
+        return ("object", id(t))
+
+
+def _meta(n: torch.fx.Node) -> tuple:
+    if n.op == "get_attr":
+        return ("get_attr", n.target)  # the same attribute, or not equal
+    val = n.meta.get("val")
+    device = n.meta.get("device")
+    return (_value_meta(val), str(device) if device is not None else None)
+
+
+def _value_meta(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return (
+            tuple(val.shape),
+            tuple(val.stride()),
+            val.storage_offset(),
+            val.dtype,
+            val.requires_grad,
+        )
+    if isinstance(val, tuple | list):
+        return tuple(_value_meta(v) for v in val)
+    if val is None or isinstance(val, bool | int | str):
+        return (type(val).__name__, val)
+    if isinstance(val, float):
+        return ("float", repr(val) if not math.isnan(val) else "nan")
+    raise _Undescribed
+
+
+# -- pieces ----------------------------------------------------------------------------
+
+
+def _pieces(
+    gm: torch.fx.GraphModule,
+    nodes: list[torch.fx.Node],
+    regions: list[Call],
+    group_of: dict[str, int],
+) -> list[Piece] | None:
+    """``gm``'s compute nodes cut into region instances and the runs between them."""
+    region_at = {c.nodes[0]: c for c in regions}
+    runs: list[tuple[list[torch.fx.Node], Call | None]] = []
+    i = 0
+    while i < len(nodes):
+        call = region_at.get(nodes[i])
+        if call is not None:
+            runs.append((call.nodes, call))
+            i += len(call.nodes)
+            continue
+        if not runs or runs[-1][1] is not None:
+            runs.append(([], None))
+        runs[-1][0].append(nodes[i])
+        i += 1
+    pieces = []
+    for run, call in runs:
+        piece = _piece(run)
+        if piece is None:
+            return None
+        if call is not None:
+            piece.group, piece.path = group_of[call.key], call.path
+        pieces.append(piece)
+    return pieces
+
+
+def _piece(run: list[torch.fx.Node]) -> Piece | None:
+    members = set(run)
+    inputs: dict[torch.fx.Node, None] = {}
+    for n in run:
+        for a in n.all_input_nodes:
+            if a not in members:
+                inputs.setdefault(a, None)
+    outputs = [n for n in run if any(u not in members for u in n.users)]
+    for v in [*inputs, *outputs]:
+        if v.op not in ("placeholder", "get_attr") and not isinstance(
+            v.meta.get("val"), torch.Tensor
+        ):
+            return None  # a size or another non-tensor value between pieces
+    for n in run:
+        written = _written(n)
+        if written is not None and written in inputs and written.op != "placeholder":
+            return None  # its aliases in other pieces would miss the write
+    return Piece(run, list(inputs), outputs)
+
+
+def _written(n: torch.fx.Node) -> torch.fx.Node | None:
+    """The input an in-place node writes (its first argument, or ``out=``), if any."""
+    out = n.kwargs.get("out")
+    if isinstance(out, torch.fx.Node):
+        return out
+    first = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+    if n.op == "call_method":
+        name = str(n.target)
+        return first if name.endswith("_") and not name.startswith("__") else None
+    if n.target in _INPLACE_OPERATORS or n.kwargs.get("inplace") is True:
+        return first
+    schema = getattr(n.target, "_schema", None)
+    if schema is not None and getattr(schema, "is_mutable", False):
+        return first
+    name = getattr(n.target, "__name__", "")
+    return first if name.endswith("_") and not name.startswith("__") else None
+
+
+# -- compiling and running -------------------------------------------------------------
+
+
+def compile_regions(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    compile_piece: Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]],
+) -> Callable[..., Any] | None:
+    """``gm`` compiled piece by piece, each region group's block once (module docstring);
+    None when ``plan_regions`` finds no region."""
+    start = time.perf_counter()
+    plan = plan_regions(gm)
+    if plan is None:
+        return None
+    examples = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for ph, value in zip(placeholders, example_inputs):
+        examples[ph] = value
+    blocks: dict[int, Callable[..., Any]] = {}
+    compiled: list[Callable[..., Any]] = []
+    planned = time.perf_counter()
+    for k, piece in enumerate(plan.pieces):
+        if piece.group is not None and piece.group in blocks:
+            compiled.append(blocks[piece.group])
+            STATS.instances += 1
+            continue
+        sub = _piece_module(gm, piece, k)
+        fn = compile_piece(sub, [_example(gm, a, examples) for a in piece.inputs])
+        compiled.append(fn)
+        if piece.group is not None:
+            blocks[piece.group] = fn
+            STATS.blocks_compiled += 1
+            STATS.instances += 1
+    STATS.graphs_split += 1
+    stitch_start = time.perf_counter()
+    for g in plan.groups:
+        STATS.blocks.append(g.describe())
+        log.log("graphs", f"regional reuse: {g.describe()}")
+    source = _stitch_source(gm, plan)
+    namespace: dict[str, Any] = {f"piece{k}": fn for k, fn in enumerate(compiled)}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            namespace[f"attr_{n.name}"] = _fetch(gm, n.target)
+    exec(compile(source, "<kiln regions>", "exec"), namespace)
+    stitched = namespace["stitched"]
+    stitched.kiln_regions = plan  # type: ignore[attr-defined]
+    stitched.kiln_pieces = compiled  # type: ignore[attr-defined]
+    log.log("graphs", f"regional reuse: stitched graph\n{source}")
+    # the time regional reuse itself took (finding blocks, stitching), the pieces'
+    # compiles aside: the report's compile-time breakdown shows it as its own stage
+    own = (planned - start) + (time.perf_counter() - stitch_start)
+    log.log("timings", f"regions: {own:.4f} s")
+    return stitched
+
+
+def _piece_module(gm: torch.fx.GraphModule, piece: Piece, k: int) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    local: dict[torch.fx.Node, torch.fx.Node] = {}
+    for a in piece.inputs:
+        local[a] = graph.placeholder(a.name)
+        local[a].meta = dict(a.meta)
+    for n in piece.nodes:
+        local[n] = graph.node_copy(n, local.__getitem__)
+    graph.output(tuple(local[o] for o in piece.outputs))
+    sub = torch.fx.GraphModule(gm, graph, class_name=f"KilnPiece{k}")
+    sub.meta.update(gm.meta)
+    return sub
+
+
+def _example(gm: torch.fx.GraphModule, node: torch.fx.Node, examples: dict) -> Any:
+    if node in examples:
+        return examples[node]
+    if node.op == "get_attr":
+        return _fetch(gm, node.target)
+    val = node.meta["val"]
+    device = node.meta.get("device") or val.device
+    out = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device).zero_()
+    if val.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _fetch(gm: torch.fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _stitch_source(gm: torch.fx.GraphModule, plan: RegionPlan) -> str:
+    """``def stitched(<the graph's inputs>)``: each piece called in order."""
+    names: dict[torch.fx.Node, str] = {}
+    params = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            names[n] = f"a{len(params)}"
+            params.append(names[n])
+        elif n.op == "get_attr":
+            names[n] = f"attr_{n.name}"
+    lines = [f"def stitched({', '.join(params)}):"]
+    for k, piece in enumerate(plan.pieces):
+        args = ", ".join(names[a] for a in piece.inputs)
+        what = f"  # {piece.path}" if piece.group is not None else ""
+        lines.append(f"    out{k} = piece{k}({args}){what}")
+        for j, o in enumerate(piece.outputs):
+            names[o] = f"v{k}_{j}"
+            lines.append(f"    {names[o]} = out{k}[{j}]")
+    out = gm.graph.output_node().args[0]
+    lines.append(f"    return {_render(out, names)}")
+    return "\n".join(lines) + "\n"
+
+
+def _render(value: Any, names: dict[torch.fx.Node, str]) -> str:
+    if isinstance(value, torch.fx.Node):
+        return names[value]
+    if isinstance(value, tuple | list):
+        inner = ", ".join(_render(v, names) for v in value)
+        return f"({inner},)" if isinstance(value, tuple) else f"[{inner}]"
+    if value is None or isinstance(value, bool | int | float | str):
+        return repr(value)
+    raise ValueError(f"graph output {value!r}")
+
+
+__all__ = ["STATS", "RegionGroup", "RegionPlan", "compile_regions", "plan_regions"]
