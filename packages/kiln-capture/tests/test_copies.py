@@ -68,3 +68,32 @@ def test_copy_escaping_breaks_instead_of_sharing():
     first = fn(torch.randn(2), cfg)[1]
     second = fn(torch.randn(2), cfg)[1]
     assert first is not second and vars(first) == vars(cfg)
+
+
+def test_deepcopy_of_a_tensor_is_a_clone_in_the_graph():
+    def f(x):
+        items = [x, {"k": x}]
+        c = copy.deepcopy(items)
+        c[0].add_(1)  # the copy is one tensor, apart from x
+        return c[1]["k"], c[0] is c[1]["k"], x
+
+    x = torch.randn(3, 4)
+    expected = f(x.clone())
+    report = kiln_capture.explain(f)(x.clone())
+    assert (report.graph_count, report.break_count) == (1, 0), str(report)
+    assert_same(report.result, expected)
+
+
+def test_deepcopy_of_tensors_that_may_share_storage_breaks():
+    def f(x, y):
+        a, b = copy.deepcopy((x, y))  # deepcopy keeps views of one storage sharing a copy
+        a.add_(1)
+        return a, b
+
+    x = torch.randn(4)
+    t = x.clone()
+    expected = f(t, t[:2])
+    t = x.clone()
+    report = kiln_capture.explain(f)(t, t[:2])
+    assert report.break_count >= 1
+    assert_same(report.result, expected)

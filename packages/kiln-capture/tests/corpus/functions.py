@@ -502,6 +502,18 @@ class _Frozen:
     name: str = "f"
 
 
+@dataclasses.dataclass(order=True)
+class _Ordered:
+    a: int
+    b: int
+
+
+@case()
+def dataclass_comparisons(x):
+    p, q = _Ordered(1, 2), _Ordered(1, 3)
+    return x + 1, p == q, p != q, p < q, p >= q, p == _Ordered(1, 2), p != _Ordered(1, 2), p == 3
+
+
 @case()
 def dataclass_frozen_replace(x):
     a = _Frozen(2)
@@ -670,9 +682,6 @@ def global_module_attribute(x):
 EXPECTED_FAILURES = {
     "functions.counter_use": "collections.Counter is not modeled (its construction breaks)",
     "functions.deque_use": "collections.deque (a C type) is not modeled",
-    "functions.dataclass_frozen_replace": "== between dataclass instances made in the trace "
-    "is not dispatched to the dataclass's __eq__",
-    "functions.copy_of_containers": "copy.deepcopy of a tensor is not modeled",
     "functions.list_index_by_tensor_constant": "indexing a list by a 0-d tensor needs its "
     "value (dynamo reads constant tensors; kiln breaks)",
 }

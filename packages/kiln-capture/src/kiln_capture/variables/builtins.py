@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import inspect
 import itertools
 import math
 import operator
@@ -132,7 +133,55 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
     dunder = getattr(a, "dunder_call", None)
     if dunder is not None:
         return dunder(tx, fn, b)
+    compared = _compare_made_objects(tx, fn, a, b)
+    if compared is not None:
+        return compared
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on {a!r} and {b!r}")
+
+
+# comparison -> (its method, the reflected one)
+_COMPARISONS = {
+    operator.eq: ("__eq__", "__eq__"),
+    operator.ne: ("__ne__", "__ne__"),
+    operator.lt: ("__lt__", "__gt__"),
+    operator.le: ("__le__", "__ge__"),
+    operator.gt: ("__gt__", "__lt__"),
+    operator.ge: ("__ge__", "__le__"),
+}
+
+
+def _compare_made_objects(tx, fn, a: Var, b: Var) -> Var | None:
+    """A comparison where an operand is an instance made in the trace (a dataclass's
+    generated ``__eq__``...): its class's Python method, then the reflected one; with
+    neither, ``==``/``!=`` compare identity as ``object``'s do. None when no operand is
+    such an instance."""
+    names = _COMPARISONS.get(fn)
+    made = ("NewObjectVar", "ExcVar")
+    if names is None or not (type(a).__name__ in made or type(b).__name__ in made):
+        return None
+    for obj, other, name in ((a, b, names[0]), (b, a, names[1])):
+        if type(obj).__name__ not in made:
+            continue
+        method = inspect.getattr_static(obj.python_type(), name, None)
+        if fn is operator.ne and not inspect.isfunction(method):
+            eq = _compare_made_objects(tx, operator.eq, obj, other)  # object.__ne__
+            if eq is not None and not (eq.is_const() and eq.as_const() is NotImplemented):
+                return ConstVar(not eq.truth(tx))
+            continue
+        if inspect.isfunction(method):
+            result = tx.out.wrap_value(method).call(tx, [obj, other], {})
+            if not (result.is_const() and result.as_const() is NotImplemented):
+                return result
+    if fn in (operator.eq, operator.ne):
+        return ConstVar(identical(tx, a, b) == (fn is operator.eq))
+    raise raised(
+        TypeError,
+        f"'{_OP_SYMBOLS[fn]}' not supported between instances of "
+        f"'{a.python_type().__name__}' and '{b.python_type().__name__}'",
+    )
+
+
+_OP_SYMBOLS = {operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">="}
 
 
 def _const_tuple(v: Var) -> bool:

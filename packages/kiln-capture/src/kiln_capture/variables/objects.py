@@ -354,17 +354,35 @@ def deepcopy_var(tx, x: Var, memo: Var | None = None) -> Var:
     ``DynamicCache.__init__`` through ``get_text_config``) is copied now, while capturing,
     and its whole state is guarded equal to what was copied (``snapshot == vars(obj)``,
     one C-level comparison); tensors and objects whose copy would not compare equal to
-    them break the graph."""
-    from kiln_capture.variables.containers import DictVar, ListVar, SetVar
-
+    them break the graph. A tensor that does not require grad is cloned in the graph
+    (one tensor per copy: deepcopy keeps views of one storage sharing a copy, and the
+    trace does not know which tensors share storage)."""
     if memo is not None and not (memo.is_const() and memo.as_const() is None):
         raise Unsupported(breaks.UNSUPPORTED_VALUE, "copy.deepcopy with a memo")
+    return _deepcopy(tx, x, {})
+
+
+def _deepcopy(tx, x: Var, copied: dict[object, Var]) -> Var:
+    from kiln_capture.variables.containers import DictVar, ListVar, SetVar
+    from kiln_capture.variables.tensors import TensorVar
+
     if x.is_const():
         return x
+    if isinstance(x, TensorVar) and type(x.meta) is torch.Tensor:
+        if id(x) in copied:
+            return copied[id(x)]
+        m = x.meta
+        dense = m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last)
+        # a copy of the storage keeps a view's strides and offset; a clone of a dense
+        # tensor at offset 0 has the same
+        if copied.get("tensor") is not None or m.requires_grad or not dense or m.storage_offset():
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"copy.deepcopy of {x!r}")
+        copied[id(x)] = copied["tensor"] = tx.out.tensor_op("call_function", torch.clone, [x], {})
+        return copied[id(x)]
     if isinstance(x, ListVar | TupleVar) and type(x) in (ListVar, TupleVar):
-        return type(x)([deepcopy_var(tx, i) for i in x.items])
+        return type(x)([_deepcopy(tx, i, copied) for i in x.items])
     if type(x) is DictVar:
-        return DictVar({k: deepcopy_var(tx, v) for k, v in x.items.items()}, cls=x.cls)
+        return DictVar({k: _deepcopy(tx, v, copied) for k, v in x.items.items()}, cls=x.cls)
     if type(x) is SetVar:
         return SetVar(set(x.values))
     obj = getattr(x, "value", None)
