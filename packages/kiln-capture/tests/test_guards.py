@@ -360,6 +360,34 @@ def test_hoisted_reads_are_computed_once_in_guard_order():
     ]
 
 
+def test_hoisted_chains_through_calls_and_constants():
+    """Chains are named by text built from their parts: calls of chains on chains and
+    constants are chains, a call with a starred argument or a keyword is not, and equal
+    constants of other types (1 and 1.0) are other chains."""
+    lines = guards.hoist_reads(
+        [
+            "getattr(a.b, 'z') == 1",
+            "getattr(a.b, 'z').c(1, None) is x",
+            "getattr(a.b, 'z').c(1.0, None) is x",
+            "getattr(a.b, 'z').c(1, None).d == 2",
+            "f(*a.b) and f(*a.b)",
+            "g(a.b, k=1) is g(a.b, k=1)",
+        ]
+    )
+    assert lines == [
+        "__r0 = a.b",
+        "__r1 = getattr(__r0, 'z')",
+        "if not (__r1 == 1): return False",
+        "__r2 = __r1.c",
+        "__r3 = __r2(1, None)",
+        "if not (__r3 is x): return False",
+        "if not (__r2(1.0, None) is x): return False",
+        "if not (__r3.d == 2): return False",
+        "if not (f(*__r0) and f(*__r0)): return False",
+        "if not (g(__r0, k=1) is g(__r0, k=1)): return False",
+    ]
+
+
 def make_ones_like_default(x):
     return torch.ones(3) * 2, x + 1
 

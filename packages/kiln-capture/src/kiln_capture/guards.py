@@ -83,6 +83,7 @@ class GuardSet:
     guards: list[Guard] = field(default_factory=list)
     consts: list[object] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
+    _const_index: dict[int, int] = field(default_factory=dict)  # id(const) -> its index
     native: object = field(default_factory=lambda: TensorGuards() if TensorGuards else None)
     # source expression -> the metadata its tensor guard checks (see tensor_metadata)
     tensor_meta: dict[str, tuple] = field(default_factory=dict)
@@ -90,11 +91,12 @@ class GuardSet:
     shapes: ShapeGuards | None = None
 
     def const(self, value: object) -> str:
-        for i, c in enumerate(self.consts):
-            if c is value:
-                return f"__k_C[{i}]"
-        self.consts.append(value)
-        return f"__k_C[{len(self.consts) - 1}]"
+        # by identity; ``consts`` keeps each object alive, so its id stays its own
+        i = self._const_index.get(id(value))
+        if i is None:
+            i = self._const_index[id(value)] = len(self.consts)
+            self.consts.append(value)
+        return f"__k_C[{i}]"
 
     def add(
         self,
@@ -348,35 +350,17 @@ class GuardSet:
         return "no single guard failed"
 
 
-def _is_read_chain(node: ast.AST) -> bool:
-    """A pure read rooted at a name: ``a.b``, ``a[<const>]``, ``getattr(a, <const>)``,
-    or a call of such a chain on such chains and constants (read-only sources)."""
-    if isinstance(node, ast.Name):
-        return True
-    if isinstance(node, ast.Attribute):
-        return _is_read_chain(node.value)
-    if isinstance(node, ast.Subscript):
-        return isinstance(node.slice, ast.Constant) and _is_read_chain(node.value)
-    if isinstance(node, ast.Call) and not node.keywords:
-        if isinstance(node.func, ast.Name) and node.func.id in ("type", "len", "tuple"):
-            return False  # cheap, and the result is what the guard compares
-        return _is_read_chain(node.func) and all(
-            isinstance(a, ast.Constant) or _is_read_chain(a) for a in node.args
-        )
-    return False
-
-
 _SCOPES = (ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.Lambda)
 
 
-def _chains(node: ast.AST):
+def _chains(node: ast.AST, memo: dict):
     """Read chains in ``node``, outside nested scopes (their names are not ours)."""
     if isinstance(node, _SCOPES):
         return
-    if not isinstance(node, ast.Name) and _is_read_chain(node):
+    if not isinstance(node, ast.Name) and _chain_key(node, memo) is not None:
         yield node
     for child in ast.iter_child_nodes(node):
-        yield from _chains(child)
+        yield from _chains(child, memo)
 
 
 class _Hoist(ast.NodeTransformer):
@@ -384,11 +368,13 @@ class _Hoist(ast.NodeTransformer):
         self, shared: set[str], names: dict[str, str], lines: list[str], prefix: str = "__r"
     ) -> None:
         self.shared, self.names, self.lines, self.prefix = shared, names, lines, prefix
+        self.keys: dict[int, tuple[ast.AST, str | None]] = {}
 
     def visit(self, node):
         if isinstance(node, _SCOPES):
             return node
-        key = ast.unparse(node) if not isinstance(node, ast.Name) else None
+        # the key is taken before the children change
+        key = _chain_key(node, self.keys) if not isinstance(node, ast.Name) else None
         node = self.generic_visit(node)
         if key is None or key not in self.shared:
             return node
@@ -399,10 +385,45 @@ class _Hoist(ast.NodeTransformer):
         return ast.Name(id=name, ctx=ast.Load())
 
 
+def _chain_key(node: ast.AST, memo: dict[int, tuple[ast.AST, str | None]]) -> str | None:
+    """The source text of a read chain, None for any other node. A read chain is a pure
+    read rooted at a name: ``a.b``, ``a[<const>]``, ``getattr(a, <const>)``, or a call of
+    such a chain on such chains and constants (read-only sources). Each node is looked
+    at once, its text built from its parts' (a model's guards are thousands of chains a
+    dozen reads deep; ``ast.unparse`` of every prefix of each was most of the guard
+    function's compile time). ``memo`` holds each node it answers for, so no id is
+    reused while it lives."""
+    seen = memo.get(id(node))
+    if seen is not None:
+        return seen[1]
+    key = None
+    if isinstance(node, ast.Name):
+        key = node.id
+    elif isinstance(node, ast.Attribute):
+        base = _chain_key(node.value, memo)
+        key = None if base is None else f"{base}.{node.attr}"
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        base = _chain_key(node.value, memo)
+        key = None if base is None else f"{base}[{node.slice.value!r}]"
+    elif isinstance(node, ast.Call) and not node.keywords:
+        # type(), len(), tuple(): cheap, and the result is what the guard compares
+        if not (isinstance(node.func, ast.Name) and node.func.id in ("type", "len", "tuple")):
+            func = _chain_key(node.func, memo)
+            args = [
+                repr(a.value) if isinstance(a, ast.Constant) else _chain_key(a, memo)
+                for a in node.args
+            ]
+            if func is not None and None not in args:
+                key = f"{func}({', '.join(args)})"  # type: ignore[arg-type]
+    memo[id(node)] = (node, key)
+    return key
+
+
 def _shared_chains(trees: list[ast.AST]) -> set[str]:
     counts: Counter[str] = Counter()
+    memo: dict[int, tuple[ast.AST, str | None]] = {}
     for tree in trees:
-        for key in {ast.unparse(n) for n in _chains(tree)}:
+        for key in {_chain_key(n, memo) for n in _chains(tree, memo)}:
             counts[key] += 1
     return {k for k, n in counts.items() if n > 1}
 
