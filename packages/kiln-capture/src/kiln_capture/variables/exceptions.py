@@ -219,37 +219,53 @@ def raised_real(e: BaseException) -> Raised | None:
 
 
 def attribute_error(obj: Var, name: str) -> Unsupported:
-    """What a failed ``obj.name`` raises: a catchable AttributeError where the value's
-    class has no such attribute either (else a graph break: kiln's model of the value
-    lacks it, the real value may well have it)."""
+    """What a failed ``obj.name`` raises: a catchable AttributeError only where the real
+    value cannot have the attribute either (kiln's model of a value may lack what the
+    value has: then it is a graph break, and eager code decides)."""
+    if isinstance(obj, ExcVar) or _surely_missing(obj, name):
+        try:
+            cls = obj.python_type()
+            is_class = obj.is_const() and isinstance(obj.as_const(), type)
+        except Unsupported:
+            cls, is_class = None, False
+        what = (
+            f"type object '{obj.as_const().__name__}'"
+            if is_class
+            else f"'{getattr(cls, '__name__', '?')}' object"
+        )
+        return raised(AttributeError, f"{what} has no attribute '{name}'")
+    return Unsupported(breaks.EXCEPTION, f"AttributeError: {obj!r} has no attribute {name!r}")
+
+
+_NO_VALUE = object()
+
+
+def _surely_missing(obj: Var, name: str) -> bool:
     try:
         cls = obj.python_type()
     except Unsupported:
-        cls = None
-    if (
-        cls is None
-        or (
-            type(obj).__name__ != "ObjectVar"
-            and any(_python_defined(cls, n) for n in ("__getattr__", "__getattribute__"))
-        )
-        or (
-            not isinstance(obj, ExcVar)
-            and type(obj).__name__ not in _FULLY_MODELED
-            and any(name in k.__dict__ for k in cls.__mro__)
-        )
+        return False
+    if any(name in k.__dict__ for k in cls.__mro__) or any(
+        _python_defined(cls, n) for n in ("__getattr__", "__getattribute__")
     ):
-        return Unsupported(breaks.EXCEPTION, f"AttributeError: {obj!r} has no attribute {name!r}")
-    what = (
-        f"type object '{obj.as_const().__name__}'"
-        if obj.is_const() and isinstance(obj.as_const(), type)
-        else f"'{cls.__name__}' object"
-    )
-    return raised(AttributeError, f"{what} has no attribute '{name}'")
+        return False
+    real = _NO_VALUE
+    if obj.is_const():
+        real = obj.as_const()
+    elif type(obj).__name__ in _REAL_VALUE_VARS:
+        real = getattr(obj, "value", getattr(obj, "fn", _NO_VALUE))
+    if real is not _NO_VALUE:
+        try:
+            return not hasattr(real, name)
+        except Exception:
+            return False
+    # a value with no real object at hand: only its class says what it has
+    return type(obj).__name__ == "NewObjectVar" or getattr(cls, "__dictoffset__", 0) == 0
 
 
-# Vars whose attributes are all known to the trace (instances made in it, records)
-_FULLY_MODELED = frozenset(
-    {"NewObjectVar", "RecordVar", "ObjectVar", "ModuleVar", "TorchFnVar", "UserFunctionVar"}
+# Vars holding the real object (read through a source, or a constant)
+_REAL_VALUE_VARS = frozenset(
+    {"ObjectVar", "ModuleVar", "TorchFnVar", "UserFunctionVar", "BuiltinVar"}
 )
 
 
