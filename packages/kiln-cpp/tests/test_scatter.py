@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kiln_cpp  # noqa: F401  (registers the CPU backend)
+import kiln_cpp
 from kiln_inductor.testing import (
     Gather,
     aten_graph,
@@ -77,3 +77,30 @@ def test_kernel_runs_columns_in_parallel_and_ids_in_order():
     pos = [body.find(s) for s in order]
     assert -1 not in pos and pos == sorted(pos), (pos, body)
     assert "atomic" not in body
+
+
+@pytest.mark.parametrize(
+    "shape,dim",
+    [((4,), 0), ((4, 3), 0), ((4, 3), 1), ((7, 5, 2), 0), ((7, 5, 2), 1), ((7, 5, 2), 2),
+     ((2, 5, 3, 2), 2)],
+)  # fmt: skip
+def test_index_add_bad_index_raises_eagers_exception_type(shape, dim):
+    """Eager's CPU index_add raises RuntimeError along the first or last dimension of a
+    tensor of 2+ dimensions and IndexError otherwise (found by the fuzzer)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g)
+    src = torch.randn([3 if k == dim else s for k, s in enumerate(shape)], generator=g)
+
+    def fn(x, i, src):
+        return torch.index_add(x, dim, i, src) * 2
+
+    good = torch.tensor([0, shape[dim] - 1, 0])
+    compiled = kiln_cpp.compile_fx(fn, [x, good, src])
+    torch.testing.assert_close(compiled(x, good, src), fn(x, good, src))
+    for bad in (shape[dim], -1, 10**6):
+        i = torch.tensor([0, bad, 1 % shape[dim]])
+        with pytest.raises(Exception) as eager:
+            fn(x, i, src)
+        with pytest.raises(eager.type, match="checked in the compiled kernel of aten.index_add"):
+            compiled(x, i, src)
+    torch.testing.assert_close(compiled(x, good, src), fn(x, good, src))

@@ -10,9 +10,9 @@ float64, bfloat16, float16, int64, int32, bool) and layouts (transposed, strided
 expanded: overlapping, stride 0), then a chain of operations kiln lowers: pointwise math,
 comparisons and ``where`` with broadcasting, casts, reductions, softmax, cumsum, views
 (transpose, permute, reshape, slicing with steps, select, narrow, expand, unsqueeze), cat,
-matmul, in-place updates of views and of inputs, and indirect accesses (gather,
-index_select, ``x[i]``, ``x[:, i]``, embedding) whose index inputs come with the range eager
-accepts. The generator runs each operation eagerly as it writes it, so every program is
+matmul, in-place updates of views and of inputs, indirect reads (gather, index_select,
+``x[i]``, ``x[:, i]``, embedding) and accumulating indirect writes (index_add, scatter_add,
+index_put with accumulate=True), whose index inputs come with the range eager accepts. The generator runs each operation eagerly as it writes it, so every program is
 valid for its inputs.
 
 Each program is then checked (``check_program``):
@@ -192,6 +192,7 @@ class Generator:
         kind = self.rng.choice(
             ["unary"] * 4 + ["binary"] * 4 + ["reduce"] * 2 + ["view"] * 3
             + ["cast", "cat", "matmul", "inplace", "index", "index", "softmax", "cumsum", "where"]
+            + ["scatter"]
         )  # fmt: skip
         getattr(self, f"op_{kind}")()
 
@@ -380,6 +381,39 @@ class Generator:
         elif kind == "embedding" and t.dim() == 2 and self._float(t):
             i = self.add_index(self.shape(self.rng.choice((1, 2))), t.shape[0], wrap=False)
             self.try_lines([f"{y} = F.embedding({i}, {x})"], y)
+
+    def op_scatter(self) -> None:
+        """Accumulating writes through indices (duplicates included, so sums are compared
+        whatever the order): index_add, scatter_add, index_put with accumulate=True."""
+        x = self.pick(
+            lambda t: t.dim() >= 1 and t.numel() > 0 and t.dtype != torch.bool and t.dim() <= 3
+        )
+        if x is None:
+            return
+        t = self.t(x)
+        y = self.fresh("v")
+        self.indexed.add(y)
+        d = self.rng.randrange(t.dim())
+        kind = self.rng.choice(["index_add", "scatter_add", "index_put"])
+        dtype = str(t.dtype)
+        if kind == "index_add":
+            n = self.rng.choice((1, 3, 6))
+            i = self.add_index((n,), t.shape[d], wrap=False)
+            src = self.add_input(tuple(n if k == d else s for k, s in enumerate(t.shape)), dtype)
+            self.try_lines([f"{y} = torch.index_add({x}, {d}, {i}, {src})"], y)
+        elif kind == "scatter_add":
+            shape = tuple(
+                self.rng.choice((1, 2, 5)) if k == d else self.rng.randint(1, s)
+                for k, s in enumerate(t.shape)
+            )
+            i = self.add_index(shape, t.shape[d], wrap=False)
+            src = self.add_input(shape, dtype)
+            self.try_lines([f"{y} = torch.scatter_add({x}, {d}, {i}, {src})"], y)
+        else:
+            n = self.rng.choice((1, 4))
+            i = self.add_index((n,), t.shape[0], wrap=True)
+            src = self.add_input((n, *t.shape[1:]), dtype)
+            self.try_lines([f"{y} = {x}.index_put(({i},), {src}, accumulate=True)"], y)
 
     # -- the program -----------------------------------------------------------------------
     def generate(self) -> Program:

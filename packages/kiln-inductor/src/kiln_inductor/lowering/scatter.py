@@ -209,7 +209,15 @@ def index_add(
     dim = normalize_dim(dim, max(x.ndim, 1))
     il = index.make_loader()
     n = x.size[dim] if x.ndim else sympy.Integer(1)  # a 0-d tensor is one element
-    check = index_check(dim, n, wrap=False, error=RuntimeError, index=index)
+    # eager's CPU kernel: along the first or last dimension of a self of 2 or more
+    # dimensions it raises RuntimeError; otherwise (0-d, 1-d, middle dimensions) it takes
+    # a row loop that raises IndexError
+    iterated = x.ndim > 1 and dim in (0, x.ndim - 1)
+    check = (
+        index_check(dim, n, wrap=False, error=RuntimeError, index=index)
+        if iterated
+        else index_check(dim, n, wrap=False, message="index out of range in self", index=index)
+    )
     sl = to_dtype(source, x.dtype).make_loader()
 
     def update(idx: Sequence[Expr]) -> tuple[Sequence[Expr], Any]:
