@@ -23,12 +23,15 @@ import torch
 from kiln_shapes import env_of, expr_of, is_symbolic, python_expr
 from torch import fx
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from kiln_aot import core_ops
+from kiln_aot.argmap import iter_leaves
 from kiln_aot.decompositions import with_overrides
+from kiln_aot.errors import Unsupported
 from kiln_aot.fake import FakeTensor
 from kiln_aot.module_state import state_names, state_tensors, swapped_state
-from kiln_aot.op_tracer import Tracer
+from kiln_aot.op_tracer import VIEW_OF_COPY, Tracer
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class OutputInfo:
     requires_grad: bool = False
     # for an alias with symbolic sizes: args -> (size, stride, storage_offset) of this call
     geometry: Any = None
+    # for an alias whose views change the dtype (view_as_complex/view_as_real of an input,
+    # which as_strided cannot rebuild): the view ops ``(op, args)`` replayed on the input
+    replay: tuple[tuple[Any, tuple], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ def collect_outputs(
         st = leaf.trace_state if isinstance(leaf, FakeTensor) else None
         if st is not None and st.storage.input_index is not None:
             geometry = _input_view_geometry(tracer, st.storage.input_index, st.views)
+            replay = _dtype_view_replay(st.views)
             infos.append(
                 OutputInfo(
                     "alias",
@@ -121,7 +128,8 @@ def collect_outputs(
                     stride=geometry[1],
                     storage_offset=geometry[2],
                     requires_grad=leaf.requires_grad,
-                    geometry=_symbolic_geometry(tracer, geometry),
+                    geometry=None if replay else _symbolic_geometry(tracer, geometry),
+                    replay=replay,
                 )
             )
         else:
@@ -134,9 +142,26 @@ def _input_view_geometry(
 ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
     m = placeholders[index].meta["val"].meta
-    for step in views:
-        m = step.op(m, *step.args)
+    with _disable_current_modes():  # meta tensors' own views, not the tracer's
+        for step in views:
+            m = VIEW_OF_COPY.get(step.op, step.op)(m, *step.args)
     return tuple(m.shape), tuple(m.stride()), m.storage_offset()
+
+
+def _dtype_view_replay(views: tuple) -> tuple[tuple[Any, tuple], ...]:
+    """The view chain of an alias output to replay on the real input, when it changes the
+    dtype (a copied view: view_as_complex/view_as_real); () when as_strided rebuilds it."""
+    if not any(step.op in VIEW_OF_COPY for step in views):
+        return ()
+    steps = tuple((VIEW_OF_COPY.get(step.op, step.op), tuple(step.args)) for step in views)
+    if any(isinstance(a, torch.SymInt) for _, args in steps for a in iter_leaves(args)):
+        raise Unsupported(
+            "view_as_complex/view_as_real of a graph input's view with symbolic arguments",
+            "the output, a view of the caller's tensor, is rebuilt by replaying its views, "
+            "and these take sizes of this trace",
+            fix="mark the dimensions static (kiln.mark_static)",
+        )
+    return steps
 
 
 def _symbolic_geometry(tracer: Tracer, geometry: tuple) -> Any:

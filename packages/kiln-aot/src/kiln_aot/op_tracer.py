@@ -367,13 +367,14 @@ class Tracer:
         return node
 
     def _copied_view(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """``view_as_real``/``view_as_complex`` of a tensor the graph made: the library's
-        copy form in the graph (kernels do not compute complex numbers, and a library
-        call's result must not alias its input), a view for the functionalization. None
-        for a graph input's storage (the output would have to alias the caller's tensor)."""
+        """``view_as_real``/``view_as_complex``: the library's copy form in the graph
+        (kernels do not compute complex numbers, and a library call's result must not
+        alias its input), a view for the functionalization. Of a graph input's storage, an
+        output that is such a view is rebuilt at run time by replaying the real view ops
+        on the caller's tensor (graph_trace.collect_outputs: ``OutputInfo.replay``)."""
         x = args[0]
         st = getattr(x, "trace_state", None)
-        if not isinstance(x, FakeTensor) or st is None or st.storage.input_index is not None:
+        if not isinstance(x, FakeTensor) or st is None:
             return None
         copy = COPIED_VIEWS[func]
         out = self.emit_library_call(copy, args, kwargs)
@@ -457,6 +458,8 @@ COPIED_VIEWS = {
     aten.view_as_real.default: aten.view_as_real_copy.default,
     aten.view_as_complex.default: aten.view_as_complex_copy.default,
 }
+# a copy form -> the view it stands for (an alias output of a graph input replays it)
+VIEW_OF_COPY = {copy: view for view, copy in COPIED_VIEWS.items()}
 # a copy form -> the one that undoes it (writes carried back through it)
 LIBRARY_VIEW_COPIES = {
     aten.view_as_real_copy.default: aten.view_as_complex_copy.default,

@@ -64,6 +64,11 @@ def finish(
     for o in info.outputs:
         if o.kind == "constant":
             leaves.append(o.value)
+        elif o.kind == "alias" and o.replay:  # a dtype-changing view: the real view ops
+            t = flat_args[o.input_index]
+            for op, args in o.replay:
+                t = op(t, *args)
+            leaves.append(t)
         elif o.kind == "alias" and o.geometry is not None:  # symbolic: this call's sizes
             size, stride, offset = o.geometry(flat_args)
             leaves.append(flat_args[o.input_index].as_strided(size, stride, offset))
