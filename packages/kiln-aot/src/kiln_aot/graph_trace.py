@@ -118,8 +118,8 @@ def collect_outputs(
         nodes.append(node)
         st = leaf.trace_state if isinstance(leaf, FakeTensor) else None
         if st is not None and st.storage.input_index is not None:
+            replay = _dtype_view_replay(st.views)  # first: it refuses symbolic arguments
             geometry = _input_view_geometry(tracer, st.storage.input_index, st.views)
-            replay = _dtype_view_replay(st.views)
             infos.append(
                 OutputInfo(
                     "alias",
@@ -142,9 +142,13 @@ def _input_view_geometry(
 ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
     m = placeholders[index].meta["val"].meta
-    with _disable_current_modes():  # meta tensors' own views, not the tracer's
+    if any(step.op in VIEW_OF_COPY for step in views):  # replayed (no symbolic arguments)
+        with _disable_current_modes():  # the meta tensors' own views, not the tracer's
+            for step in views:
+                m = VIEW_OF_COPY.get(step.op, step.op)(m, *step.args)
+    else:
         for step in views:
-            m = VIEW_OF_COPY.get(step.op, step.op)(m, *step.args)
+            m = step.op(m, *step.args)
     return tuple(m.shape), tuple(m.stride()), m.storage_offset()
 
 
