@@ -286,3 +286,34 @@ def test_report_shows_reused_blocks(monkeypatch):
     reuse = html[html.index("id='regional-reuse'") :]
     assert "Block: compiled once, reused for 3 instances" in reuse
     assert "regional reuse (find blocks, stitch)" in html
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_artifact_cache_keeps_the_pieces(tmp_path, monkeypatch, train):
+    """With the artifact cache on, each distinct piece (the block once) is saved; a fresh
+    capture loads them all without tracing or lowering."""
+    import kiln_aot.api
+    from kiln_inductor.runtime import artifacts
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_ARTIFACT_CACHE", "1")
+    torch.manual_seed(0)
+    model = Stack([Block(16) for _ in range(4)], 16).train(train)
+    x = torch.randn(4, 16, requires_grad=train)
+
+    def run() -> None:
+        kiln.reset()
+        compiled = kiln.compile(model)
+        with torch.set_grad_enabled(train):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        assert STATS.blocks_compiled == 1 and STATS.instances == 4, STATS
+
+    saves, hits = artifacts.STATS.saves, artifacts.STATS.hits
+    run()
+    pieces = artifacts.STATS.saves - saves
+    assert pieces == 2  # the block, and the head after the blocks
+    traced = []
+    monkeypatch.setattr(kiln_aot.api, "trace", lambda *a, **k: traced.append(1))
+    monkeypatch.setattr(kiln_aot.api, "trace_joint", lambda *a, **k: traced.append(1))
+    run()
+    assert artifacts.STATS.hits - hits == pieces and not traced
