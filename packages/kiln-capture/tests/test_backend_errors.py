@@ -54,4 +54,5 @@ def test_stats_count_graphs_breaks_and_recompiles():
         "recompiles": 0,
         "eager_frames": 0,
         "cache_limit_hits": 0,
+        "region_boundaries": 0,
     }

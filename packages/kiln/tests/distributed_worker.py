@@ -66,6 +66,9 @@ def main(rank: int, world: int, init: str, debug: str) -> None:
                 _assert_wait_after_independent_work(folder)
         for name, make_model in _models().items():
             _check_ddp(name, make_model, rank)
+        from fsdp_worker import check_fsdp
+
+        check_fsdp(rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()

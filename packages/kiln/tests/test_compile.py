@@ -367,6 +367,7 @@ def test_stats_count_graphs_fallbacks_breaks_and_recompiles():
         "recompiles": 2,
         "eager_frames": 0,
         "cache_limit_hits": 0,
+        "region_boundaries": 0,
     }
 
 

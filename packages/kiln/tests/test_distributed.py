@@ -9,7 +9,11 @@ exists and its wait just before the first kernel that reads the result
 
 ``kiln.compile(DDP(model))`` splits the graph at gradient buckets (kiln/distributed.py):
 an MLP and HF GPT-2 train to the parameters eager DDP reaches, with several pieces per
-graph, ``no_sync()`` included."""
+graph, ``no_sync()`` included.
+
+FSDP2 (``fully_shard`` per block and at the root, fsdp_worker.py): an MLP and a GPT-style
+model compiled at the root and per block, with and without activation checkpointing, reach
+eager FSDP2's parameter shards on every rank with no break (kiln/fsdp.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ def test_collectives_and_ddp_compile_on_every_rank(tmp_path, world):
     """Each rank (distributed_worker.py) compiles an all_reduce with independent work
     beside it, an all_gather then reduce_scatter, and an all_to_all_single, and checks
     them against eager with one graph and no break, fallback or eager frame; then trains
-    DDP-wrapped models against eager DDP."""
+    DDP-wrapped and FSDP2-sharded models against eager DDP and FSDP2."""
     init = "file://" + str(tmp_path / "store")
     ranks = [
         subprocess.Popen(
@@ -46,7 +50,7 @@ def test_collectives_and_ddp_compile_on_every_rank(tmp_path, world):
     outputs = []
     for p in ranks:
         try:
-            out, _ = p.communicate(timeout=240)
+            out, _ = p.communicate(timeout=420)
         except subprocess.TimeoutExpired:
             for q in ranks:
                 q.kill()

@@ -109,6 +109,8 @@ class ExplainOutput:
     symbols: list[str] = field(default_factory=list)  # "s0 in [2, inf] (hint 8) from x.size(0)"
     shape_guards: list[str] = field(default_factory=list)  # "s0 > 8  # model.py:12"
     eager_frames: list[str] = field(default_factory=list)  # frames that run eagerly, and why
+    # calls of modules compiled as regions of their own (fully_shard units): not breaks
+    region_boundaries: list[GraphBreak] = field(default_factory=list)
 
     @property
     def graph_count(self) -> int:
@@ -158,6 +160,8 @@ class ExplainOutput:
             lines.append(f"--- recompile ---\n{r}")
         for e in self.eager_frames:
             lines.append(f"--- runs eagerly ---\n{e}")
+        for b in self.region_boundaries:
+            lines.append(f"--- region boundary (not a break) ---\n{b}")
         return "\n".join(lines)
 
 
@@ -192,6 +196,7 @@ def explain(fn, *args, **kwargs):
             rec.symbols,
             rec.shape_guards,
             rec.eager_frames,
+            rec.region_boundaries,
         )
 
     if args or kwargs:

@@ -66,6 +66,12 @@ GENERIC_WITH = _k(
     "(or its __enter__ cannot be traced)",
     "the manager is entered in Python; capture resumes inside its block",
 )
+REGION_BOUNDARY = _k(
+    "B012",
+    "a call of a module whose forward is compiled as a region of its own (a module "
+    "sharded with fully_shard): its hooks run eagerly between the two regions",
+    "nothing to do: not counted as a break; kiln.stats() counts it in region_boundaries",
+)
 
 ALL: tuple[BreakKind, ...] = (
     PRINT,
@@ -79,6 +85,7 @@ ALL: tuple[BreakKind, ...] = (
     UNSUPPORTED_VALUE,
     EXCEPTION,
     GENERIC_WITH,
+    REGION_BOUNDARY,
 )
 
 

@@ -265,7 +265,7 @@ def _finish_break(
     brk = GraphBreak(
         error.kind, error.detail, where[0], where[1], where[2], True, tuple(error.chain)
     )
-    if ctx.fullgraph:
+    if ctx.fullgraph and error.kind is not breaks.REGION_BOUNDARY:
         raise GraphBreakError(brk)
     code = root.code
     stack = list(root.stack)
@@ -579,6 +579,12 @@ def _graph_call(root: RootFrame, compiled, inputs: list[str], extra: dict) -> li
 
 
 def _record_break(ctx, brk: GraphBreak) -> None:
+    if brk.kind is breaks.REGION_BOUNDARY:  # a compiled region's edge, not a break
+        counters.bump("region_boundaries")
+        log("breaks", f"(a region boundary, not a break) {brk}")
+        if ctx.recorder is not None:
+            ctx.recorder.region_boundaries.append(brk)
+        return
     counters.bump("breaks")
     log("breaks", str(brk))
     if ctx.recorder is not None:

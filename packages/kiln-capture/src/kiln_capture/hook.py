@@ -111,6 +111,7 @@ class Recorder:
     symbols: list = field(default_factory=list)  # symbols of sizes, with ranges and sources
     shape_guards: list = field(default_factory=list)  # relations between sizes, with lines
     eager_frames: list = field(default_factory=list)  # frames left to run eagerly, and why
+    region_boundaries: list = field(default_factory=list)  # calls of separately compiled regions
 
 
 @dataclass

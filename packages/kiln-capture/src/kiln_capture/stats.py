@@ -12,6 +12,7 @@ COUNTERS: dict[str, int] = {
     "recompiles": 0,
     "eager_frames": 0,
     "cache_limit_hits": 0,  # frames that reached KILN_CACHE_SIZE_LIMIT (and run eagerly)
+    "region_boundaries": 0,  # calls of modules compiled as regions of their own (not breaks)
 }
 # frames run eagerly by kiln's choice, by reason (cache size limit, internal error, ...)
 EAGER_REASONS: dict[str, int] = {}

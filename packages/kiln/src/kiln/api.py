@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 import kiln_capture
-from kiln import backends, distributed
+from kiln import backends, distributed, fsdp
 from kiln.config import resolve_options
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,6 +83,12 @@ def compile(
     # sizes that changed symbolic when a frame compiles again, False specializes them all
     # (kiln_capture's dynamic.py); kiln.mark_dynamic / mark_static decide per dimension
     optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph, dynamic=dynamic)
+    if fsdp.units(model):
+        # fully_shard units: each unit's forward is a region of its own, between FSDP's
+        # hooks (kiln/fsdp.py); a unit's call runs its hooks and its compiled forward
+        fsdp.compile_units(model, optimize)
+        if fsdp.is_unit(model):
+            return _compiled_module(model, functools.partial(torch.nn.Module.__call__, model))
     if isinstance(model, torch.nn.Module):
         return _compiled_module(model, optimize(model))
     return optimize(model)
@@ -155,6 +161,7 @@ def stats() -> dict[str, int]:
         "recompiles": captured["recompiles"],
         "eager_frames": captured.get("eager_frames", 0),
         "cache_limit_hits": captured.get("cache_limit_hits", 0),
+        "region_boundaries": captured.get("region_boundaries", 0),
     }
 
 

@@ -127,6 +127,8 @@ class ModuleVar(Var):
             return self.getattr(tx, "__call__").call(tx, args, kwargs)
         if getattr(m.forward, "_kiln_disabled", False):
             raise Unsupported(breaks.DISABLED, f"{type(m).__name__}.forward is disabled")
+        if getattr(m.forward, "_kiln_region", False):
+            raise Unsupported(breaks.REGION_BOUNDARY, f"{type(m).__name__} is a region of its own")
         pre, post = self._hooks(tx)
         for hook, with_kwargs in pre:
             if with_kwargs:
