@@ -1,6 +1,6 @@
 """DDP training step on CPU processes over gloo: eager, torch.compile and kiln side by side.
 
-    python benchmarks/distributed.py [--world 2] [--model mlp|gpt2] [--steps 12]
+    python benchmarks/distributed.py [--world 2] [--model mlp|gpt2] [--steps 12] [--wrap ddp|fsdp]
 
 Each rank trains the same model wrapped in ``DistributedDataParallel`` (buckets of
 ``--bucket-mb``) with SGD, once per compiler, in one process per rank:
@@ -20,6 +20,12 @@ DDP's default hook does), ``first bucket at``: how far into the backward (0 = it
 all-reduce overlapped the backward. Graphs, breaks and fallbacks are counted per row;
 parameters after the steps are compared with eager's on every rank. Rank 0 prints the
 table and writes benchmarks/results/distributed_cpu.json.
+
+``--wrap fsdp``: FSDP2 instead, ``fully_shard`` on every ``Linear`` (every GPT-2 block for
+``gpt2``) and at the root, rows ``eager``, ``torch.compile`` (of the root) and ``kiln``
+(``kiln.compile`` of the root: each unit's forward a region between FSDP's eager hooks,
+kiln/fsdp.py); the table has ``region boundaries`` instead of the bucket columns, and
+writes benchmarks/results/distributed_cpu_fsdp_<model>.json.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 COMPILERS = ("eager", "torch.compile", "kiln", "kiln one graph")
+FSDP_COMPILERS = ("eager", "torch.compile", "kiln")
 
 
 def _model(name: str):
@@ -84,6 +91,94 @@ def _recording_hook(launches: list):
     return hook
 
 
+def _fsdp_model(name: str, world: int):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _model(name)
+    units = model.transformer.h if name == "gpt2" else model
+    for m in units:
+        if name == "gpt2" or isinstance(m, __import__("torch").nn.Linear):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def fsdp_rows(rank: int, world: int, args) -> list:
+    """One row per compiler of FSDP_COMPILERS: step times, counts, parameters vs eager."""
+    import torch
+
+    import kiln
+
+    rows, final = [], {}
+    for compiler in FSDP_COMPILERS:
+        kiln.reset()
+        model = _fsdp_model(args.model, world)
+        if compiler == "torch.compile":
+            import torch._dynamo
+
+            torch._dynamo.reset()
+            fn = torch.compile(model)
+        else:
+            fn = kiln.compile(model) if compiler == "kiln" else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(1000 + rank)
+        times = []
+        for step in range(args.warmup + args.steps):
+            inputs, target = _batch(args.model, g)
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            _loss(args.model, fn(*inputs), target).backward()
+            opt.step()
+            opt.zero_grad()
+            if step >= args.warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+        stats = kiln.stats() if compiler == "kiln" else {}
+        rows.append(
+            {
+                "compiler": compiler,
+                "step_ms": statistics.median(times),
+                "spread_ms": [min(times), max(times)],
+                "graphs": stats.get("graphs"),
+                "breaks": stats.get("breaks"),
+                "fallbacks": stats.get("fallbacks"),
+                "region_boundaries": stats.get("region_boundaries"),
+            }
+        )
+        final[compiler] = [p.to_local().detach().clone() for p in model.parameters()]
+        print(f"  [rank {rank}] fsdp {compiler}: {rows[-1]['step_ms']:.2f} ms/step", flush=True)
+    for row in rows[1:]:
+        row["params_equal_eager"] = all(
+            torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+            for a, b in zip(final[row["compiler"]], final["eager"])
+        )
+    return rows
+
+
+def _report_fsdp(per_rank: list, args) -> None:
+    sys.path.insert(0, str(HERE))
+    from provenance import commit
+
+    print(f"\nFSDP2 {args.model}, {args.world} CPU processes (gloo)")
+    print(f"{'compiler':<16}{'ms/step':>9}{'spread':>17}{'vs eager':>10}{'graphs/brk/fb':>15}"
+          f"{'region bounds':>15}{'params ok':>11}")  # fmt: skip
+    eager = per_rank[0][0]["step_ms"]
+    for k, row in enumerate(per_rank[0]):
+        ok = all(r[k].get("params_equal_eager", True) for r in per_rank)
+        counts = (
+            "-" if row["graphs"] is None else f"{row['graphs']}/{row['breaks']}/{row['fallbacks']}"
+        )
+        bounds = "-" if row["region_boundaries"] is None else str(row["region_boundaries"])
+        lo, hi = row["spread_ms"]
+        print(f"{row['compiler']:<16}{row['step_ms']:>9.2f}{f'{lo:.2f}-{hi:.2f}':>17}"
+              f"{eager / row['step_ms']:>9.2f}x{counts:>15}{bounds:>15}{'yes' if ok else 'NO':>11}")  # fmt: skip
+    out = HERE / "results" / f"distributed_cpu_fsdp_{args.model}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"commit": commit(), "world": args.world, "model": args.model, "wrap": "fsdp"}
+    out.write_text(json.dumps({"meta": meta, "ranks": per_rank}, indent=1))
+    print(f"wrote {out}")
+
+
 def rank_main(rank: int, world: int, init: str, args) -> None:
     import torch
     import torch.distributed as dist
@@ -93,6 +188,14 @@ def rank_main(rank: int, world: int, init: str, args) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     import kiln
     import kiln.distributed
+
+    if args.wrap == "fsdp":
+        gathered = [None] * world
+        dist.all_gather_object(gathered, fsdp_rows(rank, world, args))
+        if rank == 0:
+            _report_fsdp(gathered, args)
+        dist.destroy_process_group()
+        return
 
     rows, final = [], {}
     for compiler in COMPILERS:
@@ -203,6 +306,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--model", default="mlp", choices=["mlp", "gpt2"])
+    ap.add_argument("--wrap", default="ddp", choices=["ddp", "fsdp"])
     ap.add_argument("--bucket-mb", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
@@ -216,7 +320,7 @@ def main() -> None:
         init = "file://" + os.path.join(tmp, "store")
         base = [sys.executable, __file__, "--world", str(args.world), "--model", args.model]
         base += ["--bucket-mb", str(args.bucket_mb), "--steps", str(args.steps)]
-        base += ["--warmup", str(args.warmup), "--init", init]
+        base += ["--warmup", str(args.warmup), "--init", init, "--wrap", args.wrap]
         procs = [subprocess.Popen([*base, "--rank", str(r)]) for r in range(args.world)]
         codes = [p.wait() for p in procs]
     if any(codes):
