@@ -135,6 +135,36 @@ def test_disable_runs_eagerly():
     assert b.graphs == []
 
 
+def test_region_boundary_is_not_a_break():
+    """A call of a module whose forward is marked ``_kiln_region`` (kiln's FSDP2 units)
+    ends the graph and resumes after it, counted as a region boundary, not a break, and
+    allowed under fullgraph=True."""
+
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            return x * 3
+
+    inner = Inner()
+    region = kiln_capture.optimize(CountingBackend())(inner.forward)
+    region._kiln_region = True
+    inner.forward = region
+
+    def f(x):
+        return inner(x.sin()) + 1
+
+    for fullgraph in (False, True):
+        kiln_capture.reset()
+        b = CountingBackend()
+        of = kiln_capture.optimize(b, fullgraph=fullgraph)(f)
+        x = torch.randn(4)
+        torch.testing.assert_close(of(x), x.sin() * 3 + 1)
+        stats = kiln_capture.stats()
+        assert stats["breaks"] == 0 and stats["region_boundaries"] == 1, stats
+        assert len(b.graphs) == 2  # before and after the call
+    explained = kiln_capture.explain(f, torch.randn(4))
+    assert explained.break_count == 0 and len(explained.region_boundaries) == 1
+
+
 def test_many_calls_stay_consistent():
     b = CountingBackend()
 
