@@ -5,6 +5,7 @@ Public API:
     compile_fx(gm, example_inputs)          torch-level or ATen-level graph → callable
     compile_aten_graph(gm, example_inputs)  ATen-level graph → CompiledGraph
     register_backend / get_backend          the kernel backend registry (see backend.py)
+    layout_copies / reset_layout_copies     per-call copies of mis-strided tensors, counted
 """
 
 from importlib.metadata import version as _version
@@ -21,6 +22,7 @@ from .backend import (
 from .compile import CompiledGraph, compile_aten_graph, compile_fx
 from .errors import AotUnavailableError, KilnInductorError, LoweringError, NoBackendError
 from .runtime.cache import KernelCache
+from .runtime.layout_copies import LayoutCopy, layout_copies, reset_layout_copies
 
 __version__: str = _version("kiln-inductor")
 
@@ -31,13 +33,16 @@ __all__ = [
     "KernelCache",
     "KernelSource",
     "KilnInductorError",
+    "LayoutCopy",
     "LoweringError",
     "NoBackendError",
     "__version__",
     "compile_aten_graph",
     "compile_fx",
     "get_backend",
+    "layout_copies",
     "register_backend",
     "registered_backends",
+    "reset_layout_copies",
     "unregister_backend",
 ]

@@ -26,6 +26,7 @@ from .errors import AotUnavailableError
 from .graph import GraphLowering
 from .ir.printer import print_ir
 from .ir.symbols import shape_env
+from .runtime.layout_copies import record_layout_copy
 from .scheduler.fuse import FusedGroup, fuse_nodes
 from .scheduler.memory import plan_memory
 from .scheduler.templates import TemplateGroup, fuse_templates
@@ -50,6 +51,7 @@ class CompiledGraph:
         self.wrapper_source = source
         self.stats = stats
         self.artifact: GraphArtifact | None = None  # set by compile_aten_graph
+        self.name = "graph"  # "graph<n>", set by wrapper_graph: names copy sites
         # kernels index inputs with the strides the graph was compiled for
         self._layouts = list(layouts)
         # (position, strides) of the inputs to check on each call, in one list: the loop
@@ -61,7 +63,7 @@ class CompiledGraph:
             args = tuple(args[0])
         for i, stride in self._checked:
             if args[i].stride() != stride:
-                args = self._restride(args, i, self._layouts[i])
+                args = self._restride(args, i, self._layouts[i], self.name)
         return self._call(args)
 
     def kiln_guarded_call(self, *args: Any) -> tuple:
@@ -71,7 +73,9 @@ class CompiledGraph:
         return self._call(args, False)
 
     @staticmethod
-    def _restride(args: tuple, i: int, want: tuple[tuple[int, ...], tuple[int, ...]]) -> tuple:
+    def _restride(
+        args: tuple, i: int, want: tuple[tuple[int, ...], tuple[int, ...]], name: str = "graph"
+    ) -> tuple:
         x = args[i]
         if tuple(x.shape) != want[0]:
             raise ValueError(
@@ -83,6 +87,7 @@ class CompiledGraph:
             f"input {i}: strides {tuple(x.stride())}, the graph was compiled for {want[1]}: "
             "copied on this call",
         )
+        record_layout_copy(f"{name} input {i}", x, want[1])
         fixed = torch.empty_strided(want[0], want[1], dtype=x.dtype, device=x.device).copy_(x)
         return (*args[:i], fixed, *args[i + 1 :])
 
@@ -245,6 +250,7 @@ def wrapper_graph(
     namespace = dict(wrapper_globals)
     exec(compile(source, f"<kiln wrapper graph{gid}>", "exec"), namespace)
     compiled = CompiledGraph(namespace["call"], source, stats, layouts)
+    compiled.name = f"graph{gid}"
     # checked by CUDA graph runners after replay
     compiled.index_errors = wrapper_globals.get("index_errors")
     return compiled

@@ -30,6 +30,7 @@ from .ir.symbols import is_size_symbol
 from .log import log
 from .lowering.extern import ATTENTION_OPS
 from .lowering.registry import EXTERN_OPS
+from .runtime.layout_copies import record_layout_copy
 from .scheduler.fuse import FusedGroup, Step
 from .scheduler.memory import MemoryPlan
 
@@ -340,5 +341,6 @@ def _restride(t: torch.Tensor, stride: tuple[int, ...], site: str = "") -> torch
             f"{site}: the op returned strides {tuple(t.stride())} for shape {tuple(t.shape)}, "
             f"kernels index {stride}: copied on every call",
         )
+    record_layout_copy(site, t, stride)
     out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
     return out.copy_(t)
