@@ -202,7 +202,9 @@ def test_guarded_call_runs_the_example_plan_without_recompiling(compiler):
         _affine(x, w, b)[0].sum().backward()
         assert_close(got, w.grad)
         w.grad = None
-    assert len(compiler.graphs) == n
+    # the one more graph is the backward for the expanded ones tangent of ``.sum()``
+    # (backward_variants.py), compiled on the first backward and reused on the second
+    assert len(compiler.graphs) == n + 1
 
 
 def test_guarded_call_takes_the_checked_path_when_grad_mode_differs(compiler):

@@ -58,12 +58,15 @@ back like any input mutation).
 Dropout's mask is always computed once in the forward and saved for the backward.
 
 ``CORE_ATEN_OPS`` / ``KEPT_OPS``: the declared op sets (``kiln_aot.core_ops``).
-``verify_graph(gm)`` checks the contract. Settings: ``kiln_aot.config`` (``KILN_AOT_*``).
+``verify_graph(gm)`` checks the contract. ``tangent_copies()`` counts the tangents copied
+before a compiled backward (backward_variants.py: the backward is compiled again for the
+strides tangents arrive with instead). Settings: ``kiln_aot.config`` (``KILN_AOT_*``).
 """
 
 from importlib.metadata import version as _version
 
 from kiln_aot.api import aot_function, aot_graph, aot_module
+from kiln_aot.backward_variants import reset_tangent_copies, tangent_copies
 from kiln_aot.core_ops import CORE_ATEN_OPS, KEPT_OPS
 from kiln_aot.decompositions import default_decompositions
 from kiln_aot.errors import DoubleBackwardError, KilnAotError, PartitionError, Unsupported
@@ -92,7 +95,9 @@ __all__ = [
     "default_decompositions",
     "fake_like",
     "min_cut_partition",
+    "reset_tangent_copies",
     "save_all_partition",
+    "tangent_copies",
     "trace",
     "verify_graph",
 ]

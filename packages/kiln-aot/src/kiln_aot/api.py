@@ -53,6 +53,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln_aot import core_ops
+from kiln_aot.backward_variants import BackwardVariants
 from kiln_aot.debug_dump import DebugDump, partition_report
 from kiln_aot.graph_trace import TraceInfo, symbolic_inputs, trace
 from kiln_aot.joint import trace_joint
@@ -225,8 +226,10 @@ class AotCompiled:
         bw_gm.meta["kiln_aot_training"] = {"role": "backward"}
         fw = self.fw_compiler(fw_gm, list(flat_args))
         bw_inputs = [n.meta.get("val") for n in bw_gm.graph.nodes if n.op == "placeholder"]
+        # the uncompiled backward, kept to compile again for other tangent strides
+        variants = BackwardVariants.for_graph(bw_gm, self.bw_compiler, len(info.differentiable))
         bw = self.bw_compiler(bw_gm, bw_inputs)
-        return TrainingPlan(
+        plan = TrainingPlan(
             fw=fw,
             bw=bw,
             info=info.trace,
@@ -241,6 +244,8 @@ class AotCompiled:
                 if n.name.startswith("saved_") and isinstance(n.meta.get("val"), torch.SymInt)
             ),
         )
+        plan.variants = variants
+        return plan
 
 
 def guarded_call(

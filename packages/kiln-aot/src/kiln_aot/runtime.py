@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from kiln_aot.backward_variants import BackwardVariants, contiguous_tangent, restride_tangent
 from kiln_aot.errors import DoubleBackwardError
 from kiln_aot.graph_trace import OutputInfo, TraceInfo
 
@@ -136,6 +137,23 @@ class TrainingPlan:
         diff = set(self.differentiable)
         self.nondifferentiable = tuple(i for i in range(self.num_fwd_outputs) if i not in diff)
         self.plain = returns_graph_outputs(self.info)
+        # the backward compiled again per set of tangent strides (backward_variants.py);
+        # not a field: a plan rebuilt from an artifact cache has none
+        self.variants: BackwardVariants | None = None
+
+    def backward_for(self, tangents: list[torch.Tensor]) -> tuple[Callable, list[torch.Tensor]]:
+        """The compiled backward for these tangents, and the tangents it takes: as they
+        are where a backward was compiled for their strides, else copied."""
+        variants = self.variants
+        if variants is None:
+            return self.bw, [contiguous_tangent(t, k) for k, t in enumerate(tangents)]
+        if variants.key(tangents) == variants.expected:
+            return self.bw, tangents
+        bw = variants.select(tangents)
+        if bw is not None:
+            return bw, tangents
+        want = variants.expected
+        return self.bw, [restride_tangent(t, k, want[k]) for k, t in enumerate(tangents)]
 
     def __call__(self, flat_args: Sequence[Any]) -> Any:
         outs = CompiledFunction.apply(self, *flat_args)
@@ -185,7 +203,7 @@ class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs):
         plan: TrainingPlan = ctx.plan
-        tangents = [grad_outputs[i].contiguous() for i in plan.differentiable]
+        bw, tangents = plan.backward_for([grad_outputs[i] for i in plan.differentiable])
         saved = ctx.saved_tensors
         if plan.saved_ints:
             saved = list(saved)
@@ -194,10 +212,10 @@ class CompiledFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             # create_graph=True: the compiled backward is not itself differentiable.
             with torch.no_grad():
-                grads = _as_tuple(plan.bw(*saved, *tangents))
+                grads = _as_tuple(bw(*saved, *tangents))
             grads = _double_backward_guard(grads)
         else:
-            grads = _as_tuple(plan.bw(*saved, *tangents))
+            grads = _as_tuple(bw(*saved, *tangents))
         result: list[Any] = [None] * (plan.num_inputs + 1)
         for index, g in zip(plan.grad_inputs, grads):
             result[index + 1] = g
