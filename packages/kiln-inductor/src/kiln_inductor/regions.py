@@ -86,7 +86,7 @@ class Call:
 
     key: str
     path: str
-    cls: type
+    cls: type | str  # torch's capture writes the class's qualified name
     parent: str | None
     nodes: list[torch.fx.Node] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
@@ -108,13 +108,13 @@ class Piece:
 class RegionGroup:
     """Structurally equal module calls: one compiled block serves them all."""
 
-    cls: type
+    cls: type | str
     paths: list[str]
     ops: int
 
     @property
     def name(self) -> str:
-        return self.cls.__name__
+        return getattr(self.cls, "__name__", str(self.cls).rsplit(".", 1)[-1])
 
     def describe(self) -> str:
         shown = ", ".join(self.paths[:3]) + (", ..." if len(self.paths) > 3 else "")
@@ -213,9 +213,7 @@ def _module_calls(nodes: list[torch.fx.Node]) -> tuple[dict[str, Call], list[str
         for key, (path, cls) in n.meta.get(STACK, {}).items():
             call = calls.get(key)
             if call is None:
-                call = calls[key] = Call(
-                    key, str(path), cls if isinstance(cls, type) else object, parent
-                )
+                call = calls[key] = Call(key, str(path), cls, parent)
                 (calls[parent].children if parent is not None else roots).append(key)
             call.nodes.append(n)
             parent = key
