@@ -190,3 +190,18 @@ def test_gpt2_train_step_equal_to_model_compiled(name, opt_cls, kwargs):
     assert stats["fallbacks"] == 0 and stats["eager_frames"] == 0, stats
     # the whole step: 1 + 1 graphs at step 1, 1 + 1 more at step 2, none after
     assert graphs[-1] == graphs[1] == 5, (graphs, stats)
+
+
+def test_optimizer_is_traced_after_torch_compile_ran_in_the_process():
+    """torch.compile, once it has run, wraps every optimizer's ``_init_group`` in its own
+    disable wrapper: kiln traces through it (it broke the optimizer step in two)."""
+    torch._dynamo.reset()
+    torch.compile(lambda x: x * 2, backend="eager")(torch.randn(3))
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(3)
+    batches = [
+        (torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(3)
+    ]
+    graphs, stats = _run(_mlp, _mse, batches, torch.optim.SGD, dict(lr=0.1, momentum=0.9))
+    assert graphs[-1] == graphs[1] == 4, (graphs, stats)
+    assert stats["breaks"] == 2 and stats["fallbacks"] == 0, stats

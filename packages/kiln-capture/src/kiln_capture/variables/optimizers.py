@@ -35,6 +35,7 @@ modules); what it needs beyond plain Python is here:
 from __future__ import annotations
 
 import collections
+import os
 
 import torch
 
@@ -131,11 +132,20 @@ def _disable_dynamo_code() -> object:
 _DISABLE_DYNAMO_CODE = _disable_dynamo_code()
 
 
+# torch.compile, once it has run in the process, wraps each optimizer class's
+# ``_init_group`` in its own disable wrapper (a function of this file)
+_DYNAMO_EVAL_FRAME = os.path.join("torch", "_dynamo", "eval_frame.py")
+
+
 def unwrap_optimizer_function(fn) -> object | None:
     """The function under torch's ``_disable_dynamo`` wrapper on a torch.optim method
-    (``Optimizer.zero_grad``): that marker is for torch.compile's tracer; what the method
-    does (``p.grad = None``) kiln traces. None for any other function."""
-    if getattr(fn, "__code__", None) is not _DISABLE_DYNAMO_CODE:
+    (``Optimizer.zero_grad``), or under the disable wrapper torch.compile puts on
+    ``_init_group`` once it has run: those markers are for torch.compile's tracer; what
+    the method does kiln traces. None for any other function."""
+    code = getattr(fn, "__code__", None)
+    if code is not _DISABLE_DYNAMO_CODE and not (
+        code is not None and code.co_filename.endswith(_DYNAMO_EVAL_FRAME)
+    ):
         return None
     if not (getattr(fn, "__module__", "") or "").startswith("torch.optim"):
         return None
