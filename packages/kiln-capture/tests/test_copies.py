@@ -97,3 +97,39 @@ def test_deepcopy_of_tensors_that_may_share_storage_breaks():
     report = kiln_capture.explain(f)(t, t[:2])
     assert report.break_count >= 1
     assert_same(report.result, expected)
+
+
+def _copy_of_a_copy(x, cfg):
+    # HF Whisper: its decoder copies the config, sets num_hidden_layers, and DynamicCache's
+    # get_text_config(decoder=True) copies that copy again
+    first = copy.deepcopy(cfg)
+    first.layers = first.decoder_layers
+    second = copy.deepcopy(first)
+    second.names["c"] = 3
+    return x * second.layers + len(second.names) + len(first.names) + cfg.layers
+
+
+def test_copy_of_a_copy_is_one_graph():
+    backend = CountingBackend()
+    fn = kiln_capture.optimize(backend)(_copy_of_a_copy)
+    x = torch.randn(3)
+    report = kiln_capture.explain(_copy_of_a_copy)(x, Config())
+    assert (report.graph_count, report.break_count) == (1, 0), str(report)
+    cfg = Config()
+    assert_same(fn(x, cfg), _copy_of_a_copy(x, Config()))
+    assert vars(cfg) == vars(Config())
+    cfg.decoder_layers = 5  # the original's guard covers what the second copy holds
+    assert_same(fn(x, cfg), _copy_of_a_copy(x, cfg))
+    assert len(backend.graphs) == 2
+
+
+def test_copy_of_a_copy_holding_an_object_with_no_value_equality_breaks():
+    def f(x, cfg):
+        first = copy.deepcopy(cfg)
+        first.hook = object()  # a copy of it would not compare equal: not plain data
+        return x + len(vars(copy.deepcopy(first)))
+
+    x = torch.randn(3)
+    report = kiln_capture.explain(f)(x, Config())
+    assert report.break_count >= 1
+    assert_same(report.result, f(x, Config()))

@@ -204,3 +204,31 @@ def tuple_unpack_in_for_with_dict(x):
 def namedtuple_asdict(x):
     d = Out(x, x + 1)._asdict()
     return d["value"] * d["aux"]
+
+
+class Layers:
+    """A container of layers with ``__len__`` and no ``__bool__`` (a transformers cache)."""
+
+    def __init__(self, n):
+        self.layers = [i + 1 for i in range(n)]
+
+    def __len__(self):
+        return len(self.layers)
+
+
+class Flagged:
+    def __init__(self, on):
+        self.on = on
+
+    def __bool__(self):
+        return self.on
+
+
+@case()
+def truth_of_objects_made_in_the_trace(x):
+    # Python's rule: __bool__, else __len__ != 0, else true (Whisper: `if cache and ...`)
+    made = [Layers(2), Layers(0), Flagged(True), Flagged(False), Out(x, x)]
+    for i, obj in enumerate(made):
+        if obj:
+            x = x + i
+    return x

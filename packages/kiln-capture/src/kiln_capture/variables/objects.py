@@ -70,15 +70,9 @@ class ObjectVar(Var):
         return isinstance(self.value, type)
 
     def truth(self, tx) -> bool:
-        t = type(self.value)
-        if isinstance(self.value, type) or not (hasattr(t, "__bool__") or hasattr(t, "__len__")):
+        if isinstance(self.value, type):
             return True
-        if inspect.isfunction(getattr(t, "__bool__", None)):
-            return self.call_method(tx, "__bool__", [], {}).truth(tx)
-        if getattr(t, "__bool__", None) is None and inspect.isfunction(getattr(t, "__len__", None)):
-            # Python's rule without __bool__: true when its __len__ is not 0 (a cache)
-            return self.call_method(tx, "__len__", [], {}).truth(tx)
-        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"truth value of {t.__name__}")
+        return truth_by_protocol(tx, self, type(self.value))
 
     def _child(self, tx, value, name):
         if self.source is not None:
@@ -259,6 +253,18 @@ def unpack_by_protocol(tx, var: Var, cls: type) -> list[Var]:
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"iteration over a {cls.__name__}")
 
 
+def truth_by_protocol(tx, var: Var, cls: type) -> bool:
+    """``bool(obj)`` of a user object by Python's rule: its ``__bool__``, else whether its
+    ``__len__`` is not 0 (a transformers cache), else true."""
+    if not (hasattr(cls, "__bool__") or hasattr(cls, "__len__")):
+        return True
+    if inspect.isfunction(getattr(cls, "__bool__", None)):
+        return var.call_method(tx, "__bool__", [], {}).truth(tx)
+    if getattr(cls, "__bool__", None) is None and inspect.isfunction(getattr(cls, "__len__", None)):
+        return var.call_method(tx, "__len__", [], {}).truth(tx)
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"truth value of {cls.__name__}")
+
+
 def length_by_protocol(tx, var: Var, cls: type) -> int:
     ln = inspect.getattr_static(cls, "__len__", None)
     if inspect.isfunction(ln):
@@ -386,14 +392,17 @@ def _deepcopy(tx, x: Var, copied: dict[object, Var]) -> Var:
     if type(x) is SetVar:
         return SetVar(set(x.values))
     obj = getattr(x, "value", None)
-    if type(x) is ObjectVar and obj is not None and hasattr(obj, "__dict__"):
+    if type(x) in (ObjectVar, CopiedObjectVar) and obj is not None and hasattr(obj, "__dict__"):
         state = vars(obj)
         snapshot = copy.deepcopy(state)
         if _holds_tensor(snapshot) or not _equal(snapshot, state):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"copy.deepcopy of a {type(obj).__name__}")
-        g = tx.out.guards
-        src = x.source.expr() if x.source is not None else g.const(obj)
-        g.add(f"{g.const(snapshot)} == vars({src})", f"{src} holds what was copied at capture")
+        # a copy of a copy (Whisper copies its config, then get_text_config copies that)
+        # needs no guard: what the first copy holds follows from its original's guard
+        if type(x) is ObjectVar:
+            g = tx.out.guards
+            src = x.source.expr() if x.source is not None else g.const(obj)
+            g.add(f"{g.const(snapshot)} == vars({src})", f"{src} holds what was copied at capture")
         clone = copy.deepcopy(obj)
         ref = tx.out.const_ref(clone)
         tx.out.freeze(ref)  # private: what it holds follows from the guard above
@@ -616,6 +625,9 @@ class NewObjectVar(Var):
 
     def length(self, tx) -> int:
         return length_by_protocol(tx, self, self.cls)
+
+    def truth(self, tx) -> bool:
+        return truth_by_protocol(tx, self, self.cls)
 
     def getitem(self, tx, key):
         gi = inspect.getattr_static(self.cls, "__getitem__", None)
