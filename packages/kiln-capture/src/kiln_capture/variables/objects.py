@@ -170,7 +170,14 @@ class ObjectVar(Var):
             return BoundMethodVar(tx.out.wrap_value(static), self)
         if isinstance(static, property) and static.fget is not None:
             return tx.out.wrap_value(static.fget).call(tx, [self], {})
-        return self._child(tx, getattr(self.value, name), name)
+        try:
+            value = getattr(self.value, name)
+        except AttributeError:
+            if self.source is not None:  # getattr(cfg, name, default): absent on each call
+                g, src = tx.out.guards, self.source.expr()
+                g.add(f"not hasattr({src}, {g.const(name)})", f"{src} has no attribute {name!r}")
+            raise
+        return self._child(tx, value, name)
 
     def setattr(self, tx, name: str, value: Var) -> None:
         if isinstance(self.value, type | types.ModuleType):
@@ -819,8 +826,20 @@ class _DefaultGetattributeVar(Var):
         if kwargs or len(args) != 1 or not args[0].is_const():
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "object.__getattribute__ on non-constants")
         name = args[0].as_const()
-        # an AttributeError propagates as Python's would (to getattr(obj, name, default))
-        value = object.__getattribute__(self.obj.value, name)
+        real = self.obj.value
+        try:
+            value = object.__getattribute__(real, name)
+        except AttributeError as e:
+            # raised in the trace (getattr(obj, name, default) catches it; a frame that
+            # does not, HF's config __getattribute__ called from eager code, raises it
+            # after its graph), the attribute's absence guarded
+            if not isinstance(getattr(real, "__dict__", None), dict) or hasattr(type(real), name):
+                raise Unsupported(breaks.EXCEPTION, f"AttributeError: {e}") from None
+            from kiln_capture.variables.exceptions import raised
+
+            g, src = tx.out.guards, self.obj.source.expr()
+            g.add(f"{g.const(name)} not in vars({src})", f"{src} has no attribute {name!r}")
+            raise raised(AttributeError, *e.args) from None
         return self.obj._child(tx, value, name)
 
 
