@@ -351,16 +351,19 @@ class GuardSet:
 
 
 _SCOPES = (ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.Lambda)
+_LEAVES = (ast.Name, ast.Constant, ast.expr_context)  # no chain below them to name
 
 
-def _chains(node: ast.AST, memo: dict):
-    """Read chains in ``node``, outside nested scopes (their names are not ours)."""
-    if isinstance(node, _SCOPES):
+def _chain_keys(node: ast.AST, memo: dict, keys: set[str]) -> None:
+    """Add the text of every read chain in ``node`` to ``keys``, outside nested scopes
+    (their names are not ours)."""
+    if isinstance(node, _SCOPES) or isinstance(node, _LEAVES):
         return
-    if not isinstance(node, ast.Name) and _chain_key(node, memo) is not None:
-        yield node
+    key = _chain_key(node, memo)
+    if key is not None:
+        keys.add(key)
     for child in ast.iter_child_nodes(node):
-        yield from _chains(child, memo)
+        _chain_keys(child, memo, keys)
 
 
 class _Hoist(ast.NodeTransformer):
@@ -371,10 +374,9 @@ class _Hoist(ast.NodeTransformer):
         self.keys: dict[int, tuple[ast.AST, str | None]] = {}
 
     def visit(self, node):
-        if isinstance(node, _SCOPES):
+        if isinstance(node, _SCOPES) or isinstance(node, _LEAVES):
             return node
-        # the key is taken before the children change
-        key = _chain_key(node, self.keys) if not isinstance(node, ast.Name) else None
+        key = _chain_key(node, self.keys)  # taken before the children change
         node = self.generic_visit(node)
         if key is None or key not in self.shared:
             return node
@@ -423,8 +425,9 @@ def _shared_chains(trees: list[ast.AST]) -> set[str]:
     counts: Counter[str] = Counter()
     memo: dict[int, tuple[ast.AST, str | None]] = {}
     for tree in trees:
-        for key in {_chain_key(n, memo) for n in _chains(tree, memo)}:
-            counts[key] += 1
+        keys: set[str] = set()
+        _chain_keys(tree, memo, keys)
+        counts.update(keys)
     return {k for k, n in counts.items() if n > 1}
 
 
