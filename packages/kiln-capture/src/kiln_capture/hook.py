@@ -20,6 +20,7 @@ import types
 from dataclasses import dataclass, field
 
 import torch
+from kiln_shapes.compiling import compiling
 
 from kiln_capture import _C
 from kiln_capture import stats as counters
@@ -136,7 +137,7 @@ def context_stack() -> list[Context]:
 
 def _callback(code: types.CodeType, func, args: tuple):
     stack = context_stack()
-    if not stack or func is None:
+    if not stack or func is None or compiling():  # a compiler's own frames (kiln_shapes.compiling)
         return RUN_DEFAULT
     ctx = stack[-1]
     key = (code, id(ctx.backend), ctx.dynamic)
