@@ -1,6 +1,6 @@
-"""Training steps make no per-step layout copies: tangents that arrive with other strides
-than traced (the expanded ``ones`` of ``.sum().backward()``, a transposed gradient) get a
-backward compiled for those strides (kiln-aot's backward_variants.py), saved tensors reach
+"""Training steps make no per-step layout copies: the backward is compiled on its first
+call for the strides its tangents arrive with (the expanded ``ones`` of
+``.sum().backward()``, a transposed gradient; kiln-aot's backward_variants.py), saved tensors reach
 the backward with the strides it was compiled for. Counted with
 ``kiln_inductor.layout_copies()`` and ``kiln_aot.tangent_copies()``; gradients equal eager's,
 kernels are generated and nothing falls back."""
@@ -91,7 +91,8 @@ def test_each_tangent_layout_compiles_once_and_is_reused():
             _check_grads(fn, _block, inputs, LOSSES[name], steps=1)
     finally:
         kc.compile_aten_graph = kc_compile
-    # forward, traced backward, and one backward each for the expanded and transposed grads
+    # the forward, and a backward per tangent layout, each compiled on its first call:
+    # expanded ones, transposed, contiguous (the traced strides)
     assert len(compiled) == 4
     assert _copies() == ({}, {})
 

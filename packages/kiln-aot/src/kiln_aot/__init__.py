@@ -59,8 +59,8 @@ Dropout's mask is always computed once in the forward and saved for the backward
 
 ``CORE_ATEN_OPS`` / ``KEPT_OPS``: the declared op sets (``kiln_aot.core_ops``).
 ``verify_graph(gm)`` checks the contract. ``tangent_copies()`` counts the tangents copied
-before a compiled backward (backward_variants.py: the backward is compiled again for the
-strides tangents arrive with instead). Settings: ``kiln_aot.config`` (``KILN_AOT_*``).
+before a compiled backward (backward_variants.py: the backward is compiled on its first
+call, for the strides tangents arrive with, and again for each new set of strides). Settings: ``kiln_aot.config`` (``KILN_AOT_*``).
 """
 
 from importlib.metadata import version as _version

@@ -10,6 +10,9 @@ signature:
 - inference: ``trace`` -> drop outputs that alias inputs -> ``fw_compiler(gm, inputs)``;
 - training: ``trace_joint`` -> ``partition_fn`` -> ``fw_compiler(fw_gm, inputs)`` and
   ``bw_compiler(bw_gm, bw_inputs)`` (``bw_inputs``: the fake values of its placeholders).
+  The backward is compiled on its first call, for the strides its tangents arrive with
+  (backward_variants.py, "Lazy compilation"); a ``bw_compiler`` with the attribute
+  ``kiln_eager_backward = True`` gets it with the forward, for the traced strides.
 
 The callable runs through ``kiln_aot.runtime``.
 
@@ -19,11 +22,13 @@ The callable runs through ``kiln_aot.runtime``.
 signature and offers each newly compiled plan to ``store.save(signature, plan)``: a
 compiler that can serialize what its ``fw_compiler``/``bw_compiler`` returned (kiln-
 inductor's artifact cache does) makes a second process skip tracing, partitioning and
-compiling. ``signature`` is the plan cache's key (this module's ``_signature``); the
-store adds the graph's own identity. Signatures holding an object by identity (an
-unhashable non-tensor input) are never offered: their key means nothing in another
-process. ``load`` returns an ``InferencePlan``/``TrainingPlan`` or None; ``save`` must
-not raise.
+compiling. A training plan is offered again each time its backward compiles for new
+tangent strides (``BackwardVariants.on_compiled``); a loaded one compiles new strides
+with this ``bw_compiler``. ``signature`` is the plan cache's key (this module's
+``_signature``); the store adds the graph's own identity. Signatures holding an object
+by identity (an unhashable non-tensor input) are never offered: their key means nothing
+in another process. ``load`` returns an ``InferencePlan``/``TrainingPlan`` or None;
+``save`` must not raise.
 
 # Guarded calls
 
@@ -162,6 +167,7 @@ class AotCompiled:
         if plan is None and store is not None:
             plan = store.load(key)
             if plan is not None:
+                self._attach(plan, key, store)
                 self.plans[key] = plan
         if plan is None:
             start = time.perf_counter()
@@ -177,7 +183,18 @@ class AotCompiled:
             self.plans[key] = plan
             if store is not None:
                 store.save(key, plan)
+                self._attach(plan, key, store)
         return plan
+
+    def _attach(self, plan: Any, key: tuple, store: PlanStore) -> None:
+        """A training plan's backward variants compile with this compiler (a loaded plan
+        has none) and are offered to ``store`` as they compile (backward_variants.py)."""
+        variants = getattr(plan, "variants", None)
+        if variants is None:
+            return
+        if variants.compiler is None:
+            variants.compiler = self.bw_compiler
+        variants.on_compiled = lambda: store.save(key, plan)
 
     def run(self, flat_args: Sequence[Any], extra: Any = None) -> Any:
         plan = self.plan_for(flat_args, extra)
@@ -225,10 +242,16 @@ class AotCompiled:
         fw_gm.meta["kiln_aot_training"] = {"role": "forward", "outputs": info.num_fwd_outputs}
         bw_gm.meta["kiln_aot_training"] = {"role": "backward"}
         fw = self.fw_compiler(fw_gm, list(flat_args))
-        bw_inputs = [n.meta.get("val") for n in bw_gm.graph.nodes if n.op == "placeholder"]
-        # the uncompiled backward, kept to compile again for other tangent strides
+        # the backward compiles on its first call, for the tangent strides that arrive
+        # (backward_variants.py), unless its compiler wants it now or tangents are symbolic
         variants = BackwardVariants.for_graph(bw_gm, self.bw_compiler, len(info.differentiable))
-        bw = self.bw_compiler(bw_gm, bw_inputs)
+        if variants is None:
+            bw_inputs = [n.meta.get("val") for n in bw_gm.graph.nodes if n.op == "placeholder"]
+            bw = self.bw_compiler(bw_gm, bw_inputs)
+        elif getattr(self.bw_compiler, "kiln_eager_backward", False):
+            bw = variants.compile_traced()
+        else:
+            bw = None
         plan = TrainingPlan(
             fw=fw,
             bw=bw,

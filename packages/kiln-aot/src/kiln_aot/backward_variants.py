@@ -1,4 +1,5 @@
-"""The compiled backward, specialized for the strides its tangents really arrive with.
+"""The compiled backward, compiled when first called, for the strides its tangents really
+arrive with.
 
 # Tangent layouts
 
@@ -12,9 +13,30 @@ set of tangent strides; at most ``LIMIT`` sets per plan), then reuses it: the bw
 kernels read each tangent with its real strides (an expanded ``ones`` is read with stride
 0), no copy. Strides of size-1 dimensions are never read, so they never make a variant.
 
-Kept only where every tangent's shape and strides are static ints; a plan loaded from an
-artifact cache (no graph to compile again) or a variant that fails to compile falls back
-to the old path (``contiguous()``), counted by ``tangent_copies()``.
+Kept only where every tangent's shape and strides are static ints (otherwise the backward
+is compiled with the forward, and tangents are made contiguous, counted by
+``tangent_copies()``). A variant that fails to compile, or one past ``LIMIT``, runs the
+backward compiled for the traced strides (or, where there is no graph to compile it
+from, any compiled one) on tangents copied to its strides, counted too.
+
+# Lazy compilation
+
+Nothing is compiled for the backward when the forward is: the first backward call
+compiles it for the strides that arrive (``.sum().backward()`` never needs the traced
+strides, and compiling for them was half of HF GPT-2's training compile time). A
+compiler that must have its backward before the first step (kiln-triton's CUDA graph
+runners: a backward compiled and autotuned inside a user's capture of the step would
+fail there) sets ``kiln_eager_backward = True`` on itself: ``compile_traced()`` then runs
+with the forward, as before.
+
+# Persistence
+
+``state()`` is plain data (``graph_data.py``: the uncompiled graph, no pickled code) and
+the keys of the compiled variants, whose compiled graphs a cache stores beside it;
+``restore()`` rebuilds the variants from them. A process that loads them runs the
+stored variants as they are and compiles new tangent strides from the stored graph;
+``on_compiled`` (set by ``aot_graph`` for its plan store) is called after each variant
+compiled, so the cache entry gains it.
 """
 
 from __future__ import annotations
@@ -25,12 +47,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from kiln_shapes.compiling import compiler_running
 from torch import fx
 
 from kiln_aot.fake import FakeTensor
+from kiln_aot.graph_data import graph_data, graph_from_data
 from kiln_aot.log import log
 
-LIMIT = 8  # variants per plan: past it, tangents are copied to the traced strides
+LIMIT = 8  # variants per plan besides the traced strides': past it, tangents are copied
 
 _copies: Counter[tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = Counter()
 
@@ -73,19 +97,28 @@ def _static(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and all(type(s) is int for s in (*v.shape, *v.stride()))
 
 
-class BackwardVariants:
-    """The backward graph kept uncompiled (a copy taken before its compiler changes it),
-    and the backward compiled per set of tangent strides."""
+Key = tuple[tuple[int, ...], ...]
 
-    def __init__(self, bw_gm: fx.GraphModule, compiler: Callable, num_tangents: int):
-        self.gm = copy.deepcopy(bw_gm)
+
+class BackwardVariants:
+    """The backward graph kept uncompiled, and the backward compiled per set of tangent
+    strides (module docstring)."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule | None,
+        compiler: Callable | None,
+        shapes: Key,
+        expected: Key,
+        compiled: dict[Key, Callable] | None = None,
+    ):
+        self.gm = gm  # never compiled itself: each variant compiles a copy
         self.compiler = compiler
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        self.tangent_nodes = placeholders[len(placeholders) - num_tangents :]
-        vals = [n.meta.get("val") for n in self.tangent_nodes]
-        self.shapes = tuple(tuple(v.shape) for v in vals)
-        self.expected = tuple(tuple(v.stride()) for v in vals)  # what the first bw reads
-        self.variants: dict[tuple[tuple[int, ...], ...], Callable | None] = {}
+        self.shapes = shapes
+        self.expected = expected  # the traced strides
+        self.variants: dict[Key, Callable] = dict(compiled or {})
+        self.failed: set[Key] = set()
+        self.on_compiled: Callable[[], None] | None = None
 
     @staticmethod
     def for_graph(
@@ -94,42 +127,100 @@ class BackwardVariants:
         """Variants for ``bw_gm``, or None when a tangent has symbolic sizes or strides."""
         placeholders = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
         tangents = placeholders[len(placeholders) - num_tangents :] if num_tangents else []
-        if not tangents or not all(_static(n.meta.get("val")) for n in tangents):
+        vals = [n.meta.get("val") for n in tangents]
+        if not tangents or not all(_static(v) for v in vals):
             return None
-        return BackwardVariants(bw_gm, compiler, num_tangents)
+        shapes = tuple(tuple(v.shape) for v in vals)
+        expected = tuple(tuple(v.stride()) for v in vals)
+        return BackwardVariants(bw_gm, compiler, shapes, expected)
 
-    def key(self, tangents: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
+    def key(self, tangents: Sequence[torch.Tensor]) -> Key:
         """The tangents' strides, with the traced stride for each dimension of size 1."""
         out = []
         for t, want in zip(tangents, self.expected):
             out.append(tuple(w if n == 1 else s for n, s, w in zip(t.shape, t.stride(), want)))
         return tuple(out)
 
-    def select(self, tangents: Sequence[torch.Tensor]) -> Callable | None:
-        """The backward compiled for these tangents' strides (compiled on first sight);
-        None when there is none (over ``LIMIT``, or it failed to compile)."""
+    def backward_for(self, tangents: list[torch.Tensor]) -> tuple[Callable, list[torch.Tensor]]:
+        """The backward for these tangents (compiled on first sight of their strides), and
+        the tangents it takes: as they are, or copied to the strides of the backward that
+        serves them when none could be compiled for theirs."""
         key = self.key(tangents)
-        if key in self.variants:
-            return self.variants[key]
-        if len(self.variants) >= LIMIT:
-            return None
-        self.variants[key] = self._compile(key, tangents)
-        return self.variants[key]
+        bw = self.variants.get(key)
+        if bw is None and self._may_compile(key):
+            bw = self.compile_traced() if key == self.expected else self._try_compile(key)
+        if bw is not None:
+            return bw, tangents
+        want, bw = self._fallback()
+        return bw, [restride_tangent(t, k, want[k]) for k, t in enumerate(tangents)]
 
-    def _compile(self, key: tuple, tangents: Sequence[torch.Tensor]) -> Callable | None:
+    def compile_traced(self) -> Callable:
+        """The backward for the traced strides, compiled now if it is not yet; raises what
+        its compiler raises (nothing else can run the backward)."""
+        bw = self.variants.get(self.expected)
+        if bw is None:
+            bw = self._compile(self.expected)
+        return bw
+
+    def _may_compile(self, key: Key) -> bool:
+        if self.gm is None or self.compiler is None or key in self.failed:
+            return False
+        others = len(self.variants) - (self.expected in self.variants)
+        return key == self.expected or others < LIMIT
+
+    def _try_compile(self, key: Key) -> Callable | None:
+        try:
+            return self._compile(key)
+        except Exception as e:  # the traced strides' backward still serves, with copies
+            log("recompiles", f"the backward for tangent strides {key} failed to compile: {e}")
+            self.failed.add(key)
+            return None
+
+    def _fallback(self) -> tuple[Key, Callable]:
+        if self.expected in self.variants or (self.gm is not None and self.compiler is not None):
+            return self.expected, self.compile_traced()
+        if not self.variants:
+            raise RuntimeError("kiln_aot: a backward with no compiled graph and none to compile")
+        return next(iter(self.variants.items()))
+
+    def _compile(self, key: Key) -> Callable:
+        assert self.gm is not None and self.compiler is not None
         gm = copy.deepcopy(self.gm)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         first = len(placeholders) - len(key)
-        for node, t, stride in zip(placeholders[first:], tangents, key):
-            meta = torch.empty_strided(t.shape, stride, dtype=t.dtype, device="meta")
-            node.meta["val"] = FakeTensor(meta, t.device)
-        log(
-            "recompiles",
-            f"backward compiled again for tangent strides {key} (traced: {self.expected})",
-        )
+        if key != self.expected:
+            for node, stride in zip(placeholders[first:], key):
+                v = node.meta["val"]
+                meta = torch.empty_strided(v.shape, stride, dtype=v.dtype, device="meta")
+                node.meta["val"] = FakeTensor(meta, v.device)
+            log(
+                "recompiles",
+                f"backward compiled for tangent strides {key} (traced: {self.expected})",
+            )
         inputs = [n.meta.get("val") for n in placeholders]
-        try:
-            return self.compiler(gm, inputs)
-        except Exception as e:  # the traced backward still serves, with copies
-            log("recompiles", f"the backward for tangent strides {key} failed to compile: {e}")
-            return None
+        with compiler_running():  # maybe inside a captured frame's backward (kiln_shapes.compiling)
+            bw = self.compiler(gm, inputs)
+        self.variants[key] = bw
+        if self.on_compiled is not None:
+            self.on_compiled()
+        return bw
+
+    # -- persistence (module docstring) ------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, Any], list[Callable]]:
+        """Plain data, and the compiled variants in the order of its ``keys``."""
+        keys = list(self.variants)
+        data = {
+            "shapes": self.shapes,
+            "expected": self.expected,
+            "keys": keys,
+            "graph": graph_data(self.gm) if self.gm is not None else None,
+        }
+        return data, [self.variants[k] for k in keys]
+
+    @staticmethod
+    def restore(data: dict[str, Any], compiled: Sequence[Callable]) -> BackwardVariants:
+        """The variants ``state()`` described; the compiler is the loader's to set."""
+        gm = graph_from_data(data["graph"]) if data["graph"] is not None else None
+        variants = dict(zip((tuple(map(tuple, k)) for k in data["keys"]), compiled))
+        return BackwardVariants(gm, None, data["shapes"], data["expected"], variants)

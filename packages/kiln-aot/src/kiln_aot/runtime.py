@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from kiln_aot.backward_variants import BackwardVariants, contiguous_tangent, restride_tangent
+from kiln_aot.backward_variants import BackwardVariants, contiguous_tangent
 from kiln_aot.errors import DoubleBackwardError
 from kiln_aot.graph_trace import OutputInfo, TraceInfo
 
@@ -121,7 +121,7 @@ class InferencePlan:
 @dataclass
 class TrainingPlan:
     fw: Callable
-    bw: Callable
+    bw: Callable | None  # None: compiled on the first backward (``variants``)
     info: TraceInfo
     num_user: int  # user forward outputs (before mutated inputs' values)
     num_fwd_outputs: int
@@ -137,23 +137,16 @@ class TrainingPlan:
         diff = set(self.differentiable)
         self.nondifferentiable = tuple(i for i in range(self.num_fwd_outputs) if i not in diff)
         self.plain = returns_graph_outputs(self.info)
-        # the backward compiled again per set of tangent strides (backward_variants.py);
-        # not a field: a plan rebuilt from an artifact cache has none
+        # the backward compiled per set of tangent strides, on first sight of each
+        # (backward_variants.py); None: ``bw`` serves every call (tangents made contiguous)
         self.variants: BackwardVariants | None = None
 
     def backward_for(self, tangents: list[torch.Tensor]) -> tuple[Callable, list[torch.Tensor]]:
         """The compiled backward for these tangents, and the tangents it takes: as they
-        are where a backward was compiled for their strides, else copied."""
-        variants = self.variants
-        if variants is None:
+        are where a backward is (or now gets) compiled for their strides, else copied."""
+        if self.variants is None:
             return self.bw, [contiguous_tangent(t, k) for k, t in enumerate(tangents)]
-        if variants.key(tangents) == variants.expected:
-            return self.bw, tangents
-        bw = variants.select(tangents)
-        if bw is not None:
-            return bw, tangents
-        want = variants.expected
-        return self.bw, [restride_tangent(t, k, want[k]) for k, t in enumerate(tangents)]
+        return self.variants.backward_for(tangents)
 
     def __call__(self, flat_args: Sequence[Any]) -> Any:
         outs = CompiledFunction.apply(self, *flat_args)
@@ -176,8 +169,8 @@ def _double_backward_guard(grads: tuple) -> tuple:
 
 
 class CompiledFunction(torch.autograd.Function):
-    """Runs ``plan.fw`` forward, ``plan.bw`` backward. Outputs: the forward graph's user
-    outputs then mutated inputs' values (the latter non-differentiable)."""
+    """Runs ``plan.fw`` forward, ``plan.backward_for``'s backward backward. Outputs: the
+    forward graph's user outputs then mutated inputs' values (the latter non-differentiable)."""
 
     @staticmethod
     def forward(ctx, plan: TrainingPlan, *args):

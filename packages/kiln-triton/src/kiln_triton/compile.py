@@ -53,6 +53,12 @@ def _training_runners(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Ca
     return CudaGraphRunner(compiled, f"graph{next(_ids)}.{training['role']}", copied=copied)
 
 
+# kiln-aot compiles the backward with the forward here, not on its first call (its
+# backward_variants.py, "Lazy compilation"): compiling and autotuning inside a backward
+# that a user's torch.cuda.graph capture of the whole step records would fail there
+_training_runners.kiln_eager_backward = True  # type: ignore[attr-defined]
+
+
 def compile_fx(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
