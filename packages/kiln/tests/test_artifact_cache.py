@@ -95,11 +95,14 @@ def test_warm_hit_skips_tracing_and_lowering(cache, monkeypatch, train):
     model, x = _model(), torch.randn(5, 8)
     before = STATS.hits, STATS.saves
     _run(model, x, train)
-    assert STATS.saves == before[1] + 1 and STATS.hits == before[0]
+    # a training plan is saved again once its backward compiled (on the first backward)
+    assert STATS.saves == before[1] + (2 if train else 1) and STATS.hits == before[0]
     (entry,) = _entries(cache)
     state = ArtifactCache(cache)._decode(entry.name, entry.read_bytes())
     assert state["kind"] == ("TrainingPlan" if train else "InferencePlan")
     assert all(g["kernels"] for g in state["graphs"])  # generated kernels, no fallback
+    if train:  # the forward, the backward for the strides that came, the graph to compile
+        assert len(state["graphs"]) == 2 and state["backward"]["graph"] is not None
     calls = _counting(monkeypatch)
     _run(model, x, train)  # a fresh capture: the plan comes from the cache
     assert STATS.hits == before[0] + 1
@@ -231,3 +234,62 @@ def test_read_only_cache_runs_without_it(tmp_path):
     assert result["saves"] == 0 and result["unsaved"] == 1
     assert "cannot write the artifact cache" in err and "cannot write the kernel cache" in err
     assert not any(root.iterdir())
+
+
+_TRAIN_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch, kiln, kiln_aot, kiln_aot.api, kiln_inductor
+    from unittest import mock
+    from kiln_inductor.runtime.artifacts import STATS
+    trace = mock.patch.object(kiln_aot.api, "trace_joint", wraps=kiln_aot.api.trace_joint).start()
+    lowering = kiln_inductor.compile.GraphLowering
+    lower = mock.patch.object(lowering, "run", autospec=True, side_effect=lowering.run).start()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                torch.nn.Linear(16, 4))
+    x, s = torch.randn(5, 8), torch.randn(4, 5)
+    losses = {"sum": lambda y: y.sum(), "transposed": lambda y: (y.t() * s).sum()}
+    loss = losses[sys.argv[1]]
+    compiled = kiln.compile(model, options={"raise_on_error": True})
+    for _ in range(2):
+        loss(compiled(x)).backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        loss(model(x)).backward()
+        for g, p in zip(got, model.parameters()):
+            torch.testing.assert_close(g, p.grad)
+        model.zero_grad(set_to_none=True)
+    calls = {"trace": trace.call_count, "lower": lower.call_count}
+    print(json.dumps({"hits": STATS.hits, "saves": STATS.saves, **calls,
+                      "tangent_copies": sum(kiln_aot.tangent_copies().values()),
+                      "layout_copies": len(kiln_inductor.layout_copies()),
+                      "fallbacks": kiln.stats()["fallbacks"]}))
+    """
+)
+
+
+def _train_process(cache: Path, loss: str) -> dict:
+    env = {**os.environ, "KILN_CACHE_DIR": str(cache), "KILN_ARTIFACT_CACHE": "1"}
+    env["KILN_VERIFY"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRAIN_SCRIPT, loss], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_warm_process_runs_the_backward_for_its_tangent_strides(tmp_path):
+    """The expanded ones of ``.sum()`` in a warm process: the backward variant comes from
+    the cache (no tangent copy, no tracing or lowering); a transposed gradient compiles
+    its variant from the stored backward graph (no copy, no tracing), which a third
+    process then loads. Gradients equal eager's in each process."""
+    clean = {"tangent_copies": 0, "layout_copies": 0, "fallbacks": 0}
+    cold = _train_process(tmp_path, "sum")
+    # saved with the forward, then again with the backward compiled on its first call
+    assert cold == {"hits": 0, "saves": 2, "trace": 1, "lower": 2, **clean}
+    warm = _train_process(tmp_path, "sum")
+    assert warm == {"hits": 1, "saves": 0, "trace": 0, "lower": 0, **clean}
+    other = _train_process(tmp_path, "transposed")
+    assert other == {"hits": 1, "saves": 1, "trace": 0, "lower": 1, **clean}
+    again = _train_process(tmp_path, "transposed")
+    assert again == {"hits": 1, "saves": 0, "trace": 0, "lower": 0, **clean}

@@ -11,6 +11,18 @@ globals, the source of each kernel (loaded again through the device's backend, w
 kernel cache holds the binaries), the ops the wrapper calls, and the warnings its
 compilation gave (replayed on a hit, so an eager path still says so).
 
+# Backward variants
+
+kiln-aot compiles a training plan's backward on its first call, once per set of tangent
+strides (kiln-aot's backward_variants.py). The entry of such a plan holds the forward,
+each backward variant compiled so far (``graphs[1:]``, keyed by tangent strides in
+``backward["keys"]``) and the uncompiled backward graph as plain data (kiln-aot's
+graph_data.py: ops by name, no pickled code; None where the graph has symbolic sizes).
+The entry is written again each time a variant compiles, so a warm process runs the
+backward for the strides the last one met without compiling or copying, and compiles
+new strides from the stored graph. A plan with neither (a backward not yet run, of a
+graph that cannot be stored) is saved once its backward has compiled.
+
 # The key
 
 sha256 of: this file's ``FORMAT``; the graph (its code; each node's target and the
@@ -61,6 +73,7 @@ import torch.fx
 from kiln_shapes import env_of
 from kiln_shapes.settings import cache_key, registered
 
+from kiln_aot.backward_variants import BackwardVariants
 from kiln_aot.runtime import InferencePlan, TrainingPlan
 
 from .. import log
@@ -70,7 +83,7 @@ from ..config import cache_dir, read_config
 from ..wrapper import call_target
 from .cache import digest
 
-FORMAT = 1
+FORMAT = 2  # 2: a training plan's backward variants and uncompiled backward graph
 MAGIC = b"kiln-artifact\n"
 # packages whose versions are part of every key (and checked again in each entry's header)
 _VERSIONED = (
@@ -276,23 +289,31 @@ def _graph_state(graph: Any) -> dict[str, Any] | None:
 
 
 def plan_state(plan: Any) -> dict[str, Any] | None:
-    """A plan as plain data (None: it holds a graph kiln-inductor did not compile)."""
+    """A plan as plain data (None: it holds a graph kiln-inductor did not compile, or a
+    backward it could neither run nor compile again)."""
+    backward = None
     if isinstance(plan, InferencePlan):
         graphs = [plan.compiled]
         fields = {"info": plan.info, "num_user": plan.num_user}
     elif isinstance(plan, TrainingPlan):
-        graphs = [plan.fw, plan.bw]
         fields = {
             f.name: getattr(plan, f.name)
             for f in dataclasses.fields(plan)
             if f.name not in ("fw", "bw")
         }
+        if plan.variants is None:
+            graphs = [plan.fw, plan.bw]
+        else:  # module docstring, "Backward variants"
+            backward, compiled = plan.variants.state()
+            if backward["graph"] is None and not compiled:
+                return None  # nothing to run a backward with yet: saved once one compiled
+            graphs = [plan.fw, *compiled]
     else:
         return None
     states = [_graph_state(g) for g in graphs]
     if any(s is None for s in states):
         return None
-    return {"kind": type(plan).__name__, "graphs": states, "fields": fields}
+    return {"kind": type(plan).__name__, "graphs": states, "fields": fields, "backward": backward}
 
 
 def _rebuild_graph(state: dict[str, Any]) -> Any:
@@ -330,8 +351,12 @@ def rebuild_plan(state: dict[str, Any]) -> Any:
     graphs = [_rebuild_graph(s) for s in state["graphs"]]
     if state["kind"] == "InferencePlan":
         return InferencePlan(graphs[0], **state["fields"])
-    if state["kind"] == "TrainingPlan":
+    if state["kind"] == "TrainingPlan" and state["backward"] is None:
         return TrainingPlan(fw=graphs[0], bw=graphs[1], **state["fields"])
+    if state["kind"] == "TrainingPlan":
+        plan = TrainingPlan(fw=graphs[0], bw=None, **state["fields"])
+        plan.variants = BackwardVariants.restore(state["backward"], graphs[1:])
+        return plan
     raise DamagedEntry(f"holds an unknown plan kind {state['kind']!r}")
 
 
