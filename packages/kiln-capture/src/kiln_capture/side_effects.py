@@ -1,5 +1,6 @@
 """Side effects of the captured region, replayed after the graph in program order:
-mutated input lists and dicts (their final contents), attribute stores, global stores,
+mutated input lists and dicts (their final contents), attribute stores, item stores on
+records passed in, global stores,
 and calls of real objects the graph cannot make (exiting an autocast entered outside)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ class SideEffects:
     # stores made through object.__setattr__ (a frozen dataclass's __init__): replayed so
     raw_stores: set[tuple[int, str]] = field(default_factory=set)
     global_stores: dict[str, Var] = field(default_factory=dict)
+    item_stores: list[tuple[Var, object, object, Var]] = field(default_factory=list)
     order: list[tuple[str, object]] = field(default_factory=list)
 
     def mutated(self, container: Var) -> None:
@@ -32,6 +34,12 @@ class SideEffects:
         self.attr_stores[key] = (obj, name, value)
         if raw:
             self.raw_stores.add(key)
+
+    def store_item(self, obj: Var, method: object, key: object, value: Var) -> None:
+        """``method(obj, key, value)``: a dict's C ``__setitem__`` on an object passed in
+        (a ModelOutput's ``super().__setitem__``), replayed with the same method."""
+        self.item_stores.append((obj, method, key, value))
+        self.order.append(("item", len(self.item_stores) - 1))
 
     def pending_attr(self, obj: Var, name: str) -> Var | None:
         entry = self.attr_stores.get((id(obj), name))
@@ -56,6 +64,8 @@ class SideEffects:
                 out.append(self.attr_stores[key][2])
             elif kind == "global":
                 out.append(self.global_stores[key])
+            elif kind == "item":
+                out.append(self.item_stores[key][3])
         return out
 
     def replay(self, cg) -> tuple[list[str], list[str]]:
@@ -86,6 +96,10 @@ class SideEffects:
                 apply.append(f"{store}({tmp}[0], {name!r}, {tmp}[1])")
             elif kind == "call":
                 apply.append(key(cg) if callable(key) else key)
+            elif kind == "item":
+                obj, method, k, value = self.item_stores[key]
+                compute.append(f"{tmp} = ({cg.rebuild(obj)}, {cg.rebuild(value)})")
+                apply.append(f"{cg.const(method)}({tmp}[0], {cg.const(k)}, {tmp}[1])")
             else:
                 compute.append(f"{tmp} = {cg.rebuild(self.global_stores[key])}")
                 apply.append(f"__k_G[{key!r}] = {tmp}")

@@ -661,6 +661,8 @@ def _super(tx, *args) -> Var:
 def _object_setattr(tx, obj, name, value) -> Var:
     if type(obj).__name__ == "ObjectVar":  # replayed past the class's own __setattr__
         tx.out.side_effects.store_attr(obj, name.as_const(), value, raw=True)
+    elif type(obj).__name__ == "RecordVar":
+        obj.raw_setattr(tx, name.as_const(), value)
     else:
         obj.setattr(tx, name.as_const(), value)
     return ConstVar(None)

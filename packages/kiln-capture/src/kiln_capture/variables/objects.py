@@ -709,12 +709,38 @@ class RecordVar(Var):
         return present[k][1]
 
     def setattr(self, tx, name, value):
-        self._writable(f"setting .{name}")
+        if self.source is None:
+            self.values[name] = value
+            return
+        # one passed in: its class's own __setattr__ runs in the trace (ModelOutput's
+        # stores the item and the attribute), its writes replayed on the caller's object
+        own = inspect.getattr_static(self.cls, "__setattr__", None)
+        if inspect.isfunction(own):
+            tx.out.wrap_value(own).call(tx, [self, ConstVar(name), value], {})
+        else:
+            self.raw_setattr(tx, name, value)
+
+    def raw_setattr(self, tx, name: str, value: Var) -> None:
+        """``object.__setattr__(record, name, value)``."""
         self.values[name] = value
+        if self.source is not None:
+            tx.out.side_effects.store_attr(self, name, value, raw=True)
 
     def setitem(self, tx, key, value):
+        own = inspect.getattr_static(self.cls, "__setitem__", None)
+        if self.source is not None and inspect.isfunction(own):
+            tx.out.wrap_value(own).call(tx, [self, key, value], {})
+            return
         self._writable("setting an item")
         self.values[key.as_const()] = value
+
+    def raw_setitem(self, tx, method, key: Var, value: Var) -> None:
+        """A dict's C ``__setitem__`` (``super().__setitem__`` in ModelOutput's)."""
+        if not key.is_const() or not isinstance(key.as_const(), str):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"setting a non-string key of {self!r}")
+        self.values[key.as_const()] = value
+        if self.source is not None:
+            tx.out.side_effects.store_item(self, method, key.as_const(), value)
 
     def unpack(self, tx):
         return [ConstVar(k) for k, _ in self._present()]
@@ -803,6 +829,9 @@ class SuperVar(Var):
                     # a __getattribute__ override reading through the default one (HF's
                     # configs: super().__getattribute__("__dict__"))
                     return _DefaultGetattributeVar(self.obj)
+                if klass in (dict, collections.OrderedDict) and name == "__setitem__":
+                    if isinstance(self.obj, RecordVar):  # ModelOutput.__setitem__
+                        return _RecordSetitemVar(attr, self.obj)
                 if (
                     klass in (dict, list, tuple)
                     and name in _READ_ONLY_METHODS
@@ -813,6 +842,19 @@ class SuperVar(Var):
                     breaks.UNSUPPORTED_VALUE, f"super().{name} ({type(attr).__name__})"
                 )
         raise AttributeError(name)
+
+
+class _RecordSetitemVar(Var):
+    """A dict's C ``__setitem__`` bound to a record (``super().__setitem__(k, v)``)."""
+
+    def __init__(self, method, record: RecordVar) -> None:
+        self.method, self.record = method, record
+
+    def call(self, tx, args, kwargs):
+        if kwargs or len(args) != 2:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.method.__qualname__} arguments")
+        self.record.raw_setitem(tx, self.method, *args)
+        return ConstVar(None)
 
 
 class _DefaultGetattributeVar(Var):
