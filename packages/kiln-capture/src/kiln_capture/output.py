@@ -53,6 +53,7 @@ from kiln_capture.variables.optimizers import (
     group_value,
     is_tensor_keyed_dict,
 )
+from kiln_capture.variables.rng import check_op as check_rng_order
 from kiln_capture.variables.sizes import SYM_TYPES, SymIntVar, expr_value
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 
@@ -67,6 +68,9 @@ _TORCH_DIRS = tuple(
 _INLINED_TORCH_MODULES = (
     "torch.nn.modules",
     "torch.testing",
+    # pytree helpers (tree_flatten/tree_unflatten/tree_map over containers, TreeSpec
+    # methods): pure Python over lists, tuples and dicts, traced as user code
+    "torch.utils._pytree",
     "torch.utils._contextlib",
     "torch.autograd.grad_mode",
     "torch.amp.autocast_mode",
@@ -154,6 +158,8 @@ class OutputGraph:
         self._frozen: set[Source] = set()
         # statements the generated code runs before the graph (building fresh modules)
         self.prelude: list[str] = []
+        # a generator write replayed after the graph (variables/rng.py)
+        self.rng_write_after = False
         self._placeholder_names: set[str] = set()
         self.ops = 0
         self.frame: Any = None  # the evaluator frame running now (its stack goes on nodes)
@@ -588,6 +594,7 @@ class OutputGraph:
             ) from e
         except Exception as e:
             raise Unsupported(breaks.EXCEPTION, f"{name} raised {type(e).__name__}: {e}") from e
+        check_rng_order(self, name)
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         if self.frame is not None:
             node.meta["stack_trace"] = self.frame.stack_trace()

@@ -483,6 +483,9 @@ class IteratorVar(Var):
     def __repr__(self) -> str:
         return f"Iterator({self.items[self.pos :]!r})"
 
+    def python_type(self) -> type:
+        return LIST_ITERATOR_TYPES[0]  # as reconstruct() rebuilds it
+
     def next(self) -> Var | None:
         if self.pos >= len(self.items):
             return None

@@ -18,6 +18,7 @@ from kiln_capture.variables.base import CellVar, Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import DictVar, TupleVar
 from kiln_capture.variables.generators import make_generator_cm
+from kiln_capture.variables.rng import call_rng_function, rng_function
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import DATA_DEPENDENT_FUNCTIONS, TensorVar
 
@@ -339,6 +340,9 @@ class BoundMethodVar(Var):
     def __repr__(self) -> str:
         return f"BoundMethod({self.fn!r}, {self.obj!r})"
 
+    def python_type(self) -> type:
+        return types.MethodType
+
     def call(self, tx, args, kwargs) -> Var:
         return self.fn.call(tx, [self.obj, *args], kwargs)
 
@@ -487,6 +491,8 @@ class TorchFnVar(Var):
         manager = make_generator_cm(tx, fn, args, kwargs, self.source)
         if manager is not None:  # torch.random.fork_rng(), ...
             return manager
+        if rng_function(fn) is not None:  # the generator's state (variables/rng.py)
+            return call_rng_function(tx, rng_function(fn), args, kwargs)
         if fn in DATA_DEPENDENT_FUNCTIONS or (fn is torch.where and len(args) == 1):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:

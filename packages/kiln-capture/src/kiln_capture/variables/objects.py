@@ -25,6 +25,7 @@ from kiln_capture.variables.constants import ConstMethodVar, ConstVar, is_consta
 from kiln_capture.variables.containers import DictVar, NamedTupleVar, TupleVar
 from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, AutocastVar, GradModeVar
 from kiln_capture.variables.modules import lookup_class_attr
+from kiln_capture.variables.rng import NO_OP_GUARDS
 from kiln_capture.variables.tensors import SizeVar
 
 # Modules whose attributes are taken as constants without a guard: nobody patches them
@@ -149,7 +150,7 @@ class ObjectVar(Var):
         fn = inspect.getattr_static(type(self.value), "__contains__", None)
         if inspect.isfunction(fn) and not fn.__module__.startswith("collections"):
             return tx.out.wrap_value(fn).call(tx, [self, item], {}).truth(tx)
-        if self.source is None or not item.is_const():
+        if self.source is None or not (item.is_const() or _is_builtin_class(item)):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"`in` on {self!r}")
         key = item.as_const()
         result = key in self.value  # read-only membership test, re-checked by a guard
@@ -196,6 +197,10 @@ class ObjectVar(Var):
             return tx.out.wrap_value(call).call(tx, [self, *args], kwargs)
         if isinstance(v, _LRU_CACHE_WRAPPER):
             return _cached_call(tx, v, args, kwargs)
+        if v is tuple.__new__ and len(args) == 2 and not kwargs and args[0].is_const():
+            cls = args[0].as_const()  # a namedtuple's _make / __new__ (generated code)
+            if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
+                return NamedTupleVar(cls, args[1].unpack(tx))
         if type(v) is weakref.ref and not args and not kwargs and self.source is not None:
             # an LR scheduler's wrapper of optimizer.step holds the optimizer by weakref
             from kiln_capture.sources import CallSource
@@ -224,7 +229,7 @@ class ObjectVar(Var):
             return tx.out.wrap_value(gi).call(tx, [self, key], {})
         if (
             self.source is not None
-            and key.is_const()
+            and (key.is_const() or _is_builtin_class(key))
             and isinstance(self.value, list | tuple | dict)
         ):
             from kiln_capture.sources import ItemSource
@@ -238,6 +243,16 @@ class ObjectVar(Var):
                 raise Unsupported(
                     breaks.EXCEPTION, f"{type(self.value).__name__} has no item {k!r}"
                 )
+            if isinstance(self.source, ConstRef):
+                # a container held by reference: its items are held the same way
+                return tx.out.wrap_value(self.value[k])
+            if not is_constant_value(k) or isinstance(k, float):
+                # a key with no literal form (pytree's SUPPORTED_NODES is keyed by type):
+                # the guards read the item with the key held as a constant
+                from kiln_capture.sources import TensorKeySource
+
+                src = TensorKeySource(self.source, tx.out.const_ref(k))
+                return tx.out.wrap(self.value[k], src)
             return tx.out.wrap(self.value[k], ItemSource(self.source, k))
         return super().getitem(tx, key)
 
@@ -245,6 +260,17 @@ class ObjectVar(Var):
         if self.source is not None:
             return self.source.expr()
         return cg.const(self.value)
+
+
+def _is_builtin_class(var: Var) -> bool:
+    """A class or function used as a key, as pytree's SUPPORTED_NODES is keyed (tuple,
+    list, dict, collections.namedtuple): a known object, compared by identity."""
+    from kiln_capture.variables.builtins import BuiltinVar
+    from kiln_capture.variables.functions import UserFunctionVar
+
+    if isinstance(var, BuiltinVar):
+        return isinstance(var.fn, type)
+    return isinstance(var, UserFunctionVar) and var.source is not None
 
 
 def unpack_by_protocol(tx, var: Var, cls: type) -> list[Var]:
@@ -500,6 +526,8 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         return DefaultDictVar(factory, made.items)
     if cls is functools.partial and args:
         return PartialVar(args[0], list(args[1:]), dict(kwargs))
+    if cls in NO_OP_GUARDS:  # no_dispatch(), _DisableFuncTorch(): see variables/rng.py
+        return construct(tx, contextlib.nullcontext, [], {})
     if cls is torch.autograd.profiler.record_function:  # a profiling range: not a graph op
         return construct(tx, contextlib.nullcontext, [], {})
     if cls in GRAD_MODE_CLASSES:
@@ -508,6 +536,8 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         return AutocastVar.construct(tx, cls, args, kwargs)
     if cls is torch.Size:
         return SizeVar(args[0].unpack(tx) if args else [])
+    if _is_treespec_class(cls):
+        return _construct_treespec(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         names = cls._fields
         values = dict(zip(names, args))
@@ -554,6 +584,42 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         tx.out.wrap_value(cls.__init__).call(tx, [obj, *args], kwargs)
         return obj
     raise Unsupported(breaks.UNKNOWN_CALLABLE, f"construction of {cls.__qualname__}")
+
+
+def _is_treespec_class(cls: type) -> bool:
+    pytree = sys.modules.get("torch.utils._pytree")
+    return pytree is not None and isinstance(cls, type) and issubclass(cls, pytree.TreeSpec)
+
+
+def _structure_value(v: Var) -> object:
+    """The Python object a pytree spec's part stands for: a node type, a context (None, a
+    class, a list of dict keys) or a child spec; _NO_VALUE when the trace computed it."""
+    from kiln_capture.variables.containers import ListVar
+    from kiln_capture.variables.functions import _NO_VALUE, python_value
+
+    if type(v) in (ListVar, TupleVar):
+        items = [_structure_value(i) for i in v.items]
+        if any(i is _NO_VALUE for i in items):
+            return _NO_VALUE
+        return list(items) if type(v) is ListVar else tuple(items)
+    value = python_value(v)
+    if isinstance(value, torch.Tensor):
+        return _NO_VALUE
+    return value
+
+
+def _construct_treespec(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """A pytree TreeSpec built in the trace (tree_flatten, tree_map): a frozen record of
+    node types, contexts and child specs, all known while tracing. It is built for real
+    and held as a constant, as the specs a frame reads are (its __post_init__ only counts
+    nodes); a spec of a value the trace computed (a tensor as a context) is a break."""
+    from kiln_capture.variables.functions import _NO_VALUE
+
+    values = [_structure_value(a) for a in args]
+    named = {k: _structure_value(v) for k, v in kwargs.items()}
+    if any(v is _NO_VALUE for v in (*values, *named.values())):
+        raise Unsupported(breaks.UNKNOWN_CALLABLE, f"construction of {cls.__qualname__}")
+    return tx.out.wrap_value(cls(*values, **named))
 
 
 def is_constant_value_type(cls: type) -> bool:
