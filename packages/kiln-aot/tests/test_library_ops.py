@@ -108,3 +108,25 @@ def test_ops_without_a_torch_meta_kernel_stay_as_library_calls():
     }
     for got, want in zip(gm(x, b), f(x, b)):
         torch.testing.assert_close(got, want)
+
+
+def test_random_ops_outside_the_core_set_draw_eagers_numbers():
+    """cauchy/exponential/geometric/log_normal stay whole (library calls drawing from ATen's
+    generator in program order): their decompositions draw other numbers than eager's."""
+
+    def f(x):
+        a = torch.ops.aten.exponential.default(x) + torch.ops.aten.cauchy.default(x)
+        return (
+            a * 2 + torch.ops.aten.log_normal.default(x) + torch.ops.aten.geometric.default(x, 0.3)
+        )
+
+    x = torch.rand(5, 4)
+    torch.manual_seed(3)
+    want = f(x)
+    gm = trace(f, [x])
+    library = {n.target for n in _library_nodes(gm)}
+    assert torch.ops.aten.cauchy.default in library, gm.code
+    assert torch.ops.aten.exponential.default in library, gm.code
+    torch.manual_seed(3)
+    (got,) = gm(x)
+    torch.testing.assert_close(got, want)

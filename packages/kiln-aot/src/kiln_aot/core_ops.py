@@ -98,9 +98,14 @@ VIEW_OPS: frozenset[torch._ops.OpOverload] = frozenset(
     }
 )
 
-RANDOM_OPS: frozenset[torch._ops.OpOverload] = frozenset(
-    op for op in CORE_ATEN_OPS | KEPT_OPS if torch.Tag.nondeterministic_seeded in op.tags
-)
+
+def is_random(target: object) -> bool:
+    """Whether ``target`` draws from the RNG (``nondeterministic_seeded``): kept whole,
+    never recomputed, never merged with another call."""
+    return isinstance(target, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in target.tags
+    )
+
 
 # Ops whose output shape depends on tensor data: tracing them raises Unsupported.
 DATA_DEPENDENT_OPS: frozenset[torch._ops.OpOverload] = frozenset(

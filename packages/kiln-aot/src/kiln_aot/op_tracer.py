@@ -401,6 +401,16 @@ class Tracer:
             return aten.where.self(mask, value, x)
 
     def decompose(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if (
+            core_ops.is_random(func)
+            and core_ops.is_library_callable(func)
+            and all(isinstance(r.type, torch.TensorType) for r in func._schema.returns)
+        ):
+            # a random op outside the core set (cauchy, exponential, geometric,
+            # log_normal, ...): its decomposition draws other numbers than eager's kernel
+            # (rand_like and arithmetic), so it stays whole and draws from ATen's
+            # generator in program order, as eager does
+            return self.emit_library_call(func, args, kwargs)
         decomp = self.decompositions.get(func)
         out: Any = NotImplemented
         with self.mode:

@@ -102,7 +102,7 @@ def recomputable(node: fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
         return recomputable(node.args[0])
-    if target in core_ops.RANDOM_OPS:
+    if core_ops.is_random(target):
         return False
     if node.meta.get("recompute") is not None:
         return True  # inside a checkpointed region: everything but random draws
@@ -128,7 +128,7 @@ def _inside_region(node: fx.Node, backward: set[fx.Node]) -> bool:
     read (``kiln_aot_backward``: what tracing the backward made, tangent-dependent or not):
     not one of the region's outputs, which the next region or the rest of the graph reads."""
     region = node.meta.get("recompute")
-    if region is None or node.op != "call_function" or node.target in core_ops.RANDOM_OPS:
+    if region is None or node.op != "call_function" or core_ops.is_random(node.target):
         return False
     return all(
         u in backward or u.meta.get("kiln_aot_backward") or u.meta.get("recompute") == region
