@@ -355,7 +355,10 @@ def test_program(fn, graphs, breaks):
     expected = fn(x.clone())
     report = kiln_capture.explain(fn)(x.clone())
     assert_same(report.result, expected)
-    if fn in (tensor_op_error_caught, tensor_attribute_left_to_eager):  # the matmul broke the graph; everything else is captured
+    if fn in (
+        tensor_op_error_caught,
+        tensor_attribute_left_to_eager,
+    ):  # the matmul broke the graph; everything else is captured
         assert report.break_count >= 1
         return
     assert (report.graph_count, report.break_count) == (graphs, breaks), str(report)
