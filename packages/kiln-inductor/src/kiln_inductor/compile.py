@@ -298,15 +298,14 @@ def compile_fx(
             stitched = compile_regions(gm, example_inputs, compile_piece)
             if stitched is not None:
                 return stitched
+    if isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm) and _core_only(gm):
+        return (compile_graph or compile_aten_graph)(gm, list(example_inputs))
     store = None
     if compile_graph is None:  # the graphs are kiln-inductor's: the artifact cache keeps them
         compile_graph = compile_aten_graph
-        if not (isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm) and _core_only(gm)):
-            from .runtime.artifacts import plan_store_for
+        from .runtime.artifacts import plan_store_for
 
-            store = plan_store_for(gm, example_inputs)
-    if isinstance(gm, torch.fx.GraphModule) and is_aten_graph(gm) and _core_only(gm):
-        return compile_graph(gm, list(example_inputs))
+        store = plan_store_for(gm, example_inputs)
     import kiln_aot
 
     aot_graph = getattr(kiln_aot, "aot_graph", None)
