@@ -68,6 +68,9 @@ def test_copy_escaping_breaks_instead_of_sharing():
     first = fn(torch.randn(2), cfg)[1]
     second = fn(torch.randn(2), cfg)[1]
     assert first is not second and vars(first) == vars(cfg)
+    # the copy would leave captured code: the frame runs eagerly, with that reason named
+    report = kiln_capture.explain(f)(torch.randn(2), cfg)
+    assert any("leaving it" in e for e in report.eager_frames), report
 
 
 def test_deepcopy_of_a_tensor_is_a_clone_in_the_graph():

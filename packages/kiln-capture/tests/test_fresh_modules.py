@@ -59,7 +59,8 @@ def test_fresh_parameters_get_gradients_and_the_module_escapes():
         lin = nn.Linear(4, 3)
         return lin(x).sum(), lin
 
-    compiled = kiln_capture.optimize(CountingBackend())(f)
+    backend = CountingBackend()
+    compiled = kiln_capture.optimize(backend)(f)
     seen = set()
     for i in range(3):
         x = torch.randn(2, 4, requires_grad=True)
@@ -75,6 +76,7 @@ def test_fresh_parameters_get_gradients_and_the_module_escapes():
         loss.backward()
         assert_same(lin.weight.grad, ref_lin.weight.grad)
         assert_same(x2.grad, x.grad)
+    assert len(backend.graphs) == 1  # captured once, not run eagerly nor recompiled
 
 
 def test_random_op_before_the_module_keeps_eager_order():

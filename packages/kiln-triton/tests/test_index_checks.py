@@ -73,17 +73,30 @@ def test_bad_index_under_cuda_graphs():
 def test_error_rows_survive_the_artifact_cache(tmp_path, monkeypatch):
     """A graph loaded from the persistent artifact cache gets fresh error rows, and its
     kernels write the rows its reader reads: the bad index still raises eager's error."""
+    import kiln_inductor.compile as kiln_compile
     from kiln_inductor.runtime import artifacts
 
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("KILN_ARTIFACT_CACHE", "1")
     fn, good, bad = bad_index_cases()["embedding_huge_id"]
     gm = torch.fx.symbolic_trace(fn)  # the cache keeps compiled FX graphs
+    built = []  # every CompiledGraph made, freshly or from the cache (wrapper_graph)
+    real = kiln_compile.wrapper_graph
+
+    def recording(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(kiln_compile, "wrapper_graph", recording)
+    monkeypatch.setattr(artifacts, "wrapper_graph", recording)
     with use_triton_for_cpu():
         cold = kiln_triton.compile_fx(gm, good)
         hits = artifacts.STATS.hits
         warm = kiln_triton.compile_fx(gm, good)
         assert artifacts.STATS.hits == hits + 1  # loaded, not compiled
+        # both the compiled graph and the one rebuilt from the cache run checked kernels
+        assert len(built) == 2, built
+        _assert_checked("embedding_huge_id", built)
         for compiled in (cold, warm):
             with pytest.raises(IndexError):
                 compiled(*bad)

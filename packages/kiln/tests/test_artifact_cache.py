@@ -110,8 +110,12 @@ def test_warm_hit_skips_tracing_and_lowering(cache, monkeypatch, train):
 
 
 def test_option_turns_the_cache_off(cache):
-    compiled = kiln.compile(_model(), options={"artifact_cache": False})
-    compiled(torch.randn(2, 8))
+    model, x = _model(), torch.randn(2, 8)
+    compiled = kiln.compile(model, options={"artifact_cache": False, "raise_on_error": True})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    stats = kiln.stats()  # compiled (not run eagerly), and nothing written
+    assert stats["graphs"] == 1 and stats["fallbacks"] == 0, stats
     assert _entries(cache) == []
 
 

@@ -138,4 +138,6 @@ def test_symbolic_int_arguments_in_op_positions():
     for n in (2, 3, 4, 6):
         x, y = torch.randn(4, 12), torch.randn(4, 12)
         torch.testing.assert_close(compiled(x, y, 1, n, 0, 1), f(x, y, 1, n, 0, 1))
-    assert kiln.stats()["fallbacks"] == 0 and kiln.stats()["breaks"] == 0
+    stats = kiln.stats()
+    assert stats["fallbacks"] == 0 and stats["breaks"] == 0 and stats["eager_frames"] == 0
+    assert stats["graphs"] == 1, stats  # n symbolic: one graph for every n

@@ -110,6 +110,8 @@ def test_saved_transposed_views_are_not_copied():
     _check_grads(kiln.compile(f), f, inputs, lambda y: (y * y).sum())
     _check_grads(kiln.compile(f), f, inputs, lambda y: y.sum())
     assert _copies() == ({}, {})
+    stats = kiln.stats()  # compiled, not run eagerly
+    assert stats["graphs"] >= 1 and stats["fallbacks"] == stats["eager_frames"] == 0, stats
 
 
 def test_hf_gpt2_training_step_makes_no_layout_copies():
@@ -136,4 +138,6 @@ def test_hf_gpt2_training_step_makes_no_layout_copies():
     model.zero_grad(set_to_none=True)
     cm(ids)[0].sum().backward()
     assert _copies() == ({}, {})
-    assert kiln.stats()["fallbacks"] == 0
+    stats = kiln.stats()
+    assert stats["graphs"] == 1 and stats["breaks"] == 0, stats
+    assert stats["fallbacks"] == stats["eager_frames"] == 0, stats

@@ -141,6 +141,7 @@ def test_lr_scheduler_recompiles_once():
         _check_equal(eager, opt_e, model, opt_k, i)
     stats = kiln.stats()
     assert stats["recompiles"] == 2 and stats["graphs"] == 4, stats
+    assert stats["fallbacks"] == stats["eager_frames"] == 0, stats
 
 
 transformers = pytest.importorskip("transformers")
