@@ -128,6 +128,12 @@ MODELS = {
     "vit": _vit,
     "timm_resnet50": _timm("resnet50"),
     "timm_vit_small": _timm("vit_small_patch16_224"),
+    "timm_regnety_016": _timm("regnety_016"),
+    "timm_convnext_tiny": _timm("convnext_tiny"),
+    "timm_efficientnet_b0": _timm("efficientnet_b0"),
+    "timm_mobilenetv3": _timm("mobilenetv3_large_100"),
+    "timm_swin_tiny": _timm("swin_tiny_patch4_window7_224"),
+    "timm_deit_small": _timm("deit_small_patch16_224"),
 }
 
 
@@ -147,7 +153,7 @@ def _inputs(kind: str):
         }
     if kind == "image":
         return {"pixel_values": torch.randn(2, 3, 32, 32, generator=g)}
-    return {"pixel_values": torch.randn(2, 3, 224, 224, generator=g)}
+    return {"x": torch.randn(2, 3, 224, 224, generator=g)}  # timm's forward(x)
 
 
 class _BreakLog(logging.Handler):
@@ -253,7 +259,7 @@ def worker(name: str, compiler: str, backend: str) -> dict:
     else:
         model.forward = kiln.compile(model.forward, backend=backend)
     inputs = _inputs(kind)
-    out: dict = {"use_cache": getattr(model.config, "use_cache", None)}
+    out: dict = {"use_cache": getattr(getattr(model, "config", None), "use_cache", None)}
     t0 = time.perf_counter()
     with torch.no_grad():
         try:

@@ -178,6 +178,9 @@ for _name in (
     "vit_small_patch16_224",
     "efficientnet_b0",
     "mixer_b16_224",
+    "regnety_016",
+    "mobilenetv3_large_100",
+    "swin_tiny_patch4_window7_224",
 ):
     model(f"timm_{_name}", "timm")(
         lambda device, dtype, size, _n=_name: _timm(_n, device, dtype, 224)
