@@ -42,11 +42,14 @@ from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import NullVar, Var
 from kiln_capture.variables.containers import IteratorVar
 from kiln_capture.variables.contexts import ContextMethodVar
+from kiln_capture.variables.exceptions import Reraise
 from kiln_capture.variables.generators import drain_generators
 from kiln_capture.variables.sizes import SymIntVar
 
 MAX_RESTARTS = 32
-_STEP_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "FORMAT_VALUE"})
+_STEP_CALLS = frozenset(
+    {"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "FORMAT_VALUE", "BINARY_OP", "COMPARE_OP"}
+)
 _STEP_JUMPS = {
     "POP_JUMP_IF_TRUE": True,
     "POP_JUMP_FORWARD_IF_TRUE": True,
@@ -342,7 +345,7 @@ def _finish_break(
         sizes = {n for n in params if isinstance(bound[n], SymIntVar)}
         if sizes:
             _SIZE_PARAMS.setdefault(rcode, set()).update(sizes)
-        if eager or reraise:
+        if eager:  # a re-raising one is captured too: RootFrame wraps its Reraise
             EAGER_RESUME_CODES.add(rcode)
         if code.co_freevars:
             extra[f"__k_rc{j}"] = rcode
@@ -463,6 +466,13 @@ def _step_lines(
         step, tail = f"__k_r = format({conv}({t[base]}), {spec})", [f"return {calls[0]}"]
     elif ins.opname == "BINARY_SUBSCR":
         step, tail = f"__k_r = {t[-2]}[{t[-1]}]", [f"return {calls[0]}"]
+    elif ins.opname in ("BINARY_OP", "COMPARE_OP"):  # a += b calls a.__iadd__, as here
+        op = ins.argrepr
+        if op.endswith("=") and op not in ("==", "!=", "<=", ">="):
+            step = f"__k_r = {t[-2]}; __k_r {op} {t[-1]}"
+        else:
+            step = f"__k_r = {t[-2]} {op} {t[-1]}"
+        tail = [f"return {calls[0]}"]
     elif ins.opname == "BEFORE_WITH":
         step, tail = f"__k_x, __k_r = __k_enter_with({t[-1]})", [f"return {calls[0]}"]
     else:
@@ -489,7 +499,7 @@ def _reraise_victim(ins, stack: list[Var], base: int) -> int:
         return base + 1
     if ins.opname == "FORMAT_VALUE":
         return base
-    if ins.opname == "BINARY_SUBSCR":
+    if ins.opname in ("BINARY_SUBSCR", "BINARY_OP", "COMPARE_OP"):
         return len(stack) - 2
     return len(stack) - 1
 
@@ -501,20 +511,6 @@ def _reraise_offset(instructions, idx: int) -> int:
     if ins.opname == "CALL" and idx > 0 and instructions[idx - 1].opname == "PRECALL":
         return instructions[idx - 1].offset
     return ins.offset
-
-
-class Reraise:
-    """Stands in for the step's callable/value in a re-raising continuation: any use
-    raises the exception the eager step raised."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-    def _raise(self, *args, **kwargs):
-        raise self.exc
-
-    __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _raise
-    __enter__ = __exit__ = _raise
 
 
 def enter_with(mgr: object) -> tuple[object, object]:

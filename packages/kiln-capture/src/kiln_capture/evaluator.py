@@ -53,11 +53,13 @@ from kiln_capture.variables.containers import (
 from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.exceptions import (
     ExcVar,
+    Reraise,
     as_exception,
     attribute_error,
     exception_matches,
     raised,
     stop_iteration_error,
+    wrap_reraise,
 )
 from kiln_capture.variables.functions import NestedFunctionVar
 from kiln_capture.variables.generators import GeneratorVar, Yield
@@ -829,7 +831,13 @@ class RootFrame(Frame):
         from kiln_capture.sources import ClosureSource, LocalSource
 
         names = code.co_varnames[: len(args)]
-        local_vars = {n: out.wrap(a, LocalSource(n)) for n, a in zip(names, args) if n not in sizes}
+        local_vars = {
+            n: wrap_reraise(out, a, LocalSource(n))
+            if type(a) is Reraise
+            else out.wrap(a, LocalSource(n))
+            for n, a in zip(names, args)
+            if n not in sizes
+        }
         for n, a in zip(names, args):
             if n in sizes:
                 local_vars[n] = out.wrap_size(a, LocalSource(n))

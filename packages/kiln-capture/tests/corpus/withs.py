@@ -204,7 +204,7 @@ def user_with_break_in_loop(x):
     return y, log
 
 
-@case(graphs=2, breaks=2)  # after the raise, the frame's own code runs the handler
+@case(graphs=3, breaks=2)  # the raise re-enters the frame's code: its handler is captured too
 def exception_suppressed_by_exit(x):
     log = []
     y = x * 2

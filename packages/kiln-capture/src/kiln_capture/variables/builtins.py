@@ -24,7 +24,7 @@ from kiln_capture.variables.containers import (
     TupleVar,
     sort_items,
 )
-from kiln_capture.variables.exceptions import ExcVar, attribute_error, raised
+from kiln_capture.variables.exceptions import ExcVar, RaisingVar, attribute_error, raised
 from kiln_capture.variables.generators import LazyIteratorVar, PullIteratorVar
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import SizeVar, TensorVar
@@ -70,6 +70,8 @@ _INPLACE_TO_PLAIN = sizes.INPLACE_TO_PLAIN
 
 def binary(tx, fn, a: Var, b: Var) -> Var:
     """``fn(a, b)`` for an operator function (operator.add, operator.lt, ...)."""
+    if isinstance(a, RaisingVar):  # a re-raising continuation's first step
+        raise a.raised()
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         if fn in _INPLACE_TO_PLAIN and not isinstance(a, TensorVar):
             fn = _INPLACE_TO_PLAIN[fn]

@@ -110,6 +110,7 @@ class ExcVar(Var):
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}.{name}")
 
     def setattr(self, tx, name: str, value: Var) -> None:
+        self.source = None  # changed: rebuilt from its state, no longer the object read
         if name == "args":
             self.args = value.unpack(tx)
             return
@@ -124,7 +125,10 @@ class ExcVar(Var):
 
     def reconstruct(self, cg) -> str:
         """An equal exception made by ``build_exception``: its state is its ``args`` and
-        attributes (a Python ``__init__`` already ran in the trace)."""
+        attributes (a Python ``__init__`` already ran in the trace). One read from the
+        frame (a re-raised eager exception) is that object."""
+        if self.source is not None:
+            return self.source.expr()
         if _python_defined(self.cls, "__new__"):
             raise Unsupported(
                 breaks.UNSUPPORTED_VALUE, f"rebuilding a {self.cls.__name__} outside the trace"
@@ -135,6 +139,80 @@ class ExcVar(Var):
             f"{cg.const(build_exception)}({cg.const(self.cls)}, ({args}{',' if args else ''}), "
             f"{{{attrs}}})"
         )
+
+
+class Reraise:
+    """Stands in for a step's callable/value in a re-raising continuation (capture.py):
+    any use raises the exception the eager step raised."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def _raise(self, *args, **kwargs):
+        raise self.exc
+
+    __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _raise
+    __enter__ = __exit__ = _raise
+    __lt__ = __le__ = __eq__ = __ne__ = __gt__ = __ge__ = _raise
+    __hash__ = None  # type: ignore[assignment]
+
+
+# the left operand of a binary operation that raised: each operator (and a += b) raises
+for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift"):
+    setattr(Reraise, f"__{_op}__", Reraise._raise)
+    setattr(Reraise, f"__i{_op}__", Reraise._raise)
+for _op in ("rshift", "and", "or", "xor"):
+    setattr(Reraise, f"__{_op}__", Reraise._raise)
+    setattr(Reraise, f"__i{_op}__", Reraise._raise)
+
+
+class RaisingVar(Var):
+    """A ``Reraise`` a re-raising continuation receives, in its trace: its first use
+    raises (in the trace, to the frame's handlers) an exception equal to the one the
+    eager step raised, so that the ``except`` branch is captured too. The exception's
+    class and arguments are guarded; rebuilt, it is the eager exception object itself."""
+
+    def __init__(self, exc: ExcVar, source) -> None:
+        self.exc = exc
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Raising({self.exc!r})"
+
+    def raised(self) -> Raised:
+        return Raised(self.exc, self.exc.message())
+
+    def python_type(self) -> type:
+        return Reraise
+
+    def _raise(self, *args, **kwargs):
+        raise self.raised()
+
+    as_const = truth = getattr = setattr = call = call_method = _raise
+    unpack = getitem = setitem = _raise
+
+
+def wrap_reraise(out, value: Reraise, source) -> RaisingVar:
+    """The Var of a continuation's ``Reraise`` argument, guarded: a builtin-like exception
+    (no Python-defined methods, no instance attributes) with constant arguments; else
+    Unsupported (the continuation runs eagerly)."""
+    from kiln_capture.sources import AttrSource
+    from kiln_capture.variables.constants import is_constant_value
+
+    e = value.exc
+    cls = type(e)
+    plain = not getattr(e, "__dict__", None) and not any(
+        _python_defined(cls, n) for n in ("__init__", "__new__", "__str__", "__getattr__")
+    )
+    if not plain or not all(is_constant_value(a) for a in e.args):
+        raise Unsupported(breaks.EXCEPTION, f"re-raising a {cls.__name__} kiln cannot model")
+    g, src = out.guards, source.expr()
+    g.add(f"type({src}) is {g.const(Reraise)}", f"{src} re-raises")
+    g.add(f"type({src}.exc) is {g.const(cls)}", f"{src} re-raises a {cls.__name__}")
+    g.add(f"{src}.exc.args == {g.const(e.args)}", f"{src} re-raises with args {e.args!r}")
+    exc = ExcVar(cls, [ConstVar(a) for a in e.args])
+    exc.source = AttrSource(source, "exc")
+    return RaisingVar(exc, source)
 
 
 def build_exception(cls: type, args: tuple, attrs: dict) -> BaseException:
@@ -306,6 +384,8 @@ def exception_matches(tx, exc: Var, classes: Var) -> bool:
 
 __all__ = [
     "ExcVar",
+    "RaisingVar",
+    "Reraise",
     "InitExceptionVar",
     "as_exception",
     "attribute_error",
@@ -315,4 +395,5 @@ __all__ = [
     "raised",
     "raised_real",
     "stop_iteration_error",
+    "wrap_reraise",
 ]
