@@ -317,3 +317,43 @@ def test_artifact_cache_keeps_the_pieces(tmp_path, monkeypatch, train):
     monkeypatch.setattr(kiln_aot.api, "trace_joint", lambda *a, **k: traced.append(1))
     run()
     assert artifacts.STATS.hits - hits == pieces and not traced
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that reports a CUDA device: what the device policy reads."""
+
+    @property
+    def device(self):  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
+def test_cuda_graphs_compile_whole_unless_asked(monkeypatch):
+    cpu = [torch.randn(2)]
+    cuda = [torch.Tensor._make_subclass(_OnCuda, torch.randn(2)), torch.randn(2)]
+    assert inductor_compile.regional_reuse_applies(cpu)
+    assert not inductor_compile.regional_reuse_applies(cuda)
+    monkeypatch.setenv("KILN_REGIONAL_REUSE_GPU", "1")
+    assert inductor_compile.regional_reuse_applies(cuda)
+    monkeypatch.setenv("KILN_REGIONAL_REUSE", "0")
+    assert not inductor_compile.regional_reuse_applies(cpu)
+    assert not inductor_compile.regional_reuse_applies(cuda)
+
+
+def test_gpu_option_reaches_the_compiler(monkeypatch):
+    seen = []
+    inner = inductor_compile.regional_reuse_applies
+
+    def spy(example_inputs):
+        seen.append(inductor_compile.read_config().regional_reuse_gpu)
+        return inner(example_inputs)
+
+    monkeypatch.setattr(inductor_compile, "regional_reuse_applies", spy)
+    torch.manual_seed(0)
+    model = Stack([Block(16) for _ in range(3)], 16).eval()
+    kiln.reset()
+    compiled = kiln.compile(model, options={"regional_reuse_gpu": True})
+    with torch.no_grad():
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert seen and all(seen), seen
+    assert STATS.blocks_compiled == 1

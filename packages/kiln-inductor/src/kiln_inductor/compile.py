@@ -268,6 +268,16 @@ def _core_only(gm: torch.fx.GraphModule) -> bool:
     )
 
 
+def regional_reuse_applies(example_inputs: Sequence[Any]) -> bool:
+    """Regional reuse applies: on, and the graph is not on a CUDA device unless asked."""
+    cfg = read_config()
+    if not cfg.regional_reuse:
+        return False
+    if cfg.regional_reuse_gpu:
+        return True
+    return not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+
+
 def compile_fx(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -285,8 +295,9 @@ def compile_fx(
     Plans compiled from a torch-level graph persist in the artifact cache
     (runtime/artifacts.py; ``KILN_ARTIFACT_CACHE``) unless ``compile_graph`` is given.
     A torch-level graph whose module calls repeat (transformer layers) compiles each
-    repeated block once (regions.py; ``KILN_REGIONAL_REUSE``)."""
-    if read_config().regional_reuse and isinstance(gm, torch.fx.GraphModule):
+    repeated block once (regions.py; ``KILN_REGIONAL_REUSE``); on CUDA devices only when
+    ``KILN_REGIONAL_REUSE_GPU`` asks for it (whole graphs run faster there)."""
+    if regional_reuse_applies(example_inputs) and isinstance(gm, torch.fx.GraphModule):
         from .config import settings
         from .regions import compile_regions
 

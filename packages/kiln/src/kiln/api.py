@@ -200,13 +200,14 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 def _reused_blocks(graphs: list[torch.fx.GraphModule]) -> list[str]:
     """What kiln-inductor's regional reuse would do with each graph (regions.py)."""
-    from kiln_inductor.config import read_config
+    from kiln_inductor.compile import regional_reuse_applies
     from kiln_inductor.regions import plan_regions
 
-    if not read_config().regional_reuse:
-        return []
     lines = []
     for i, gm in enumerate(graphs):
+        inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        if not regional_reuse_applies(inputs):
+            continue
         plan = plan_regions(gm)
         for group in plan.groups if plan is not None else ():
             lines.append(f"graph {i}: {group.describe()}")

@@ -99,6 +99,8 @@ def lookup(backend: str | Backend, options: dict[str, Any]) -> tuple[str, Backen
         env["KILN_ARTIFACT_CACHE"] = "0"
     if not options.get("regional_reuse", True):
         env["KILN_REGIONAL_REUSE"] = "0"
+    if options.get("regional_reuse_gpu", False):
+        env["KILN_REGIONAL_REUSE_GPU"] = "1"
     if env:
         fn = _with_env(fn, env)
     return backend, fn
@@ -106,7 +108,7 @@ def lookup(backend: str | Backend, options: dict[str, Any]) -> tuple[str, Backen
 
 def _with_env(backend: Backend, env: dict[str, str]) -> Backend:
     """Set the packages' environment settings (``KILN_DEBUG_DIR``, ``KILN_CHECK_INDICES``,
-    ``KILN_ARTIFACT_CACHE``, ``KILN_REGIONAL_REUSE``) while compiling: the options that kiln.compile passes down
+    ``KILN_ARTIFACT_CACHE``, ``KILN_REGIONAL_REUSE``, ``KILN_REGIONAL_REUSE_GPU``) while compiling: the options that kiln.compile passes down
     this way (the artifact cache is chosen when a graph reaches the backend)."""
 
     @functools.wraps(backend)

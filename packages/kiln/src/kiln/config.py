@@ -65,7 +65,16 @@ OPTIONS: dict[str, Option] = {
             True,
             "compile each repeated block (transformer layers, ResNet blocks, ModuleList "
             "loops) once and reuse it for every instance (KILN_REGIONAL_REUSE); False "
-            "compiles each graph whole",
+            "compiles each graph whole. On CUDA devices only with regional_reuse_gpu",
+            False,
+        ),
+        Option(
+            "regional_reuse_gpu",
+            bool,
+            False,
+            "apply regional reuse to graphs on CUDA devices too (KILN_REGIONAL_REUSE_GPU): "
+            "faster compiles, slower steady state (whole graphs fuse across blocks and make "
+            "fewer host calls)",
             False,
         ),
         Option(
