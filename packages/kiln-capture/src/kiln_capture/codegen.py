@@ -27,6 +27,8 @@ _MUTABLE_NEW = frozenset(
         "NewObjectVar",
         "RecordVar",
         "IteratorVar",
+        "ListIteratorVar",
+        "DictIteratorVar",
         "GeneratorVar",
         "PullIteratorVar",
     }

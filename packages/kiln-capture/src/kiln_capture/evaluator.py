@@ -49,6 +49,7 @@ from kiln_capture.variables.containers import (
     SetVar,
     SliceVar,
     TupleVar,
+    iterate,
 )
 from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.exceptions import (
@@ -181,9 +182,7 @@ class Frame:
         raise Yield(self.pop())  # GeneratorVar.send pushes the sent value on resuming
 
     def GET_YIELD_FROM_ITER(self, ins):
-        v = self.stack[-1]
-        if not isinstance(v, IteratorVar):
-            self.stack[-1] = IteratorVar(v.unpack(self))
+        self.stack[-1] = iterate(self, self.stack[-1])
 
     def SEND(self, ins):
         value = self.pop()
@@ -726,8 +725,7 @@ class Frame:
             self.pop()
 
     def GET_ITER(self, ins):
-        v = self.pop()
-        self.push(v if isinstance(v, IteratorVar) else IteratorVar(v.unpack(self)))
+        self.push(iterate(self, self.pop()))
 
     def FOR_ITER(self, ins):
         it = self.stack[-1]

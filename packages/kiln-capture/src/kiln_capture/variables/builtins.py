@@ -16,18 +16,25 @@ from kiln_capture.variables import sizes
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar, fold
 from kiln_capture.variables.containers import (
+    DictIteratorVar,
     DictVar,
+    DictViewVar,
     IteratorVar,
+    ListIteratorVar,
     ListVar,
     NamedTupleVar,
     SequenceVar,
+    SetVar,
     TupleVar,
+    iterate,
     sort_items,
 )
 from kiln_capture.variables.exceptions import ExcVar, RaisingVar, attribute_error, raised
 from kiln_capture.variables.generators import LazyIteratorVar, PullIteratorVar
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import SizeVar, TensorVar
+
+LIVE_ITERATORS = (ListIteratorVar, DictIteratorVar)
 
 BINARY_OPS = {
     "+": operator.add,
@@ -76,6 +83,8 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
         if fn in _INPLACE_TO_PLAIN and not isinstance(a, TensorVar):
             fn = _INPLACE_TO_PLAIN[fn]
         return tx.out.tensor_op("call_function", fn, [a, b], {})
+    if isinstance(a, DictViewVar) or isinstance(b, DictViewVar):
+        return _view_binary(tx, fn, a, b)
     if isinstance(a, SymIntVar) or isinstance(b, SymIntVar):
         result = sizes.binary(tx, fn, a, b)
         if result is not None:
@@ -139,6 +148,34 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
     if compared is not None:
         return compared
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on {a!r} and {b!r}")
+
+
+def _view_binary(tx, fn, a: Var, b: Var) -> Var:
+    """An operator on a dict view (``d.keys() == {...}``, ``d.items() & other``): on
+    real views equal to the trace's (keys, items of constants) and the other operand's
+    constant value, as Python computes it. A values view is not set-like: ``==`` is
+    identity."""
+    real = []
+    for v in (a, b):
+        if isinstance(v, DictViewVar):
+            r = v.set_like()
+            if r is None:  # a values view
+                if fn in (operator.eq, operator.ne):
+                    return ConstVar(identical(tx, a, b) == (fn is operator.eq))
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on d.values()")
+            real.append(r)
+        elif v.is_const():
+            real.append(v.as_const())
+        elif isinstance(v, ListVar) and all(i.is_const() for i in v.items):
+            real.append([i.as_const() for i in v.items])  # ``d.keys() | [...]``
+        else:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on {a!r} and {b!r}"
+            )
+    result = fold(fn, *real)
+    if isinstance(result, set | frozenset):
+        return SetVar(result)
+    return tx.out.wrap_value(result)
 
 
 # comparison -> (its method, the reflected one)
@@ -461,13 +498,16 @@ def _filter(tx, fn, it) -> Var:
 
 
 def _as_iter(tx, x: Var) -> IteratorVar:
-    return x if isinstance(x, IteratorVar) else IteratorVar(_items(tx, x))
+    return iterate(tx, x)
 
 
 def _iterate(name: str, step, sources: list[IteratorVar]) -> IteratorVar:
     """An iterator of ``step()``'s items: read on demand when a source is (a generator,
     ``itertools.count``), else all now (an iterator over known items)."""
-    if any(isinstance(s, LazyIteratorVar) and not s.drained for s in sources):
+    if any(
+        isinstance(s, LazyIteratorVar) and not s.drained or isinstance(s, LIVE_ITERATORS)
+        for s in sources
+    ):  # read on demand: a generator, or a list or dict the loop body may change
         return PullIteratorVar(name, step, sources)
     items = []
     while (v := step()) is not None:
@@ -568,9 +608,7 @@ def _dict(tx, it=None, **kwargs) -> Var:
 
 
 def _iter(tx, it) -> Var:
-    if isinstance(it, IteratorVar):
-        return it
-    return IteratorVar(_items(tx, it))
+    return iterate(tx, it)
 
 
 def _next(tx, it, *default) -> Var:

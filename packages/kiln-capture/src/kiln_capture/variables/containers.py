@@ -227,7 +227,10 @@ class DictVar(Var):
     """A dict with constant keys; ``cls`` is dict or OrderedDict."""
 
     def __init__(self, items: dict[object, Var], source=None, cls: type = dict) -> None:
-        self.items = dict(items)
+        # an OrderedDict's entries are a real OrderedDict: its iterators and move_to_end
+        # are CPython's own (live iterators hold this object: it is only changed in place)
+        ordered = issubclass(cls, collections.OrderedDict)
+        self.items = collections.OrderedDict(items) if ordered else dict(items)
         self.source = source
         self.cls = cls
 
@@ -298,10 +301,11 @@ class DictVar(Var):
                 key, value = self.items.popitem()
                 return TupleVar([ConstVar(key), value])
             return ConstVar(None)
-        if name == "move_to_end" and self.cls is not dict:
+        if name == "move_to_end" and isinstance(self.items, collections.OrderedDict):
             last = kwargs.get("last", args[1] if len(args) > 1 else ConstVar(True)).as_const()
-            value = self.items.pop(c[0])
-            self.items = {c[0]: value, **self.items} if not last else {**self.items, c[0]: value}
+            if c[0] not in self.items:
+                raise _raised(KeyError, c[0])
+            self.items.move_to_end(c[0], last)
             tx.out.side_effects.mutated(self)
             return ConstVar(None)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"dict.{name}")
@@ -315,7 +319,8 @@ class DictVar(Var):
         return f"{cg.const(self.cls)}({{{body}}})"
 
 
-_VIEW_TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+_VIEW_TYPES_OF_EMPTY = {"keys": {}.keys(), "values": {}.values(), "items": {}.items()}
+_VIEW_TYPES = {k: type(v) for k, v in _VIEW_TYPES_OF_EMPTY.items()}
 
 
 class DictViewVar(Var):
@@ -361,8 +366,19 @@ class DictViewVar(Var):
         if name == "__contains__":
             return ConstVar(self.contains(tx, args[0]))
         if name == "__iter__":
-            return IteratorVar(self.unpack(tx))
+            return DictIteratorVar(self.d, self.kind)
         return ListVar(self.unpack(tx)).call_method(tx, name, args, kwargs)
+
+    def set_like(self) -> object:
+        """A real view equal to this one (keys, or items of constant values), for set
+        operations and comparisons; None for a values view (it is not set-like)."""
+        if self.kind == "keys":
+            return dict.fromkeys(self.d.items).keys()
+        if self.kind == "items" and all(v.is_const() for v in self.d.items.values()):
+            return {k: v.as_const() for k, v in self.d.items.items()}.items()
+        if self.kind == "items":
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "set operation on items of non-constants")
+        return None
 
     def reconstruct(self, cg) -> str:
         return f"{cg.rebuild(self.d)}.{self.kind}()"
@@ -507,6 +523,109 @@ class IteratorVar(Var):
 LIST_ITERATOR_TYPES = (type(iter([])), type(iter(())))
 
 
+class ListIteratorVar(IteratorVar):
+    """``iter(lst)`` of a list in the trace: live, as CPython's list iterator is. Each
+    step reads the list's current items at the next position, so items appended while
+    a ``for`` loop runs are visited; once exhausted it stays exhausted. Rebuilt at a
+    break as the real list's iterator advanced as far (so it stays live there too)."""
+
+    def __init__(self, seq: ListVar) -> None:
+        super().__init__([])
+        self.seq = seq
+        self.done = False
+
+    def __repr__(self) -> str:
+        return f"ListIterator(at {self.pos} of {self.seq!r})"
+
+    def next(self) -> Var | None:
+        if self.done or self.pos >= len(self.seq.items):
+            self.done = True
+            return None
+        self.pos += 1
+        return self.seq.items[self.pos - 1]
+
+    def unpack(self, tx) -> list[Var]:
+        out = []
+        while (v := self.next()) is not None:
+            out.append(v)
+        return out
+
+    def children(self) -> list[Var]:
+        return [self.seq]
+
+    def reconstruct(self, cg) -> str:
+        if self.done:
+            return "iter([])"
+        return f"{cg.const(iter_advance)}(iter({cg.rebuild(self.seq)}), {self.pos})"
+
+
+_DICT_ITERATOR_TYPES = {k: type(iter(v)) for k, v in _VIEW_TYPES_OF_EMPTY.items()}
+
+
+class DictIteratorVar(IteratorVar):
+    """``iter(d)``, ``iter(d.values())``, ``iter(d.items())`` of a dict in the trace:
+    a real iterator over the Python dict (or OrderedDict) that holds the DictVar's
+    entries (changed in place only), so CPython itself decides what it yields and when it raises: a key added
+    or removed while a loop runs raises RuntimeError("dictionary changed size during
+    iteration") in the trace, where the code's handlers may catch it."""
+
+    def __init__(self, d: DictVar, kind: str = "keys") -> None:
+        super().__init__([])
+        self.d, self.kind = d, kind
+        self.real = iter(d.items)
+        self.done = False
+
+    def __repr__(self) -> str:
+        return f"DictIterator({self.kind} at {self.pos} of {self.d!r})"
+
+    def python_type(self) -> type:
+        return _DICT_ITERATOR_TYPES[self.kind]
+
+    def next(self) -> Var | None:
+        try:
+            k = next(self.real)
+        except StopIteration:
+            self.done = True
+            return None
+        except RuntimeError as e:  # the dict changed size (an OrderedDict: or order)
+            raise _raised(RuntimeError, str(e)) from None
+        self.pos += 1
+        if self.kind == "keys":
+            return ConstVar(k)
+        if self.kind == "values":
+            return self.d.items[k]
+        return TupleVar([ConstVar(k), self.d.items[k]])
+
+    def unpack(self, tx) -> list[Var]:
+        out = []
+        while (v := self.next()) is not None:
+            out.append(v)
+        return out
+
+    def children(self) -> list[Var]:
+        return [self.d]
+
+    def reconstruct(self, cg) -> str:
+        if self.done:
+            return f"iter({{}}.{self.kind}())"
+        view = f"{cg.rebuild(self.d)}.{self.kind}()"
+        return f"{cg.const(iter_advance)}(iter({view}), {self.pos})"
+
+
+def iterate(tx, v: Var) -> IteratorVar:
+    """What ``iter(v)`` (GET_ITER, ``for``) gives: ``v`` itself for an iterator, a live
+    iterator over a list, dict or dict view, else one over ``v``'s items."""
+    if isinstance(v, IteratorVar):
+        return v
+    if type(v) is ListVar:
+        return ListIteratorVar(v)
+    if isinstance(v, DictVar):
+        return DictIteratorVar(v, "keys")
+    if isinstance(v, DictViewVar):
+        return DictIteratorVar(v.d, v.kind)
+    return IteratorVar(v.unpack(tx))
+
+
 def iter_remaining(it) -> int:
     """Items left in a list/tuple iterator, read without consuming any."""
     r = it.__reduce__()
@@ -525,6 +644,28 @@ def iter_advance(it, n: int):
     return it
 
 
+def iter_list(it) -> list | None:
+    """The list a list iterator reads (None once it is exhausted)."""
+    r = it.__reduce__()
+    return r[1][0] if len(r) > 2 and type(r[1][0]) is list else None
+
+
+def iter_index(it) -> int:
+    """The position of a list iterator in its list."""
+    r = it.__reduce__()
+    return r[2] if len(r) > 2 else -1
+
+
+def iter_seek(it, index: int, exhausted: bool):
+    """Put a list iterator at ``index`` of its list (written back already), or exhaust it."""
+    if exhausted:
+        for _ in it:
+            pass
+    else:
+        it.__setstate__(index)
+    return it
+
+
 class SourcedIteratorVar(IteratorVar):
     """A real list/tuple iterator read from the frame: how a continuation resuming inside
     a ``for`` loop receives the loop's iterator (the generated code hands it on as
@@ -539,6 +680,32 @@ class SourcedIteratorVar(IteratorVar):
         self.source = source
         self.available = iter_remaining(it)
         self._advance_registered = False
+        self.seq: ListVar | None = None  # the list it reads, where the trace holds it
+        self.done = False
+        if type(it) is LIST_ITERATOR_TYPES[0] and iter_list(it) is not None:
+            self._follow_list(iter_list(it))
+
+    def _follow_list(self, lst: list) -> None:
+        """A list iterator reads the list's items live, as ListIteratorVar does: the
+        continuation of a ``for`` loop over a list that the loop body appends to (a
+        graph break inside the loop) sees the items the trace appends. The list is the
+        trace's (the same Var as the frame's own reference to it, identity guarded); the
+        iterator's position is guarded, and generated code sets the real iterator's
+        position after the list's contents are written back."""
+        from kiln_capture.sources import CallSource
+
+        out, src = self.out, self.source
+        self.start = iter_index(self.real)
+        index = CallSource(out.const_ref(iter_index), src, ()).expr()
+        out.guards.add(f"{index} == {self.start}", f"{src.expr()} is at item {self.start}")
+        seq = out.wrap(lst, CallSource(out.const_ref(iter_list), src, ()))
+        if not isinstance(seq, ListVar):
+            return
+        self.seq = seq
+        out.side_effects.mutated(seq)  # written back before the iterator is moved
+        out.side_effects.call_after(
+            lambda cg: f"{cg.const(iter_seek)}({src.expr()}, {self.start + self.pos}, {self.done})"
+        )
 
     def __repr__(self) -> str:
         return f"Iterator({self.source.expr()}, consumed {self.pos} of {self.available})"
@@ -561,6 +728,15 @@ class SourcedIteratorVar(IteratorVar):
     def next(self) -> Var | None:
         from kiln_capture.sources import CallSource
 
+        if self.seq is not None:
+            i = self.start + self.pos
+            if self.done or i >= len(self.seq.items):
+                self.done = True
+                return None
+            self.pos += 1
+            item = self.seq.items[i]
+            self.items.append(item)
+            return item
         if self.pos >= self.available:
             self._guard_count(exact=True)
             return None
@@ -578,7 +754,7 @@ class SourcedIteratorVar(IteratorVar):
         return self.items[start:]
 
     def children(self) -> list[Var]:
-        return []
+        return [self.seq] if self.seq is not None else []
 
     def reconstruct(self, cg) -> str:
         return self.source.expr()

@@ -271,8 +271,13 @@ class TensorMethodVar(Var):
         if name == "type" and not args and not kwargs:
             # the type name of the real tensor (the meta one would say torch.meta.*)
             return ConstVar(_type_name(t.meta.dtype, t.device))
-        if name == "type" and len(args) == 1 and not kwargs and args[0].is_const():
-            dtype, device = _type_target(args[0].as_const(), t.device)
+        if name == "type" and len(args) + len(kwargs) >= 1 and set(kwargs) <= {"dtype"}:
+            target = args[0] if args else kwargs["dtype"]
+            if not target.is_const():
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, "Tensor.type of a non-constant")
+            dtype, device = _type_target(target.as_const(), t.device)
+            if dtype == t.meta.dtype and device == t.device:
+                return t  # already of that type: the tensor itself, as eager returns it
             return t.call_method(
                 tx, "to", [], {"dtype": ConstVar(dtype), "device": ConstVar(device)}
             )
