@@ -29,6 +29,9 @@ _MUTABLE_NEW = frozenset(
         "IteratorVar",
         "ListIteratorVar",
         "DictIteratorVar",
+        "CounterVar",
+        "DequeVar",
+        "DequeIteratorVar",
         "GeneratorVar",
         "PullIteratorVar",
     }

@@ -43,6 +43,8 @@ from kiln_capture.variables.builtins import (
 )
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import (
+    CounterVar,
+    DequeVar,
     DictVar,
     IteratorVar,
     ListVar,
@@ -50,6 +52,7 @@ from kiln_capture.variables.containers import (
     SliceVar,
     TupleVar,
     iterate,
+    known_index,
 )
 from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.exceptions import (
@@ -459,6 +462,10 @@ class Frame:
     def BINARY_SUBSCR(self, ins):
         key = self.pop()
         container = self.pop()
+        if container.is_const() and isinstance(container.as_const(), tuple | str | range):
+            index = known_index(key)  # a sequence reads a tensor key through __index__
+            if index is not None:
+                key = ConstVar(index)
         self.push(container.getitem(self, key))
 
     def STORE_SUBSCR(self, ins):
@@ -470,6 +477,9 @@ class Frame:
     def DELETE_SUBSCR(self, ins):
         key = self.pop()
         container = self.pop()
+        if isinstance(container, CounterVar | DequeVar):  # their own __delitem__
+            container.call_method(self, "__delitem__", [key], {})
+            return
         if isinstance(container, DictVar | ListVar):
             container.call_method(self, "pop", [key], {})
             return

@@ -37,6 +37,7 @@ from kiln_capture.variables.containers import (
     NamedTupleVar,
     SourcedIteratorVar,
     TupleVar,
+    wrap_collection,
 )
 from kiln_capture.variables.contexts import (
     GRAD_MODE_CLASSES,
@@ -277,6 +278,9 @@ class OutputGraph:
                 g.type_is(source, value)
                 g.add(f"{source.expr()} == {tuple(value)!r}", f"{source.expr()} == {tuple(value)}")
             return SizeVar([ConstVar(s) for s in value])
+        collection = wrap_collection(self, value, source, rooted)  # a Counter or deque
+        if collection is not None:
+            return collection
         if type(value) is dict or (
             isinstance(value, dict) and type(value).__name__ == "OrderedDict"
         ):

@@ -80,7 +80,12 @@ class SideEffects:
             tmp = f"__k_e{i}"
             if kind == "container":
                 src = key.source.expr()
-                if isinstance(key, DictVar):
+                write_back = getattr(key, "write_back", None)  # a deque's clear + extend
+                if write_back is not None:
+                    c, a = write_back(cg, src, tmp)
+                    compute.append(c)
+                    apply.append(a)
+                elif isinstance(key, DictVar):
                     body = ", ".join(
                         f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in key.items.items()
                     )

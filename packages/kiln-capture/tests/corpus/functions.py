@@ -679,9 +679,4 @@ def global_module_attribute(x):
 
 
 # programs above that kiln does not capture whole yet, each with the reason
-EXPECTED_FAILURES = {
-    "functions.counter_use": "collections.Counter is not modeled (its construction breaks)",
-    "functions.deque_use": "collections.deque (a C type) is not modeled",
-    "functions.list_index_by_tensor_constant": "indexing a list by a 0-d tensor needs its "
-    "value (dynamo reads constant tensors; kiln breaks)",
-}
+EXPECTED_FAILURES: dict[str, str] = {}

@@ -16,6 +16,7 @@ from kiln_capture.variables import sizes
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar, fold
 from kiln_capture.variables.containers import (
+    CounterVar,
     DictIteratorVar,
     DictVar,
     DictViewVar,
@@ -26,6 +27,7 @@ from kiln_capture.variables.containers import (
     SequenceVar,
     SetVar,
     TupleVar,
+    counter_binary,
     iterate,
     sort_items,
 )
@@ -85,6 +87,10 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
         return tx.out.tensor_op("call_function", fn, [a, b], {})
     if isinstance(a, DictViewVar) or isinstance(b, DictViewVar):
         return _view_binary(tx, fn, a, b)
+    if isinstance(a, CounterVar) or isinstance(b, CounterVar):
+        counted = counter_binary(tx, fn, a, b)
+        if counted is not None:
+            return counted
     if isinstance(a, SymIntVar) or isinstance(b, SymIntVar):
         result = sizes.binary(tx, fn, a, b)
         if result is not None:

@@ -48,7 +48,9 @@ class SequenceVar(Var):
         return list(self.items)
 
     def getitem(self, tx, key: Var) -> Var:
-        k = key.as_const()
+        k = known_index(key)
+        if k is None:
+            k = key.as_const()
         if isinstance(k, slice):
             return self.new(self.items[k])
         try:
@@ -623,6 +625,8 @@ def iterate(tx, v: Var) -> IteratorVar:
         return DictIteratorVar(v, "keys")
     if isinstance(v, DictViewVar):
         return DictIteratorVar(v.d, v.kind)
+    if isinstance(v, DequeVar):
+        return DequeIteratorVar(v)
     return IteratorVar(v.unpack(tx))
 
 
@@ -758,3 +762,362 @@ class SourcedIteratorVar(IteratorVar):
 
     def reconstruct(self, cg) -> str:
         return self.source.expr()
+
+
+# -- collections.Counter and collections.deque ----------------------------------------------
+
+
+class CounterVar(DictVar):
+    """``collections.Counter``: a dict of counts. A missing key reads 0 and is not added;
+    ``update``/``subtract`` add and subtract counts; ``most_common``, ``elements``,
+    ``total`` and the operators (``+ - | &``, comparisons) are computed on a real Counter
+    of the (constant) counts, so ties and orders are Counter's own."""
+
+    def __init__(self, items: dict[object, Var], source=None) -> None:
+        super().__init__(items, source, cls=collections.Counter)
+
+    def getitem(self, tx, key: Var) -> Var:
+        return self.items.get(key.as_const(), ConstVar(0))
+
+    def counts(self) -> collections.Counter:
+        if not all(v.is_const() for v in self.items.values()):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "Counter arithmetic on non-constant counts")
+        return collections.Counter({k: v.as_const() for k, v in self.items.items()})
+
+    def is_const(self) -> bool:
+        return False
+
+    def _set_counts(self, tx, real: collections.Counter) -> None:
+        self.items.clear()  # in place: live iterators hold this dict
+        self.items.update({k: ConstVar(v) for k, v in real.items()})
+        tx.out.side_effects.mutated(self)
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name in ("update", "subtract"):
+            real = self.counts()
+            source = counter_argument(tx, args[0]) if args else {}
+            getattr(real, name)(source, **{k: v.as_const() for k, v in kwargs.items()})
+            self._set_counts(tx, real)
+            return ConstVar(None)
+        if name == "most_common":
+            n = args[0].as_const() if args else kwargs.get("n", ConstVar(None)).as_const()
+            rows = self.counts().most_common(n)
+            return ListVar([TupleVar([ConstVar(k), ConstVar(c)]) for k, c in rows])
+        if name == "elements":
+            return IteratorVar([ConstVar(e) for e in self.counts().elements()])
+        if name == "total":
+            return ConstVar(self.counts().total())
+        if name == "copy":
+            return CounterVar(self.items)
+        if name == "__delitem__":  # Counter's ignores a missing key
+            if self.items.pop(args[0].as_const(), None) is not None:
+                tx.out.side_effects.mutated(self)
+            return ConstVar(None)
+        if name == "__missing__":
+            return ConstVar(0)
+        return super().call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        body = ", ".join(f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in self.items.items())
+        return f"{cg.const(collections.Counter)}({{{body}}})"
+
+
+def counter_binary(tx, fn, a: Var, b: Var) -> Var | None:
+    """An operator with a Counter operand (``p + q``, ``p | q``, ``p == q``): computed on
+    real Counters of constant counts (the other operand a Counter or a dict of constant
+    values). None where the other operand is neither."""
+    real = []
+    for v in (a, b):
+        if isinstance(v, CounterVar):
+            real.append(v.counts())
+        elif isinstance(v, DictVar) and all(i.is_const() for i in v.items.values()):
+            real.append({k: i.as_const() for k, i in v.items.items()})
+        elif v.is_const():
+            real.append(v.as_const())
+        else:
+            return None
+    from kiln_capture.variables.constants import fold
+
+    result = fold(fn, *real)
+    if isinstance(result, collections.Counter):
+        return CounterVar({k: ConstVar(n) for k, n in result.items()})
+    return tx.out.wrap_value(result)
+
+
+def counter_argument(tx, arg: Var) -> object:
+    """What ``Counter(arg)``/``update(arg)`` counts, as a real value: a mapping of
+    constant counts, or an iterable of constant elements."""
+    if isinstance(arg, CounterVar):
+        return arg.counts()
+    if isinstance(arg, DictVar):
+        if not all(v.is_const() for v in arg.items.values()):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "counting a mapping of non-constants")
+        return {k: v.as_const() for k, v in arg.items.items()}
+    if arg.is_const():
+        return arg.as_const()
+    items = iterate(tx, arg).unpack(tx)
+    if not all(i.is_const() for i in items):
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "counting non-constant elements")
+    return [i.as_const() for i in items]
+
+
+def make_counter(tx, args: list[Var], kwargs: dict[str, Var]) -> CounterVar:
+    """``Counter(iterable_or_mapping, **kwargs)``: a mapping's values are taken as they
+    are (Counter copies them into an empty counter), elements are counted."""
+    if len(args) > 1:
+        raise _raised(TypeError, f"expected at most 1 argument, got {len(args)}")
+    made = CounterVar({})
+    if args and isinstance(args[0], DictVar) and not isinstance(args[0], CounterVar):
+        made.items.update(args[0].items)
+        args = []
+    if not args and not kwargs:
+        return made
+    real = made.counts()
+    if args:
+        real.update(counter_argument(tx, args[0]))
+    real.update({k: v.as_const() for k, v in kwargs.items()})
+    made.items.clear()
+    made.items.update({k: ConstVar(v) for k, v in real.items()})
+    return made
+
+
+class DequeVar(Var):
+    """``collections.deque``: its items (Vars) are held in a real deque with the same
+    ``maxlen``, so appends that evict, ``rotate``, ``pop`` of an empty deque and the
+    iterator's "deque mutated during iteration" are CPython's own. Passed in, its final
+    contents are written back after the graph (``clear`` then ``extend``)."""
+
+    def __init__(self, items: list[Var], maxlen: int | None = None, source=None) -> None:
+        self.items: collections.deque = collections.deque(items, maxlen)
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Deque({list(self.items)!r})"
+
+    def python_type(self) -> type:
+        return collections.deque
+
+    def truth(self, tx) -> bool:
+        return bool(self.items)
+
+    def length(self, tx) -> int:
+        return len(self.items)
+
+    def unpack(self, tx) -> list[Var]:
+        return list(self.items)
+
+    def children(self) -> list[Var]:
+        return list(self.items)
+
+    def contains(self, tx, item: Var) -> bool:
+        return any(same_item(tx, item, x) for x in list(self.items))
+
+    def _index(self, key: Var) -> int:
+        k = key.as_const()
+        if not isinstance(k, int):
+            raise _raised(TypeError, f"sequence index must be integer, not '{type(k).__name__}'")
+        return k
+
+    def getitem(self, tx, key: Var) -> Var:
+        try:
+            return self.items[self._index(key)]
+        except IndexError as e:
+            raise _raised(IndexError, str(e)) from None
+
+    def setitem(self, tx, key: Var, value: Var) -> None:
+        try:
+            self.items[self._index(key)] = value
+        except IndexError as e:
+            raise _raised(IndexError, str(e)) from None
+        self._mutated(tx)
+
+    def _mutated(self, tx) -> None:
+        tx.out.side_effects.mutated(self)
+
+    def getattr(self, tx, name: str) -> Var:
+        if name == "maxlen":
+            return ConstVar(self.items.maxlen)
+        return super().getattr(tx, name)
+
+    _CHANGES = frozenset(
+        {"append", "appendleft", "pop", "popleft", "extend", "extendleft", "rotate"}
+        | {"clear", "reverse", "insert", "remove", "__delitem__"}
+    )
+
+    def call_method(self, tx, name, args, kwargs) -> Var:
+        if kwargs:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"deque.{name} with keywords")
+        if name in ("__len__",):
+            return ConstVar(len(self.items))
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__setitem__":
+            self.setitem(tx, args[0], args[1])
+            return ConstVar(None)
+        if name == "__contains__":
+            return ConstVar(self.contains(tx, args[0]))
+        if name == "__iter__":
+            return iterate(tx, self)
+        if name == "count":
+            return ConstVar(sum(same_item(tx, args[0], x) for x in list(self.items)))
+        if name == "index":
+            for i, x in enumerate(list(self.items)):
+                if same_item(tx, args[0], x):
+                    return ConstVar(i)
+            raise _raised(ValueError, "deque.index(x): x not in deque")
+        if name == "copy":
+            return DequeVar(list(self.items), self.items.maxlen)
+        if name not in self._CHANGES:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"deque.{name}")
+        if name == "remove":
+            i = self.call_method(tx, "index", args, {}).as_const()
+            del self.items[i]
+            self._mutated(tx)
+            return ConstVar(None)
+        if name in ("extend", "extendleft"):
+            values = [args[0].unpack(tx)]
+        elif name == "__delitem__":
+            values = [self._index(args[0])]
+        elif name in ("insert", "rotate", "pop"):
+            values = [a.as_const() for a in args[:1]] + list(args[1:])
+        else:
+            values = list(args)
+        try:
+            result = getattr(self.items, name)(*values)
+        except (IndexError, ValueError) as e:
+            raise _raised(type(e), str(e)) from None
+        self._mutated(tx)
+        return result if isinstance(result, Var) else ConstVar(None)
+
+    def write_back(self, cg, src: str, tmp: str) -> tuple[str, str]:
+        """The side-effect statements for a deque passed in (see SideEffects.replay)."""
+        items = ", ".join(cg.rebuild(i) for i in self.items)
+        return f"{tmp} = [{items}]", f"__k_q = {src}; __k_q.clear(); __k_q.extend({tmp})"
+
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        items = ", ".join(cg.rebuild(i) for i in self.items)
+        return f"{cg.const(collections.deque)}([{items}], {self.items.maxlen!r})"
+
+
+class DequeIteratorVar(IteratorVar):
+    """``iter(d)`` of a deque in the trace: CPython's own iterator over the real deque
+    that holds the items, so changing the deque while a loop runs raises RuntimeError
+    ("deque mutated during iteration") in the trace, as eager code does."""
+
+    def __init__(self, d: DequeVar) -> None:
+        super().__init__([])
+        self.d = d
+        self.real = iter(d.items)
+        self.done = False
+
+    def __repr__(self) -> str:
+        return f"DequeIterator(at {self.pos} of {self.d!r})"
+
+    def python_type(self) -> type:
+        return type(iter(collections.deque()))
+
+    def next(self) -> Var | None:
+        try:
+            v = next(self.real)
+        except StopIteration:
+            self.done = True
+            return None
+        except RuntimeError as e:
+            raise _raised(RuntimeError, str(e)) from None
+        self.pos += 1
+        return v
+
+    def unpack(self, tx) -> list[Var]:
+        out = []
+        while (v := self.next()) is not None:
+            out.append(v)
+        return out
+
+    def children(self) -> list[Var]:
+        return [self.d]
+
+    def reconstruct(self, cg) -> str:
+        if self.done:
+            return "iter([])"
+        return f"{cg.const(iter_advance)}(iter({cg.rebuild(self.d)}), {self.pos})"
+
+
+# -- indexing by a tensor of known value -----------------------------------------------------
+
+_INPLACE_OPERATORS = frozenset(
+    {
+        operator.setitem,
+        operator.iadd,
+        operator.isub,
+        operator.imul,
+        operator.itruediv,
+        operator.ifloordiv,
+        operator.imod,
+        operator.ipow,
+        operator.imatmul,
+        operator.ilshift,
+        operator.irshift,
+        operator.iand,
+        operator.ior,
+        operator.ixor,
+    }
+)
+
+
+def _writes(node) -> bool:
+    """Whether an FX node may write into one of its inputs (an in-place op)."""
+    if node.target in _INPLACE_OPERATORS or "out" in node.kwargs:
+        return True
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def known_index(key: Var) -> int | None:
+    """The value of a one-element integer tensor made in the trace from a Python int
+    (``torch.as_tensor(1)``; functions.py records it as ``index_value``), as
+    ``list.__getitem__`` reads it through ``__index__``; None if no in-place op of the
+    graph may have changed it since (or of anything computed from it: a view)."""
+    value = getattr(key, "index_value", None)
+    node = getattr(key, "node", None)
+    if value is None or node is None:
+        return None
+    todo, seen = [node], {node}
+    while todo:
+        for user in todo.pop().users:
+            if _writes(user):
+                return None
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return value
+
+
+def wrap_collection(out, value: object, source, rooted: bool) -> Var | None:
+    """A Counter or deque read from ``source`` (an argument, a global, a closure): its
+    type, length (a Counter's keys) and maxlen guarded, its items wrapped from their own
+    sources; its changes are written back after the graph like a list's. None for other
+    values."""
+    from kiln_capture.sources import ItemSource
+
+    g = out.guards
+    if type(value) is collections.Counter and all(isinstance(k, str | int) for k in value):
+        if rooted:
+            g.type_is(source, value)
+            g.dict_keys(source, tuple(value))
+        items = {k: out.wrap(v, ItemSource(source, k)) for k, v in value.items()}
+        return CounterVar(items, source)
+    if type(value) is collections.deque:
+        if rooted:
+            g.type_is(source, value)
+            g.length(source, len(value))
+            e = source.expr()
+            g.add(f"{e}.maxlen == {value.maxlen!r}", f"{e}.maxlen == {value.maxlen!r}")
+        items = [out.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
+        return DequeVar(items, value.maxlen, source)
+    return None

@@ -465,6 +465,21 @@ _CUDA_QUERIES = {
 }
 
 
+def _record_index_value(made: Var, fn, consts: list, probe) -> None:
+    """``torch.tensor(3)``/``torch.as_tensor([3])``: a one-element int64 tensor of a
+    Python int whose value the trace knows, recorded as ``index_value`` for indexing a
+    list with it (containers.known_index; eager reads it through ``__index__``)."""
+    if fn not in (torch.tensor, torch.as_tensor) or not consts or not isinstance(made, TensorVar):
+        return
+    if not isinstance(probe, torch.Tensor) or probe.dtype != torch.int64 or probe.numel() != 1:
+        return
+    data = consts[0]
+    while isinstance(data, list | tuple) and len(data) == 1:
+        data = data[0]
+    if type(data) is int:
+        made.index_value = data
+
+
 class TorchFnVar(Var):
     """A function of the torch namespace, torch.nn.functional or a Tensor method descriptor."""
 
@@ -555,5 +570,7 @@ class TorchFnVar(Var):
             isinstance(probe, tuple | list) and any(isinstance(p, torch.Tensor) for p in probe)
         ):
             tx.out.guard_factory_defaults()
-            return tx.out.tensor_op("call_function", fn, list(args), kwargs)
+            made = tx.out.tensor_op("call_function", fn, list(args), kwargs)
+            _record_index_value(made, fn, consts, probe)
+            return made
         return tx.out.wrap_value(probe)

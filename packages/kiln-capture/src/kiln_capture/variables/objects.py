@@ -22,7 +22,14 @@ from kiln_capture.errors import Unsupported
 from kiln_capture.sources import AttrSource, ConstRef
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstMethodVar, ConstVar, is_constant_value
-from kiln_capture.variables.containers import DictVar, NamedTupleVar, TupleVar
+from kiln_capture.variables.containers import (
+    DequeVar,
+    DictVar,
+    NamedTupleVar,
+    TupleVar,
+    iterate,
+    make_counter,
+)
 from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, AutocastVar, GradModeVar
 from kiln_capture.variables.modules import lookup_class_attr
 from kiln_capture.variables.rng import NO_OP_GUARDS
@@ -514,6 +521,15 @@ class PartialVar(Var):
 
 
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if cls is collections.Counter:
+        return make_counter(tx, list(args), dict(kwargs))
+    if cls is collections.deque:
+        if len(args) > 2 or set(kwargs) - {"iterable", "maxlen"}:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "deque() arguments")
+        iterable = args[0] if args else kwargs.get("iterable")
+        maxlen = args[1] if len(args) > 1 else kwargs.get("maxlen")
+        items = iterate(tx, iterable).unpack(tx) if iterable is not None else []
+        return DequeVar(items, maxlen.as_const() if maxlen is not None else None)
     if cls in (collections.OrderedDict, collections.defaultdict):
         from kiln_capture.variables.builtins import BuiltinVar
         from kiln_capture.variables.containers import DefaultDictVar
