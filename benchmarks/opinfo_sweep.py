@@ -285,13 +285,19 @@ def main() -> int:
     p.add_argument("--chunk", type=int, default=40, help="ops per worker process")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per worker")
     p.add_argument("--worker", default="")
+    p.add_argument(
+        "--out",
+        default="",
+        help="folder for the JSON results (default benchmarks/results; a subset's run "
+        "belongs elsewhere, e.g. /tmp)",
+    )
     a = p.parse_args()
     ops_filter = {o for o in a.ops.split(",") if o}
     if a.worker:
         worker(a.worker, sorted(ops_filter), a.samples)
         return 0
     ops = [_case_name(op) for op in _cases(ops_filter or None, a.limit, a.samples)]
-    out_dir = HERE / "results"
+    out_dir = Path(a.out) if a.out else HERE / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {}
     all_results = {}
@@ -303,7 +309,7 @@ def main() -> int:
             json.dumps({"summary": summaries[c], "results": res}, indent=1)
         )
     reference = all_results.get("torch.compile")
-    tc_file = out_dir / "opinfo_torch.compile.json"
+    tc_file = HERE / "results" / "opinfo_torch.compile.json"
     if reference is None and tc_file.exists():  # torch.compile's results from an earlier run
         reference = json.loads(tc_file.read_text())["results"]
     ref = {r["case"] for r in reference or [] if r["status"] == "pass"}

@@ -194,9 +194,14 @@ def test_masked_assignment_becomes_where():
     assert "aten.where.self" in _ops(gm)
 
 
-def test_masked_gather_stays_unsupported():
-    with pytest.raises(Unsupported, match="index"):
-        trace(lambda x: x[x > 0] * 2, [torch.randn(5)])
+def test_masked_gather_is_an_index_by_nonzero():
+    """x[mask] reads: a library call of nonzero (sized by an unbacked symbol) and an index
+    by its columns (kiln_shapes.unbacked)."""
+    gm = trace(lambda x: x[x > 0] * 2, [torch.randn(5)])
+    ops = _ops(gm)
+    assert "aten.nonzero.default" in ops and "aten.index.Tensor" in ops
+    x = torch.randn(5)
+    torch.testing.assert_close(gm(x)[0], x[x > 0] * 2)
 
 
 def _assert_in_order(text, fragments):

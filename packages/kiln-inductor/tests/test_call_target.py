@@ -42,6 +42,13 @@ CASES = [
         aten._scaled_dot_product_flash_attention_for_cpu.default,
         lambda: ((_r(2, 3, 8, 16), _r(2, 3, 8, 16), _r(2, 3, 8, 16)), {"is_causal": True}),
     ),
+    # data-dependent ops (their symbols bound from the result: ExternKernel.binds)
+    (aten.nonzero.default, lambda: ((_r(4, 5) > 0,), {})),
+    (aten.masked_select.default, lambda: ((_r(4, 5), _r(5) > 0), {})),
+    (
+        aten._unique2.default,
+        lambda: (((_r(12) * 2).round(),), {"return_inverse": True, "return_counts": True}),
+    ),
 ]
 
 

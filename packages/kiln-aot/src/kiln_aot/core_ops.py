@@ -132,9 +132,15 @@ def is_allowed(target: object) -> bool:
 def is_library_callable(op: object) -> bool:
     """Whether ``op`` may stay in a graph as an opaque library call: an OpOverload that
     writes none of its arguments, returns only new tensors (no output aliases an input),
-    and whose output shapes do not depend on data."""
-    if not isinstance(op, torch._ops.OpOverload) or op in DATA_DEPENDENT_OPS:
+    and whose output shapes do not depend on data, or do through unbacked symbols."""
+    if not isinstance(op, torch._ops.OpOverload):
         return False
+    if op in DATA_DEPENDENT_OPS:
+        # those whose outputs kiln-shapes sizes by unbacked symbols (the compiler binds
+        # them from the call's result); the others' shapes are not known at all
+        from kiln_shapes.unbacked import RULES
+
+        return op in RULES
     schema = op._schema
     if schema.is_mutable:
         return False

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from kiln_shapes import meta as shapes_meta
+from kiln_shapes.unbacked import RULES
 from torch.utils._python_dispatch import _disable_current_modes
 
 from kiln_aot.argmap import iter_leaves, map_args
@@ -133,7 +134,7 @@ def run_on_meta(func: Any, args: tuple, kwargs: dict) -> Any:
     m_args, m_kwargs = map_args(to_meta, (args, kwargs))
     if "device" in m_kwargs:
         m_kwargs["device"] = torch.device("meta")
-    if shapes_meta.has_symbolic((m_args, m_kwargs)):
+    if func in RULES or shapes_meta.has_symbolic((m_args, m_kwargs)):
         out = shapes_meta.run(func, m_args, m_kwargs, reenter=shapes_meta.SymbolicMetaMode())
     else:
         out = func(*m_args, **m_kwargs)

@@ -111,6 +111,12 @@ def collect_outputs(
     leaves, spec = pytree.tree_flatten(out)
     infos, nodes = [], []
     for leaf in leaves:
+        if _data_scalar(leaf):
+            # a number only the data gives (.item(), allclose): a graph output, handed
+            # back as the runtime's value (kind "tensor": taken from the graph's outputs)
+            nodes.append(tracer.node_of(leaf))
+            infos.append(OutputInfo("tensor"))
+            continue
         if not isinstance(leaf, torch.Tensor):
             infos.append(OutputInfo("constant", value=leaf))
             continue
@@ -135,6 +141,14 @@ def collect_outputs(
         else:
             infos.append(OutputInfo("tensor", requires_grad=leaf.requires_grad))
     return infos, nodes, spec
+
+
+def _data_scalar(leaf: Any) -> bool:
+    """A SymInt/SymFloat/SymBool that depends on an unbacked symbol (kiln_shapes)."""
+    if not isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return False
+    env = env_of([leaf])
+    return env is not None and bool(env.unbacked_in(expr_of(leaf)))
 
 
 def _input_view_geometry(

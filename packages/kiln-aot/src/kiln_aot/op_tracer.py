@@ -8,8 +8,11 @@ functionalizing as it goes.
 fake's own ``__torch_dispatch__`` when the mode is not on this thread's stack, e.g. in the
 autograd engine). In order:
 
-1. data-dependent ops raise ``Unsupported`` (the capture layer breaks the graph there),
-   except a boolean-mask write ``x[mask] = v``, which is ``where``;
+1. data-dependent ops (``nonzero``, ``.item()``, ``unique``, ...: ``kiln_shapes.unbacked``)
+   stay in the graph as library calls whose outputs are sized by unbacked symbols (each
+   symbol read from the result by a node: ``sym_size.int``, or the ``.item()`` node
+   itself); ``x[mask]`` reads are ``x[mask.nonzero().unbind(1)]``; a boolean-mask write
+   ``x[mask] = v`` of one value is ``where``; other masked writes raise ``Unsupported``;
 2. identity ops (``detach``, ``alias``, ``lift_fresh``) relabel a value, profiler markers
    pass through;
 3. mutating ops are functionalized (``kiln_aot.functionalize``);
@@ -37,7 +40,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import kiln_shapes
+import sympy
 import torch
+from kiln_shapes import unbacked
 from kiln_shapes.indexing import uniform_masked_write
 from kiln_shapes.meta import CompositeMode
 from torch import fx
@@ -128,6 +133,7 @@ class Tracer:
         self.recompute: int | None = None
         self._mutations = 0
         self.sizes = sym_nodes.SymEmitter(self.graph)  # symbolic sizes as graph nodes
+        self.shape_env: Any = None  # where unbacked symbols go when no input has an env
 
     # ---- inputs, constants, running -------------------------------------------------
     def input(
@@ -221,12 +227,20 @@ class Tracer:
     def sym_value(self, value: Any) -> Any:
         """A node computing a symbolic int from the inputs' sizes (``aten.sym_size.int``
         and Python arithmetic), or the number itself when it is constant. Symbolic floats
-        and bools are specialized (their guard is recorded)."""
+        and bools are specialized (their guard is recorded), unless the data gives them
+        (an unbacked symbol's node computes them)."""
+        expr = kiln_shapes.expr_of(value)
+        env = kiln_shapes.env_of([value])
+        if env is not None and env.unbacked_in(expr):
+            node = self.sizes.emit(expr)
+            if isinstance(node, fx.Node):
+                node.meta["val"] = value
+            return node
         if isinstance(value, torch.SymFloat):
             return float(value)
         if isinstance(value, torch.SymBool):
             return bool(value)
-        return self.sizes.emit(kiln_shapes.expr_of(value))
+        return self.sizes.emit(expr)
 
     def graph_args(self, args: Any) -> Any:
         return map_args(self.node_of, args)
@@ -251,6 +265,9 @@ class Tracer:
         if self.recompute is not None:
             node.meta["recompute"] = self.recompute
         if isinstance(out, torch.Tensor):
+            node.meta["val"] = out
+            return node
+        if isinstance(out, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # .item()
             node.meta["val"] = out
             return node
         if out is None:  # an op returning nothing (a check that raises eager's error)
@@ -335,6 +352,8 @@ class Tracer:
             out = self._masked_assign(*args)
             if out is not None:
                 return out
+        if func in unbacked.RULES or unbacked.is_mask_index(func, args):
+            return self.data_dependent(func, args, kwargs)
         if func in core_ops.DATA_DEPENDENT_OPS or (
             func is not aten.index_put_.default and _has_bool_index(func, args)
         ):
@@ -358,6 +377,42 @@ class Tracer:
         if core_ops.is_allowed(func) and not _decomposed_by_config(func):
             return self.emit_call(func, args, kwargs)
         return self.decompose(func, args, kwargs)
+
+    def data_dependent(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A data-dependent op (step 1): a library call whose outputs' sizes (or value) are
+        new unbacked symbols, each bound to the node that reads it from the result."""
+        env = self._unbacked_env(args, kwargs)
+        with unbacked.unbacked_env(env):
+            if unbacked.is_mask_index(func, args):  # x[mask] is x[mask.nonzero().unbind(1)]
+                with self.mode:
+                    return aten.index.Tensor(args[0], unbacked.mask_indices(args[1]))
+            if func is aten._local_scalar_dense.default:
+                node = self.emit_node(func, self.graph_args(args), {})
+                node.meta["kiln_library_op"] = True
+                self.sizes.cache[kiln_shapes.expr_of(node.meta["val"])] = node
+                return node.meta["val"]
+            out = self.emit_library_call(func, args, kwargs)
+        for o in out if isinstance(out, tuple) else (out,):
+            if not isinstance(o, FakeTensor):
+                continue
+            for d, n in enumerate(o.shape):
+                e = kiln_shapes.expr_of(n)
+                if isinstance(e, sympy.Symbol) and env.is_unbacked(e) and e not in self.sizes.cache:
+                    size = self.graph.call_function(aten.sym_size.int, (self.node_of(o), d))
+                    size.meta["val"] = n
+                    self.sizes.cache[e] = size
+        return out
+
+    def _unbacked_env(self, args: tuple, kwargs: dict) -> Any:
+        """The env new unbacked symbols go in: the inputs' (symbolic sizes), else the
+        trace's own."""
+        env = kiln_shapes.env_of([*iter_leaves((args, kwargs))])
+        if env is None:
+            env = self.shape_env
+        if env is None:
+            env = self.shape_env = kiln_shapes.ShapeEnv()
+        self.shape_env = self.shape_env or env
+        return env
 
     def replay_view(self, step: ViewStep, base: fx.Node) -> fx.Node:
         """The node of ``step`` applied to ``base`` (a copy form stays a library call)."""

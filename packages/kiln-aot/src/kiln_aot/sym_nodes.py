@@ -43,6 +43,10 @@ class SymEmitter:
         expr = sympy.sympify(expr)
         if expr.is_Integer:
             return int(expr)
+        if expr.is_Number:
+            return float(expr)
+        if expr in (sympy.true, sympy.false):
+            return bool(expr)
         if expr in self.cache:
             return self.cache[expr]
         node = self._read(expr) if isinstance(expr, sympy.Symbol) else self._arith(expr)
@@ -98,6 +102,13 @@ class SymEmitter:
             return self._fold(torch.sym_min, expr.args)
         if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
             return self._call(operator.pow, self.emit(expr.base), int(expr.exp))
+        # truth values of unbacked scalars (``t.item() > 0``, ``not allclose(...)``)
+        if isinstance(expr, sympy.core.relational.Relational) and expr.rel_op in _RELATIONS:
+            return self._fold(_RELATIONS[expr.rel_op], (expr.lhs, expr.rhs))
+        if isinstance(expr, sympy.Not):
+            return self._call(torch.sym_not, self.emit(expr.args[0]))
+        if isinstance(expr, sympy.Pow) and expr.exp == -1:  # 1 / x of a float
+            return self._call(operator.truediv, 1.0, self.emit(expr.base))
         if isinstance(expr, sympy.floor) and isinstance(expr.args[0], sympy.Mul):
             num, den = sympy.fraction(expr.args[0])
             if den != 1:
@@ -107,6 +118,16 @@ class SymEmitter:
             f"kiln cannot build the size expression {expr} as graph nodes",
             fix="mark the dimensions it depends on static (kiln.mark_static), or report it",
         )
+
+
+_RELATIONS = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
 
 
 def is_sym_node(node: Any) -> bool:

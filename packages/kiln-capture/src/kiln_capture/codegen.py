@@ -16,6 +16,7 @@ from torch import fx
 
 from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import Var
+from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import TensorVar
 
 _SAFE_LITERALS = (int, bool, str, type(None), bytes)
@@ -97,6 +98,7 @@ class CodeGen:
         return python_source(value, bind)
 
     def tensor(self, var: TensorVar) -> str:
+        """A graph output (a tensor, or a number only the data gives), or an input."""
         if var.node.op == "placeholder":
             return self.out.input_sources[var.node].expr()
         return f"__k_out[{self._output_index[var.node]}]"
@@ -109,7 +111,7 @@ class CodeGen:
             if id(v) in seen:
                 return
             seen.add(id(v))
-            if isinstance(v, TensorVar):
+            if isinstance(v, TensorVar) or (isinstance(v, SymIntVar) and v.is_unbacked()):
                 if v.node.op != "placeholder" and v.node not in self._output_index:
                     self._output_index[v.node] = len(self.outputs)
                     self.outputs.append(v)

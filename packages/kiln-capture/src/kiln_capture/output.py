@@ -515,6 +515,8 @@ class OutputGraph:
         """A number the trace computed: a SymIntVar when it is symbolic (``make_node``
         makes its FX node on first use), else a constant."""
         if isinstance(value, torch.SymBool):
+            if _unbacked(value):  # a comparison of a value only the data gives
+                return SymIntVar(self, value, make_node)
             return ConstVar(bool(value))
         value = expr_value(value)
         if isinstance(value, SYM_TYPES):
@@ -552,6 +554,9 @@ class OutputGraph:
     # -- tensor operations ---------------------------------------------------------------
 
     def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        rewritten = _truth_op(self, kind, target, args, kwargs)
+        if rewritten is not None:
+            return rewritten
         node_args = tuple(_to_node(a) for a in args)
         node_kwargs = {k: _to_node(v) for k, v in kwargs.items()}
         under_autocast = bool(self.autocast)
@@ -565,26 +570,38 @@ class OutputGraph:
         if target in (_getitem, _setitem) and len(meta_args) > 1:
             meta_args[1] = _index_for_meta(meta_args[1])
         name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-        try:
+        from kiln_shapes import DataDependentError
+
+        def evaluate(symbolic: bool):
             with (
                 torch.set_grad_enabled(self.grad_enabled),
                 torch.device("meta"),
                 autocast_state.autocast_as(self.autocast)
                 if under_autocast
                 else contextlib.nullcontext(),
-                self._symbolic_meta_mode(),
+                self._symbolic_meta_mode(force=symbolic),
             ):
                 if kind == "call_method":
                     if target in ("cuda", "cpu"):
-                        result = meta_args[0]
-                    else:
-                        result = getattr(meta_args[0], target)(*meta_args[1:], **meta_kwargs)
-                else:
-                    result = target(*meta_args, **meta_kwargs)
+                        return meta_args[0]
+                    return getattr(meta_args[0], target)(*meta_args[1:], **meta_kwargs)
+                return target(*meta_args, **meta_kwargs)
+
+        try:
+            try:
+                result = evaluate(symbolic=False)
+            except (NotImplementedError, RuntimeError) as e:
+                if isinstance(e, DataDependentError) or self.shape_env.symbols:
+                    raise
+                # a meta kernel that refuses data-dependent work (nonzero, .item()): again
+                # with outputs sized by unbacked symbols (kiln_shapes.unbacked)
+                result = evaluate(symbolic=True)
             if under_autocast:
                 result = autocast_state.to_meta(result)
         except Unsupported:
             raise
+        except DataDependentError as e:
+            raise Unsupported(breaks.TENSOR_BRANCH, f"{name}: {e}") from e
         except (NotImplementedError, RuntimeError) as e:
             if "meta" in str(e).lower() and (
                 "not implemented" in str(e).lower()
@@ -605,12 +622,12 @@ class OutputGraph:
         self.ops += 1
         return self._wrap_result(node, result, device)
 
-    def _symbolic_meta_mode(self):
-        if not self.shape_env.symbols:
+    def _symbolic_meta_mode(self, force: bool = False):
+        if not self.shape_env.symbols and not force:
             return contextlib.nullcontext()
         from kiln_shapes.meta import symbolic_meta
 
-        return symbolic_meta()
+        return symbolic_meta(self.shape_env)
 
     def _wrap_result(self, node: fx.Node, result, device) -> Var:
         if isinstance(result, torch.Tensor):
@@ -638,6 +655,10 @@ class OutputGraph:
         if result is None:
             node.meta["val"] = None
             return ConstVar(None)
+        if isinstance(result, (*SYM_TYPES, torch.SymBool)) and _unbacked(result):
+            # a number only the data gives (.item(), allclose): a graph op and value
+            node.meta["val"] = result
+            return SymIntVar(self, result, lambda: node)
         if isinstance(result, SYM_TYPES) and isinstance(expr_value(result), SYM_TYPES):
             self.ops -= 1  # a number: the node stays for the graph ops that use it
             node.meta["val"] = result
@@ -692,6 +713,45 @@ class OutputGraph:
             self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
             self.grad_enabled = enabled
         return prev
+
+
+def _unbacked(value: object) -> bool:
+    """Whether a symbolic value depends on an unbacked symbol (a value the data gives)."""
+    from kiln_shapes import expr_of
+
+    node = getattr(value, "node", None)
+    env = getattr(node, "env", None)
+    return env is not None and bool(env.unbacked_in(expr_of(value)))
+
+
+# torch functions and Tensor methods that return a Python bool computed from the data:
+# their bool return would be made concrete on the way out of C++, so the trace records
+# the tensor computation they stand for and reads its truth with ``.item()``
+_TRUTH_OPS = {torch.allclose: "allclose", torch.equal: "equal"}
+
+
+def _truth_op(out: OutputGraph, kind: str, target, args: list[Var], kwargs: dict) -> Var | None:
+    """``allclose``/``equal`` as ``isclose(...).all().item()`` / ``(a == b).all().item()``
+    (``equal``: False when the shapes differ, decided on the shapes)."""
+    which = _TRUTH_OPS.get(target) if kind == "call_function" else None
+    if kind == "call_method" and target in ("allclose", "equal"):
+        which = target
+    if which is None or len(args) < 2 or not all(isinstance(a, TensorVar) for a in args[:2]):
+        return None
+    a, b = args[0], args[1]
+    if which == "equal":
+        if kwargs or len(args) != 2:
+            return None
+        if list(a.meta.shape) != list(b.meta.shape):  # guarded where symbolic
+            return ConstVar(False)
+        close = out.tensor_op("call_function", torch.eq, [a, b], {})
+    else:
+        names = ("rtol", "atol", "equal_nan")
+        kw = dict(zip(names, args[2:]))
+        kw.update(kwargs)
+        close = out.tensor_op("call_function", torch.isclose, [a, b], kw)
+    every = out.tensor_op("call_method", "all", [close], {})
+    return out.tensor_op("call_method", "item", [every], {})
 
 
 def _input_name(expr: str) -> str:

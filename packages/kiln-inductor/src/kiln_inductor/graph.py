@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from kiln_shapes import env_of
+from kiln_shapes import env_of, expr_of
 
 from . import log
 from .config import read_config
@@ -39,6 +39,7 @@ from .ir.nodes import (
 from .ir.ops import CountingHandler, ops_handler
 from .ir.symbols import coefficients, index_vars, is_size_symbol, size_hint, sym
 from .lowering.context import lowering_context
+from .lowering.extern import DATA_DEPENDENT_EXTERNS
 from .lowering.registry import EXTERN_OPS, FALLBACK_OPS, LOWERINGS
 from .passes import is_channels_last, run_passes
 from .passes.readers import has_extern_reader
@@ -147,6 +148,9 @@ class GraphLowering:
         # layouts values are realized in when not contiguous (channels-last, layout.py)
         self._preferred: dict[int, tuple[Any, Layout]] = {}
         self.channels_last = False
+        self._item_sources: dict[torch.fx.Node, Any] = {}  # .item() node -> its tensor
+        self._bound: set[Any] = set()
+        self.shape_env: Any = None
 
     def _find_device(self) -> torch.device:
         for x in self.example_inputs:
@@ -307,7 +311,9 @@ class GraphLowering:
                 layout = _layout_of(v, self.device)
                 # the wrapper hands kernels data_ptr(), which already holds the offset
                 layout = Layout(layout.device, layout.dtype, layout.size, layout.stride)
-                check = (conv and v.dim() == 4) or (kind == "fallback" and v.dim() > 1)
+                check = (conv and v.dim() == 4) or (
+                    (kind == "fallback" or op in DATA_DEPENDENT_EXTERNS) and v.dim() > 1
+                )
                 buf = ExternOutput(self.new_name(), layout, name, path, check)
                 outputs.append(buf)
                 return StorageView(buf, layout)
@@ -316,9 +322,38 @@ class GraphLowering:
             return v
 
         result = make(val, ())
-        self.add_node(ExternKernel(name, op, args, kwargs, kind, tuple(outputs)))
+        binds = self._unbacked_binds(name, val, outputs)
+        self.add_node(ExternKernel(name, op, args, kwargs, kind, tuple(outputs), binds))
         del results
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return expr_of(val)  # .item(): the symbol the wrapper binds from the call
         return result
+
+    def _unbacked_binds(
+        self, name: str, val: Any, outputs: list[ExternOutput]
+    ) -> tuple[tuple[str, str], ...]:
+        """How the wrapper binds the unbacked symbols a library call's result gives
+        (kiln_shapes' "unbacked symbols"): ``s3 = buf7.size(0)`` for a size first seen
+        here, ``s4 = fallback2`` for the number ``.item()`` returns (``int(...)`` for a
+        truth value, whose symbol is 0 or 1)."""
+        env = self.shape_env
+        if env is None:
+            return ()
+        binds: list[tuple[str, str]] = []
+        if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            e = expr_of(val)
+            if isinstance(val, torch.SymBool) and isinstance(e, sympy.Eq):
+                e = e.lhs if isinstance(e.lhs, sympy.Symbol) else e.rhs
+                binds.append((str(e), f"int({name})"))
+            elif isinstance(e, sympy.Symbol):
+                binds.append((str(e), name))
+        for o in outputs:
+            for d, n in enumerate(o.layout.size):
+                if isinstance(n, sympy.Symbol) and env.is_unbacked(n) and n not in self._bound:
+                    binds.append((str(n), f"{o.name}.size({d})"))
+        for sym_name, _ in binds:
+            self._bound.add(sympy.Symbol(sym_name))
+        return tuple(binds)
 
     def fallback(self, node: torch.fx.Node, args: tuple, kwargs: dict, why: str) -> Any:
         op = node.target
@@ -345,8 +380,12 @@ class GraphLowering:
         self.channels_last = bool(run_passes(self.gm, self.device, self.debug_dir)["layout"])
         env: dict[torch.fx.Node, Any] = {}
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        # the size symbols' ranges, for lowerings to simplify sizes (lowering.context.refine)
-        self.shape_env = env_of([n.meta.get("val") for n in placeholders])
+        # the size symbols' ranges, for lowerings to simplify sizes (lowering.context.refine);
+        # a graph of static inputs has one where a data-dependent op made unbacked symbols
+        self.shape_env = env_of([n.meta.get("val") for n in placeholders]) or env_of(
+            [v for n in self.gm.graph.nodes for v in _vals(n.meta.get("val"))]
+        )
+        self._bound: set[Any] = set()  # unbacked symbols some extern call binds
         with lowering_context(self):
             for i, n in enumerate(placeholders):
                 val = n.meta.get("val")
@@ -404,12 +443,31 @@ class GraphLowering:
         return value
 
     def lower_node(self, n: torch.fx.Node, env: dict) -> Any:
+        if n.target is torch.ops.aten._local_scalar_dense.default:
+            # .item(): a library call whose number the wrapper binds to its symbol; a
+            # pointwise consumer reads the 0-d tensor instead (item_operand)
+            self._item_sources[n] = env[n.args[0]]
+            return self.extern_call(n.target, (self._current(env[n.args[0]]),), {}, "extern")
         if isinstance(n.meta.get("val"), torch.SymInt):
             # a size computed from the inputs' sizes (aten.sym_size.int, Python arithmetic):
             # its value is its expression over the size symbols, which the wrapper binds
             return sym(n.meta["val"])
-        args = torch.fx.node.map_arg(n.args, lambda a: self._current(env[a]))
-        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: self._current(env[a]))
+        if isinstance(n.meta.get("val"), (torch.SymFloat, torch.SymBool)):
+            # arithmetic on .item()'s numbers: the wrapper computes it over the symbols
+            return expr_of(n.meta["val"])
+        item_args = {a for a in n.all_input_nodes if a in self._item_sources}
+        args = torch.fx.node.map_arg(
+            n.args, lambda a: self._item_operand(a, n) if a in item_args else self._current(env[a])
+        )
+        kwargs = torch.fx.node.map_arg(
+            n.kwargs,
+            lambda a: self._item_operand(a, n) if a in item_args else self._current(env[a]),
+        )
+        if any(_float_unbacked(a, self.shape_env) for a in _leaves((args, kwargs))):
+            # a number computed from .item()'s value: only the wrapper's Python has it
+            return self.fallback(
+                n, tuple(args), dict(kwargs), "an argument is computed from a tensor's value"
+            )
         if n.target is operator.getitem:
             return args[0][args[1]]
         target = n.target
@@ -450,6 +508,26 @@ class GraphLowering:
             out = self.realize(out) if isinstance(out, (Pointwise, View)) else out
         return self.maybe_realize_shared(out, len(n.users))
 
+    def _item_operand(self, item: torch.fx.Node, user: torch.fx.Node) -> Any:
+        """``t.item()`` as an operand of a tensor op: the 0-d tensor ``t`` itself, read by
+        the kernel (no host round trip, and the kernel needs no float argument), in the
+        dtype that keeps the op's type promotion: the op's result dtype when it is
+        floating (a float scalar does not raise a float tensor's precision), else ``t``'s."""
+        from .lowering.registry import LOWERINGS as _L
+
+        src = self._current(self._item_sources[item])
+        val = user.meta.get("val")
+        dtype = src.dtype
+        if (
+            isinstance(val, torch.Tensor)
+            and val.dtype.is_floating_point
+            and dtype.is_floating_point
+        ):
+            dtype = val.dtype
+        if dtype != src.dtype:
+            src = _L[torch.ops.aten._to_copy.default](src, dtype=dtype)
+        return src
+
     def lower_outputs(self, n: torch.fx.Node, env: dict) -> None:
         outs = n.args[0]
         if not isinstance(outs, (list, tuple)):
@@ -477,6 +555,25 @@ class GraphLowering:
             layout = None
         strided = self.as_strided_view(value) if isinstance(value, View) else None
         self.ir.outputs.append(strided or self.realize(value, layout))
+
+
+def _vals(val: Any) -> list[Any]:
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def _leaves(tree: Any) -> list[Any]:
+    if isinstance(tree, (tuple, list)):
+        return [x for t in tree for x in _leaves(t)]
+    if isinstance(tree, dict):
+        return [x for t in tree.values() for x in _leaves(t)]
+    return [tree]
+
+
+def _float_unbacked(a: Any, env: Any) -> bool:
+    """A sympy number over a real (float) unbacked symbol: kernels take only int sizes."""
+    if env is None or not isinstance(a, sympy.Basic) or not a.free_symbols:
+        return False
+    return any(env.is_unbacked(s) and env.symbols[s].pytype is float for s in a.free_symbols)
 
 
 class _Load:

@@ -10,6 +10,7 @@ where an output is a view). The same wrapper serves every backend.
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import sympy
@@ -43,7 +44,9 @@ def _bindings() -> dict[Any, Any]:
     out = {}
     for op in (*EXTERN_OPS, *ATTENTION_OPS):
         binding = getattr(torch, op._schema.name.split("::")[-1], None)
-        if op._overloadname == "default" and callable(binding):
+        # only a generated binding (torch.unique_consecutive is a Python function with
+        # another signature and other returns than its ATen op)
+        if op._overloadname == "default" and isinstance(binding, types.BuiltinFunctionType):
             out[op] = binding
     return out
 
@@ -298,6 +301,10 @@ class WrapperCodegen:
         for o in step.outputs:
             path = "".join(f"[{i}]" for i in o.path)
             lines.append(f"{o.name} = {step.name}{path}")
+        for symbol, source in step.binds:  # unbacked symbols the result gives
+            lines.append(f"{symbol} = {source}")
+            self.bound.add(symbol)
+        for o in step.outputs:
             if step.kind == "fallback":
                 # a library op's meta kernel may say another dtype than its kernel returns
                 # (prims.signbit: float32 on meta, bool eagerly): kernels read the meta's

@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from .engine import (
+    DataDependentError,
     Guard,
     ShapeEnv,
     ShapeGuardError,
@@ -29,6 +30,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "DataDependentError",
     "FloorDiv",
     "Guard",
     "ModIndex",

@@ -16,6 +16,21 @@ the symbols' ranges (``statically_known``). Only if that fails does it answer fr
 hints and record a *guard*: the relation, with the truth value it had, that must hold
 again before the compiled code may be reused. An equality guard between a symbol and an
 expression also *replaces* the symbol, so later expressions use one name for one size.
+
+# Unbacked symbols
+
+A value known only at run time (``t.item()``, the length of ``nonzero``'s output, of
+``masked_select``'s, of ``unique``'s) is an *unbacked* symbol (``create_unbacked``): a
+range (sizes ``>= 0``; an upper bound where one is known: ``nonzero``'s count is at most
+``numel``) and no example value. Reasoning about it uses the range (``statically_known``);
+where the range cannot decide, ``evaluate`` and ``specialize`` raise ``DataDependentError``
+instead of guessing, so a capture engine breaks the graph at that line and no guard ever
+names an unbacked symbol. ``guard_or_false``/``guard_or_true`` (torch's decompositions'
+"fast path if provable") answer False/True there; ``torch._check`` (``expect_true``) is
+taken as a fact (recorded in ``ShapeEnv.assumptions``). Unbacked symbols are named like
+input sizes (``s7``) so that compilers bind and pass them as they do sizes: a compiler
+binds one from the result of the op that made it. ``SymbolInfo.hint`` of an unbacked
+symbol is a fallback for heuristics only (``ShapeEnv.fallback_hint``).
 """
 
 from __future__ import annotations
@@ -40,6 +55,19 @@ class ShapeGuardError(RuntimeError):
     """A size fell outside a range declared with ``mark_dynamic(min=, max=)``."""
 
 
+class DataDependentError(RuntimeError):
+    """A question about a value known only at run time (an unbacked symbol: ``.item()``'s
+    value, ``nonzero``'s length) that its range cannot answer. It has no example value to
+    guard on, so the caller must stop there (kiln-capture breaks the graph at that line)."""
+
+    def __init__(self, expr: Any, what: str = "decide"):
+        self.expr = expr
+        super().__init__(
+            f"kiln: cannot {what} {python_expr(expr)}: it depends on tensor data "
+            f"(unbacked {', '.join(sorted(str(s) for s in _free(expr)))})"
+        )
+
+
 @dataclass
 class SymbolInfo:
     symbol: sympy.Symbol
@@ -48,10 +76,16 @@ class SymbolInfo:
     hi: int | float  # math.inf when unbounded
     sources: list[str] = field(default_factory=list)
     declared: bool = False  # the range came from the user (mark_dynamic)
+    # known only at run time ("unbacked symbols" below): ``hint`` is then a fallback
+    # for heuristics (tile sizes, orders), never for a decision about the value
+    unbacked: bool = False
+    pytype: type = int
 
     def describe(self) -> str:
         hi = "inf" if self.hi == math.inf else str(self.hi)
         src = ", ".join(self.sources)
+        if self.unbacked:
+            return f"{self.symbol} in [{self.lo}, {hi}] (unbacked) from {src}"
         return f"{self.symbol} in [{self.lo}, {hi}] (hint {self.hint}) from {src}"
 
 
@@ -157,6 +191,8 @@ class ShapeEnv:
         # the Python stack) sets this to return the line it is evaluating
         self.locate: Callable[[], str | None] | None = None
         self._by_hint: dict[int, sympy.Symbol] = {}
+        # facts about unbacked values the code asserted (torch._check): not guards
+        self.assumptions: list[sympy.Basic] = []
         self._guard_keys: set[sympy.Basic] = set()
 
     # ----------------------------------------------------------------- symbols
@@ -202,15 +238,77 @@ class ShapeEnv:
             self._by_hint.setdefault(hint, s)
         return s
 
+    def create_unbacked(
+        self,
+        source: str,
+        *,
+        pytype: type = int,
+        lo: int | float | None = 0,
+        hi: int | float | None = None,
+    ) -> Expr:
+        """A symbol for a value known only at run time (``source`` says what makes it:
+        ``aten.nonzero`` at a line), in ``[lo, hi]`` (None: unbounded). Ints are sizes by
+        default (``lo=0``); ``pytype=float`` makes a real symbol (``.item()`` of a float
+        tensor); a bool is an int symbol in [0, 1] (``unbacked_value`` wraps it)."""
+        lo_v: int | float = -math.inf if lo is None else lo
+        hi_v: int | float = math.inf if hi is None else hi
+        name = f"s{len(self.symbols)}"
+        if pytype is float:
+            s = sympy.Symbol(name, real=True)
+        elif lo_v >= 1:
+            s = sympy.Symbol(name, integer=True, positive=True)
+        elif lo_v >= 0:
+            s = sympy.Symbol(name, integer=True, nonnegative=True)
+        else:
+            s = sympy.Symbol(name, integer=True)
+        fallback = _FALLBACK_HINT if lo_v <= _FALLBACK_HINT <= hi_v else lo_v
+        if fallback in (-math.inf, math.inf):
+            fallback = 0
+        self.symbols[s] = SymbolInfo(
+            s, int(fallback), lo_v, hi_v, [source], unbacked=True, pytype=pytype
+        )
+        return s
+
+    def unbacked_value(self, source: str, pytype: type, **range_: Any) -> Any:
+        """A fresh ``torch.SymInt``/``SymFloat``/``SymBool`` standing for a run-time value."""
+        if pytype is bool:
+            s = self.create_unbacked(source, pytype=int, lo=0, hi=1)
+            self.symbols[s].pytype = bool
+            return torch.SymBool(SymNode(self, sympy.Eq(s, 1), bool))
+        s = self.create_unbacked(source, pytype=pytype, **range_)
+        return torch.SymInt(SymNode(self, s, int)) if pytype is int else self.symfloat(s)
+
+    def is_unbacked(self, s: Any) -> bool:
+        info = self.symbols.get(s)
+        return info is not None and info.unbacked
+
+    def unbacked_in(self, expr: Any) -> set[sympy.Symbol]:
+        """The unbacked symbols ``expr`` depends on (after replacements)."""
+        free = getattr(sympy.sympify(expr), "free_symbols", set())
+        return {s for s in free if self.is_unbacked(s)}
+
     def hints(self) -> dict[sympy.Symbol, int]:
-        return {s: sympy.Integer(info.hint) for s, info in self.symbols.items()}
+        return {
+            s: sympy.Integer(info.hint) for s, info in self.symbols.items() if not info.unbacked
+        }
 
     def hint(self, expr: Any) -> Any:
-        """The value of ``expr`` at the hints (an int, float or bool)."""
+        """The value of ``expr`` at the hints (an int, float or bool); DataDependentError
+        when it depends on an unbacked symbol (whose value no example gives)."""
         if isinstance(expr, (int, float, bool)):
             return expr
-        value = sympy.sympify(expr).xreplace(self.hints())
-        return _to_python(value)
+        expr = sympy.sympify(expr)
+        if self.unbacked_in(expr):
+            raise DataDependentError(expr, "give a value for")
+        return _to_python(expr.xreplace(self.hints()))
+
+    def fallback_hint(self, expr: Any) -> Any:
+        """``expr`` at the hints, unbacked symbols at their fallback value: for heuristics
+        (a tile size, an order of loops), never for a decision about the value."""
+        if isinstance(expr, (int, float, bool)):
+            return expr
+        values = {s: sympy.Integer(info.hint) for s, info in self.symbols.items()}
+        return _to_python(sympy.sympify(expr).xreplace(values))
 
     def simplify(self, expr: Any) -> Any:
         expr = sympy.sympify(expr)
@@ -386,6 +484,55 @@ class ShapeEnv:
 
         return visit(expr)
 
+    def size_oblivious(self, cond: Any) -> bool | None:
+        """``cond`` decided as if every unbacked size were at least 2 (torch's "size
+        oblivious" reading: a size 0 or 1 takes no other branch of a meta function that
+        asks), or None."""
+        saved = {}
+        for s, info in self.symbols.items():
+            if info.unbacked and info.pytype is int and info.lo >= 0 and info.hi >= 2:
+                saved[s] = info.lo
+                info.lo = max(info.lo, 2)
+        try:
+            return self.statically_known(cond)
+        finally:
+            for s, lo in saved.items():
+                self.symbols[s].lo = lo
+
+    def assume(self, cond: Any) -> None:
+        """Take ``cond`` (about unbacked values) as a fact: ``s >= c`` / ``s <= c`` of one
+        symbol narrow its range; others are recorded in ``assumptions`` only."""
+        cond = self.simplify(cond)
+        self.assumptions.append(cond)
+        if not isinstance(cond, sympy.core.relational.Relational):
+            return
+        diff = sympy.expand(cond.lhs - cond.rhs)
+        free = diff.free_symbols
+        if len(free) != 1:
+            return
+        (sym,) = free
+        info = self.symbols.get(sym)
+        c = diff.coeff(sym, 1)
+        rest = diff - c * sym
+        if info is None or not info.unbacked or info.pytype is not int:
+            return
+        if c not in (1, -1) or not rest.is_Number:
+            return
+        bound = -rest / c  # cond is c*(sym - bound) REL 0
+        op = (
+            cond.rel_op
+            if c == 1
+            else {">": "<", ">=": "<=", "<": ">", "<=": ">="}.get(cond.rel_op, cond.rel_op)
+        )
+        if op == ">=":
+            info.lo = max(info.lo, math.ceil(bound))
+        elif op == ">":
+            info.lo = max(info.lo, math.floor(bound) + 1)
+        elif op == "<=":
+            info.hi = min(info.hi, math.floor(bound))
+        elif op == "<":
+            info.hi = min(info.hi, math.ceil(bound) - 1)
+
     def _maybe_evaluate_static(self, expr: Any, **_: Any) -> Any:
         """torch's helper functions ask this: the value when the ranges decide it, else None."""
         known = self.statically_known(expr)
@@ -399,6 +546,8 @@ class ShapeEnv:
         if known is not None:
             return known
         cond = self.refine(cond)
+        if self.unbacked_in(cond):
+            raise DataDependentError(cond)
         value = bool(self.hint(cond))
         self.add_guard(cond if value else _negate(cond), where)
         return value
@@ -406,6 +555,8 @@ class ShapeEnv:
     def specialize(self, expr: Any, where: str | None = None) -> int | float:
         """The concrete value of ``expr``, guarding that it stays that value."""
         expr = self.simplify(expr)
+        if self.unbacked_in(expr):
+            raise DataDependentError(expr, "specialize")
         value = self.hint(expr)
         if not expr.is_Number:
             self.add_guard(sympy.Eq(expr, value), where)
@@ -452,6 +603,8 @@ class ShapeEnv:
         """None when ``values`` (one per symbol) satisfy the ranges and guards, else the
         first failing condition, as text."""
         for s, info in self.symbols.items():
+            if info.unbacked:
+                continue  # bound by the compiled code, not by its inputs
             v = values[s]
             if v < info.lo or v > info.hi:
                 return f"{s} = {v} outside [{info.lo}, {info.hi}] ({info.sources[0]})"
@@ -468,6 +621,14 @@ class ShapeEnv:
         lines = [info.describe() for info in self.symbols.values()]
         lines += [f"{a} -> {b}" for a, b in self.replacements.items()]
         return lines
+
+
+# the value heuristics use for an unbacked symbol (ShapeEnv.fallback_hint)
+_FALLBACK_HINT = 8
+
+
+def _free(expr: Any) -> set:
+    return set(getattr(sympy.sympify(expr), "free_symbols", set()))
 
 
 def _index(s: sympy.Symbol) -> int:
@@ -530,6 +691,11 @@ def _bounds(expr: Any, env: ShapeEnv) -> tuple[Any, Any]:
         info = env.symbols.get(expr)
         if info is None:
             return (0 if expr.is_nonnegative else -INF), INF
+        if info.unbacked:
+            lo = -INF if info.lo == -math.inf else sympy.Integer(info.lo)
+            if info.hi == math.inf:  # a size below 2**63 - 1; a scalar unbounded
+                return lo, (MAX_SIZE if info.lo >= 0 and info.pytype is int else INF)
+            return lo, sympy.Integer(info.hi)
         # an unbounded size is still below 2**63 - 1 (sys.maxsize: a slice's "to the end")
         return sympy.Integer(info.lo), (MAX_SIZE if info.hi == math.inf else sympy.Integer(info.hi))
     if isinstance(expr, sympy.Add):
@@ -649,7 +815,7 @@ class SymNode:
         return bool(self.expr.is_Number) or self.expr in (sympy.true, sympy.false)
 
     def has_hint(self) -> bool:
-        return True
+        return not self.env.unbacked_in(self.env.simplify(self.expr))
 
     @property
     def hint(self) -> Any:
@@ -659,6 +825,15 @@ class SymNode:
     # read ``_hint``; with no ``shape_env`` attribute they take the path meant for other
     # engines' nodes and ask the node itself (guard_bool)
     _hint = hint
+
+    @property
+    def shape_env(self) -> _UnbackedQuestions:
+        """Only for a value that depends on unbacked symbols: torch's ``guard_or_false`` /
+        ``guard_or_true`` ask it for an answer with a default (their fast path when
+        provable); every other node has none (AttributeError: torch asks the node)."""
+        if not self.env.unbacked_in(self.env.simplify(self.expr)):
+            raise AttributeError("shape_env")
+        return _UnbackedQuestions(self.env)
 
     def maybe_as_int(self) -> int | None:
         e = self.env.simplify(self.expr)
@@ -703,19 +878,37 @@ class SymNode:
         return self.env.evaluate(self.expr, _where(file, line))
 
     def expect_true(self, file: str = "", line: int = 0) -> bool:
-        return self.guard_bool(file, line)
+        """``torch._check(cond)``: a fact the code asserts. About unbacked values it is
+        assumed (the op that computes them checks it at run time) and narrows a range."""
+        try:
+            return self.guard_bool(file, line)
+        except DataDependentError:
+            self.env.assume(self.expr)
+            return True
 
     def expect_size(self, file: str = "", line: int = 0) -> bool:
-        return self.env.evaluate(sympy.Ge(self.expr, 0), _where(file, line))
+        return SymNode(self.env, sympy.Ge(self.expr, 0), bool).expect_true(file, line)
 
     def guard_size_oblivious(self, file: str = "", line: int = 0) -> bool:
-        return self.guard_bool(file, line)
+        try:
+            return self.guard_bool(file, line)
+        except DataDependentError:
+            known = self.env.size_oblivious(self.expr)
+            if known is None:
+                raise
+            return known
 
     def guard_or_false(self, file: str = "", line: int = 0) -> bool:
-        return self.guard_bool(file, line)
+        try:
+            return self.guard_bool(file, line)
+        except DataDependentError:
+            return False
 
     def guard_or_true(self, file: str = "", line: int = 0) -> bool:
-        return self.guard_bool(file, line)
+        try:
+            return self.guard_bool(file, line)
+        except DataDependentError:
+            return True
 
     def statically_known_true(self, file: str = "", line: int = 0) -> bool:
         return self.env.statically_known(self.expr) is True
@@ -865,6 +1058,28 @@ class SymNode:
         if self.pytype is bool:
             return self.sym_or(other)
         return self._new(self.env.specialize(self.expr) | self.env.specialize(other.expr), int)
+
+
+class _UnbackedQuestions:
+    """What torch's helpers ask a node's ``shape_env`` about unbacked values."""
+
+    def __init__(self, env: ShapeEnv):
+        self.env = env
+
+    def evaluate_sym_node(
+        self, node: SymNode, size_oblivious: bool = False, fallback_value: Any = None
+    ) -> Any:
+        known = self.env.statically_known(node.expr)
+        if known is None and size_oblivious:
+            known = self.env.size_oblivious(node.expr)
+        if known is not None:
+            return known
+        if fallback_value is not None:
+            return fallback_value
+        raise DataDependentError(node.expr)
+
+    def _maybe_evaluate_static(self, expr: Any, **_: Any) -> Any:
+        return self.env._maybe_evaluate_static(expr)
 
 
 def _is_truth(e: Any) -> bool:

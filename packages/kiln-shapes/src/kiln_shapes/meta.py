@@ -77,6 +77,13 @@ def _tables() -> tuple[dict, dict]:
 def run(func: Any, args: tuple, kwargs: dict, reenter: Any = None) -> Any:
     """``func(*args, **kwargs)`` on meta tensors, symbolic sizes allowed. ``reenter`` is a
     context manager under which the ops a decomposition calls come back through here."""
+    from .unbacked import RULES, is_mask_index, mask_indices, run_rule
+
+    if func in RULES:  # data-dependent: outputs sized by unbacked symbols (unbacked.py)
+        return run_rule(func, args, kwargs)
+    if is_mask_index(func, args):  # x[mask]: x[mask.nonzero().unbind(1)]
+        with reenter if reenter is not None else contextlib.nullcontext():
+            return func(args[0], mask_indices(args[1]))
     if not isinstance(func, torch._ops.OpOverload) or not has_symbolic((args, kwargs)):
         return func(*args, **kwargs)
     query = _QUERIES.get(func)
@@ -177,10 +184,15 @@ class SymbolicMetaMode(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def symbolic_meta() -> Iterator[None]:
-    """Within this block, torch calls on symbolic meta tensors compute symbolic shapes."""
+def symbolic_meta(env: Any = None) -> Iterator[None]:
+    """Within this block, torch calls on symbolic meta tensors compute symbolic shapes, and
+    data-dependent ops (``nonzero``, ``.item()``) make unbacked symbols of ``env``
+    (``kiln_shapes.unbacked``; default: the env of their symbolic arguments)."""
+    from .unbacked import unbacked_env
+
     if any(isinstance(m, SymbolicMetaMode) for m in _get_current_dispatch_mode_stack()):
-        yield
+        with unbacked_env(env):
+            yield
         return
-    with SymbolicMetaMode(), CompositeMode():
+    with unbacked_env(env), SymbolicMetaMode(), CompositeMode():
         yield

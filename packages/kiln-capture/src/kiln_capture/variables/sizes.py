@@ -11,6 +11,12 @@ gets one through ``as_const``: the value at the example's sizes, guarded to stay
 branch (``if t > 8``) guards the relation instead (``truth``). Both guards carry the line
 the evaluator is at. Outside the graph (a return value, a live local at a graph break)
 a SymIntVar is rebuilt as a Python expression over the inputs' sizes.
+
+A value only the data gives (``t.item()``, ``nonzero``'s length, ``allclose``'s truth:
+an *unbacked* symbol of kiln_shapes, also held by a SymIntVar, a SymBool too) flows into
+tensor ops and sizes as a graph value; outside the graph it is a graph output. Python
+that needs it concretely (a branch, ``int()``, a list index) breaks the graph there: the
+shape engine raises ``DataDependentError`` instead of guessing.
 """
 
 from __future__ import annotations
@@ -85,14 +91,34 @@ class SymIntVar(Var):
         return self._node
 
     def python_type(self) -> type:
+        if isinstance(self.value, torch.SymBool):
+            return bool
         return int if isinstance(self.value, torch.SymInt) else float
+
+    def is_unbacked(self) -> bool:
+        """Whether the value depends on the data (an unbacked symbol): no example has it."""
+        from kiln_shapes import expr_of
+
+        return bool(self.value.node.env.unbacked_in(expr_of(self.value)))
 
     def as_const(self) -> object:
         """The value at the example's sizes, guarded to stay it (specializes)."""
-        return int(self.value) if isinstance(self.value, torch.SymInt) else float(self.value)
+        from kiln_shapes import DataDependentError
+
+        try:
+            return self.python_type()(self.value)
+        except DataDependentError as e:
+            raise Unsupported(breaks.TENSOR_TO_PYTHON, str(e)) from e
 
     def truth(self, tx) -> bool:
-        return bool(self.value != 0)
+        from kiln_shapes import DataDependentError
+
+        try:
+            if isinstance(self.value, torch.SymBool):
+                return bool(self.value)
+            return bool(self.value != 0)
+        except DataDependentError as e:
+            raise Unsupported(breaks.TENSOR_BRANCH, str(e)) from e
 
     def getattr(self, tx, name: str) -> Var:
         if not hasattr(self.python_type(), name):
@@ -103,6 +129,8 @@ class SymIntVar(Var):
         raise Unsupported(breaks.EXCEPTION, f"TypeError: iteration over an int ({self.value})")
 
     def reconstruct(self, cg) -> str:
+        if self.is_unbacked():  # the graph computed it: one of its outputs
+            return cg.tensor(self)
         return cg.sym_expr(self.value)
 
 
@@ -121,9 +149,13 @@ def node_of(v: Var) -> object:
 def sym_call(tx, fn, args: list[Var]) -> Var:
     """``fn(*args)`` on numbers some of which are symbolic: a SymIntVar whose node calls
     ``fn`` on the arguments' nodes, or a constant when the result is one."""
+    from kiln_shapes import DataDependentError
+
     values = [value_of(a) for a in args]
     try:
         result = fn(*values)
+    except DataDependentError as e:
+        raise Unsupported(breaks.TENSOR_BRANCH, str(e)) from e
     except Exception as e:
         raise Unsupported(
             breaks.EXCEPTION, f"{getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}"
@@ -145,6 +177,8 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
             return ConstVar(fn is operator.ne)
         return None  # the caller specializes the size and tries again
     if fn in _COMPARISONS:
+        if any(isinstance(v, SymIntVar) and v.is_unbacked() for v in (a, b)):
+            return sym_call(tx, fn, [a, b])  # a truth value of the data: a graph value
         return ConstVar(bool(fn(value_of(a), value_of(b))))
     if fn not in SYMBOLIC_BINARY:
         return None
@@ -152,6 +186,8 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
 
 
 def unary(tx, fn, a: SymIntVar) -> Var:
+    if fn is operator.not_ and a.is_unbacked() and isinstance(a.value, torch.SymBool):
+        return sym_call(tx, torch.sym_not, [a])
     if fn is operator.not_:
         return ConstVar(not a.truth(tx))
     if fn in (operator.neg, operator.pos, abs, operator.abs):

@@ -1,8 +1,14 @@
 """Tensors: FX nodes with metadata computed on the meta device, never on real data.
 
 A TensorVar holds its FX node, a meta tensor with the output's shape/stride/dtype/
-requires_grad, and the real device (a meta tensor cannot carry it). Ops whose result
-depends on tensor data (``nonzero``, ``.item()``, boolean masks...) are graph breaks.
+requires_grad, and the real device (a meta tensor cannot carry it).
+
+Ops whose result depends on tensor data are graph values: ``.item()`` (and ``float(t)`` /
+``int(t)`` of a tensor of that kind) is a SymIntVar of an unbacked symbol, ``nonzero``,
+``masked_select``, ``unique``, ``x[mask]`` give tensors sized by unbacked symbols
+(``kiln_shapes.unbacked``), ``allclose``/``equal`` a truth value read with ``.item()``.
+Python that needs such a value (``if t.item() > 0``, ``bool(t)``, ``tolist()``) breaks
+the graph there (variables/sizes.py).
 """
 
 from __future__ import annotations
@@ -19,22 +25,14 @@ from kiln_capture.variables.constants import ConstVar
 # Data-dependent: the output's shape or a Python value depends on tensor contents.
 DATA_DEPENDENT_METHODS = frozenset(
     {
-        "item",
         "tolist",
         "numpy",
-        "nonzero",
-        "unique",
-        "unique_consecutive",
         "data_ptr",
         "__bool__",
         "__int__",
         "__float__",
         "__index__",
         "backward",
-        "equal",
-        "allclose",
-        "masked_select",
-        "argwhere",
         "bincount",
         "storage",
         "untyped_storage",
@@ -44,15 +42,7 @@ DATA_DEPENDENT_METHODS = frozenset(
 )
 DATA_DEPENDENT_FUNCTIONS = frozenset(
     {
-        torch.nonzero,
-        torch.unique,
-        torch.unique_consecutive,
-        torch.masked_select,
-        torch.equal,
-        torch.allclose,
-        torch.argwhere,
         torch.bincount,
-        torch.histc,
         torch.manual_seed,
         torch.seed,
         torch.set_default_dtype,
@@ -158,7 +148,6 @@ class TensorVar(Var):
         ]
 
     def getitem(self, tx, key: Var) -> Var:
-        check_index(key)
         return tx.out.tensor_op("call_function", operator.getitem, [self, key], {})
 
     def setitem(self, tx, key: Var, value: Var) -> None:
@@ -220,11 +209,24 @@ def _uniform_masked_write(x: TensorVar, key: Var, value: Var) -> bool:
 
 
 def check_index(key: Var) -> None:
-    """Boolean-mask indexing has a data-dependent output shape."""
+    """Writes through a boolean mask whose values differ per element (``x[mask] = v`` with
+    ``v`` one per selected element) break; reads (``x[mask]``) are tensors sized by an
+    unbacked symbol."""
     items = key.children() if not isinstance(key, TensorVar) else [key]
     for k in items:
         if isinstance(k, TensorVar) and k.meta.dtype in (torch.bool, torch.uint8):
-            raise Unsupported(breaks.DATA_DEPENDENT, "indexing with a boolean mask")
+            raise Unsupported(breaks.DATA_DEPENDENT, "a write through a boolean mask")
+
+
+def _item_is(t: TensorVar, name: str) -> bool:
+    """Whether ``float(t)`` / ``int(t)`` is ``t.item()`` (one element of that kind)."""
+    dtype = t.meta.dtype
+    kind = (
+        dtype.is_floating_point
+        if name == "__float__"
+        else not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    )
+    return kind and t.meta.numel() == 1
 
 
 class TensorMethodVar(Var):
@@ -243,6 +245,8 @@ class TensorMethodVar(Var):
 
     def call(self, tx, args, kwargs) -> Var:
         name, t = self.name, self.tensor
+        if name in ("__float__", "__int__") and not args and not kwargs and _item_is(t, name):
+            name = "item"  # float(t) of a float tensor is t.item(): a graph value
         if name in DATA_DEPENDENT_METHODS:
             kind = (
                 breaks.TENSOR_TO_PYTHON

@@ -126,6 +126,9 @@ class ExternKernel:
     kwargs: dict[str, Any]
     kind: str
     outputs: tuple[ExternOutput, ...] = ()
+    # unbacked size symbols this call's results give (``nonzero``'s row count, ``.item()``):
+    # (symbol, Python source over the call's result names) that the wrapper binds after it
+    binds: tuple[tuple[str, str], ...] = ()
 
     def input_buffers(self) -> list[str]:
         names: list[str] = []

@@ -101,7 +101,9 @@ def refine(expr: Any) -> Any:
 def size_hint(value: Any) -> int:
     """A size's value in the example the graph was traced with: the number itself, or a
     symbolic size (a sympy expression or a SymInt) at its hint. For decisions that pick
-    among orders or layouts, which must not put guards on the sizes."""
+    among orders or layouts, which must not put guards on the sizes. A size only the
+    data gives (an unbacked symbol: ``nonzero``'s row count) takes kiln_shapes' fallback
+    value here: such decisions are heuristics, never correctness."""
     if isinstance(value, torch.SymInt):
         value = expr_of(value)
     if isinstance(value, sympy.Basic):
@@ -110,7 +112,7 @@ def size_hint(value: Any) -> int:
         env = getattr(_active, "env", None)
         if env is None:
             raise ValueError(f"kiln: the size {value} has no hint outside a symbolic graph")
-        return int(env.hint(value))
+        return int(env.fallback_hint(value))
     return int(value)  # type: ignore[call-overload]
 
 

@@ -174,13 +174,19 @@ register_fallback(
     aten.randperm,
     aten.multinomial,
 )
-register_fallback(
-    "its output shape depends on the data",
-    aten.nonzero,
-    aten.masked_select,
-    aten.unique_dim,
-    aten._unique2,
+# Data-dependent ops (kiln_shapes' unbacked symbols): library calls by nature; the wrapper
+# binds the symbols their results give (ExternKernel.binds), so later kernels and
+# allocations sized by them run in the same graph
+DATA_DEPENDENT_EXTERNS = (
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten.unique_dim.default,
+    aten._unique2.default,
+    aten.unique_consecutive.default,
+    aten.repeat_interleave.Tensor,
+    aten._local_scalar_dense.default,
 )
+register_extern(*DATA_DEPENDENT_EXTERNS)
 register_fallback(
     "backward kernels of convolution and pooling run in ATen",
     aten.convolution_backward,
