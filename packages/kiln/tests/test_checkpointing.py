@@ -107,3 +107,56 @@ def test_hf_gradient_checkpointing_is_one_graph():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
     stats = kiln.stats()
     assert stats["graphs"] == 1 and stats["breaks"] == 0 and stats["fallbacks"] == 0, stats
+
+
+def _assert_grads_like_eager(eager: torch.nn.Module, model: torch.nn.Module) -> None:
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_checkpoint_around_a_compiled_block():
+    """A block compiled on its own and called under checkpoint() from eager code (the
+    checkpoint outside the compiled code, as around an FSDP2 unit): its first call, where
+    capture and compilation run, is inside checkpoint's saved-tensor hooks. Capture runs
+    with them suspended, so the forward saves what its recomputation saves; gradients
+    equal eager's over two steps, one graph, nothing eager."""
+    torch.manual_seed(0)
+    eager, block = Block(), Block()
+    block.load_state_dict(eager.state_dict())
+    kiln.reset()
+    compiled = kiln.compile(block)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        x = torch.randn(4, 32, generator=g)
+        for b in (eager, compiled):
+            checkpoint(b, x, use_reentrant=False).square().sum().backward()
+        _assert_grads_like_eager(eager, block)
+    stats = kiln.stats()
+    assert stats["graphs"] == 1 and stats["breaks"] == 0, stats
+    assert stats["fallbacks"] == 0 and stats["eager_frames"] == 0, stats
+
+
+def test_checkpoint_wrapper_is_one_graph():
+    """torch.distributed's checkpoint_wrapper around each block: its forward is traced as
+    the Python around checkpoint() it is (its CheckpointImpl enum compared as a constant),
+    so the model is one graph with no break; gradients equal eager's."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    torch.manual_seed(0)
+    eager, model = Stack(False), Stack(False)
+    model.load_state_dict(eager.state_dict())
+    for m in (eager, model):
+        apply_activation_checkpointing(m, check_fn=lambda s: isinstance(s, Block))
+    kiln.reset()
+    compiled = kiln.compile(model)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(2):
+        x = torch.randn(4, 32, generator=g)
+        eager(x).backward()
+        compiled(x).backward()
+        _assert_grads_like_eager(eager, model)
+    stats = kiln.stats()
+    assert stats["graphs"] == 1 and stats["breaks"] == 0, stats
+    assert stats["fallbacks"] == 0 and stats["eager_frames"] == 0, stats

@@ -11,12 +11,14 @@ is captured like any file.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sysconfig
 import threading
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -174,7 +176,8 @@ def _callback(code: types.CodeType, func, args: tuple):
     frame_shapes = _frame_shapes.setdefault(key, FrameShapes()) if ctx.dynamic is None else None
     start, backend_before = time.perf_counter(), ctx.backend_seconds
     try:
-        result = compile_frame(code, func, args, ctx, frame_shapes)
+        with saved_tensor_hooks_suspended():
+            result = compile_frame(code, func, args, ctx, frame_shapes)
     except (GraphBreakError, BackendError, DynamicShapeError):
         raise
     except Exception as e:  # a bug in kiln: never a wrong answer, run the frame as usual
@@ -215,6 +218,26 @@ def _callback(code: types.CodeType, func, args: tuple):
     if code not in _trampolines:
         _trampolines[code] = make_trampoline(code)
     return result.run(func, *args)
+
+
+@contextlib.contextmanager
+def saved_tensor_hooks_suspended() -> Iterator[None]:
+    """No saved-tensor hooks while a frame is captured and compiled. A frame first called
+    inside ``torch.utils.checkpoint`` (a compiled block under a checkpoint written around
+    it) would otherwise be captured under checkpoint's hooks: the meta tensors of capture
+    and the compiler's tracing would count as tensors the region saved, and the
+    recomputation in the backward would disagree. The hooks are back, in their order,
+    before the compiled code runs."""
+    autograd = torch._C._autograd
+    stack = []
+    while (top := autograd._top_saved_tensors_default_hooks(True)) is not None:
+        stack.append(top)
+        autograd._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(stack):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
 def _run_eagerly(ctx: Context, key: tuple, code: types.CodeType, kind: str, message: str) -> None:

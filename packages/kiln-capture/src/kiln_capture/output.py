@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import os
 import re
 import types
@@ -78,6 +79,8 @@ _INLINED_TORCH_MODULES = (
     # functional collectives: Python over torch.ops._c10d_functional (a collective, then
     # wait_tensor where a compiler traces it), which the graph records as ops
     "torch.distributed._functional_collectives",
+    # checkpoint_wrapper's forward: Python around torch.utils.checkpoint (traced as such)
+    "torch.distributed.algorithms._checkpoint",
     # optimizers: step() and zero_grad() (variables/optimizers.py, "optimizer steps")
     "torch.optim",
 )
@@ -203,6 +206,12 @@ class OutputGraph:
                         f"{source.expr()} == {self.guards.const(value)}",
                         f"{source.expr()} == {value}",
                     )
+            return ConstVar(value, source if rooted else None)
+        if isinstance(value, enum.Enum) and type(value).__eq__ is object.__eq__:
+            # an enum member (checkpoint_wrapper's CheckpointImpl): a constant, compared
+            # by identity, so the guard is on identity
+            if rooted:
+                self.guards.id_is(source, value)
             return ConstVar(value, source if rooted else None)
         key = id(value)
         seen = self._wrapped.get(key)
@@ -634,24 +643,8 @@ class OutputGraph:
             node.meta["val"] = result
             node.meta["device"] = device
             return TensorVar(node, result, device)
-        if (
-            isinstance(result, tuple | list)
-            and result
-            and all(isinstance(r, torch.Tensor) for r in result)
-        ):
-            node.meta["val"] = tuple(result) if isinstance(result, tuple) else list(result)
-            node.meta["device"] = device
-            items: list[Var] = []
-            for i, r in enumerate(result):
-                item = self.graph.call_function(_getitem, (node, i))
-                item.meta["val"] = r
-                item.meta["device"] = device
-                items.append(TensorVar(item, r, device))
-            if isinstance(result, list):
-                return ListVar(items)
-            if type(result) is not tuple:
-                return NamedTupleVar(type(result), items)
-            return TupleVar(items)
+        if isinstance(result, tuple | list) and result and _tensor_tree(result):
+            return self._wrap_sequence(node, result, device)
         if result is None:
             node.meta["val"] = None
             return ConstVar(None)
@@ -671,6 +664,26 @@ class OutputGraph:
         if isinstance(result, torch.Size | torch.SymInt | torch.SymFloat | torch.SymBool):
             return self.wrap_value(result)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"op returned a {type(result).__name__}")
+
+    def _wrap_sequence(self, node: fx.Node, result, device) -> Var:
+        """A tuple/list (or namedtuple) of tensors, or of sequences of tensors
+        (``histogramdd``'s hist and bin edges): one ``getitem`` node per item."""
+        node.meta["val"] = tuple(result) if isinstance(result, tuple) else list(result)
+        node.meta["device"] = device
+        items: list[Var] = []
+        for i, r in enumerate(result):
+            item = self.graph.call_function(_getitem, (node, i))
+            item.meta["device"] = device
+            if isinstance(r, torch.Tensor):
+                item.meta["val"] = r
+                items.append(TensorVar(item, r, device))
+            else:
+                items.append(self._wrap_sequence(item, r, device))
+        if isinstance(result, list):
+            return ListVar(items)
+        if type(result) is not tuple:
+            return NamedTupleVar(type(result), items)
+        return TupleVar(items)
 
     def guard_factory_defaults(self) -> None:
         """Tensors made from Python values take the default dtype and device."""
@@ -713,6 +726,15 @@ class OutputGraph:
             self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
             self.grad_enabled = enabled
         return prev
+
+
+def _tensor_tree(result) -> bool:
+    """Tensors, or non-empty tuples/lists of them, at every leaf."""
+    if isinstance(result, torch.Tensor):
+        return True
+    return (
+        isinstance(result, tuple | list) and bool(result) and all(_tensor_tree(r) for r in result)
+    )
 
 
 def _unbacked(value: object) -> bool:
