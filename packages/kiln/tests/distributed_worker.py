@@ -1,5 +1,7 @@
-"""One rank of test_distributed.py: ``python distributed_worker.py RANK WORLD INIT DEBUG``
-(a script, so that each rank is a fresh process that imports nothing from the tests)."""
+"""One rank of test_distributed.py: ``python distributed_worker.py RANK WORLD INIT DEBUG SUITES``
+(a script, so that each rank is a fresh process that imports nothing from the tests).
+SUITES is a comma-separated list of ``collectives``, ``ddp``, ``fsdp``, ``fsdp_unchanged``,
+``fsdp_hf`` (fsdp_worker.py holds the FSDP2 ones)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,20 @@ def _programs():
     def all_to_all(x):
         return fc.all_to_all_single(x.exp(), None, None, group) - 1
 
+    def explicit_waits(x, w):
+        # the older names, each result waited on explicitly (wait_tensor is a graph node)
+        r = fc.wait_tensor(fc.all_reduce(x @ w, "sum", group))
+        g = fc.wait_tensor(fc.all_gather_tensor(r.tanh(), 0, group))
+        s = fc.reduce_scatter_tensor(g * 3, "sum", 0, group)
+        return fc.wait_tensor(s) + 1, g.mean()
+
+    def all_to_all_splits(x):
+        sizes = [1] * dist.get_world_size(group)
+        return fc.all_to_all_single(x.sin(), sizes, sizes, group) * 2
+
+    def avg_and_max(x):
+        return fc.all_reduce(x, "avg", group) + fc.all_reduce(x.cos(), "max", group)
+
     return {
         "reduce_then_compute": (
             reduce_then_compute,
@@ -42,36 +58,58 @@ def _programs():
         ),  # fmt: skip
         "gather_and_scatter": (gather_and_scatter, lambda g: (torch.randn(4, 6, generator=g),)),
         "all_to_all": (all_to_all, lambda g: (torch.randn(4, 3, generator=g),)),
+        "explicit_waits": (
+            explicit_waits,
+            lambda g: (torch.randn(4, 8, generator=g), torch.randn(8, 8, generator=g)),
+        ),
+        "all_to_all_splits": (
+            all_to_all_splits,
+            lambda g: (torch.randn(dist.get_world_size(), 3, generator=g),),
+        ),
+        "avg_and_max": (avg_and_max, lambda g: (torch.randn(5, generator=g),)),
     }
 
 
-def main(rank: int, world: int, init: str, debug: str) -> None:
+def main(rank: int, world: int, init: str, debug: str, suites: list[str]) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        import kiln
+        if "collectives" in suites:
+            _check_collectives(rank, debug)
+        if "ddp" in suites:
+            for name, make_model in _models().items():
+                _check_ddp(name, make_model, rank)
+        import fsdp_worker
 
-        for name, (fn, make) in _programs().items():
-            kiln.reset()
-            folder = os.path.join(debug, f"{name}_{rank}")
-            compiled = kiln.compile(fn, options={"debug_dir": folder})
-            g = torch.Generator().manual_seed(10 * rank + 1)
-            for _ in range(2):
-                args = make(g)
-                got, want = compiled(*args), fn(*args)
-                torch.testing.assert_close(got, want, msg=f"{name} on rank {rank}")
-            stats = kiln.stats()
-            assert stats["graphs"] == 1, (name, stats)
-            assert stats["breaks"] == stats["fallbacks"] == stats["eager_frames"] == 0, stats
-            if name == "reduce_then_compute":
-                _assert_wait_after_independent_work(folder)
-        for name, make_model in _models().items():
-            _check_ddp(name, make_model, rank)
-        from fsdp_worker import check_fsdp
-
-        check_fsdp(rank, world)
+        if "fsdp" in suites:
+            fsdp_worker.check_fsdp(rank, world)
+        if "fsdp_unchanged" in suites:
+            fsdp_worker.check_unchanged(rank, world)
+        if "fsdp_hf" in suites:
+            fsdp_worker.check_hf(rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _check_collectives(rank: int, debug: str) -> None:
+    """Each program compiles to one graph with no break, fallback or eager frame, and
+    returns eager's values on this rank."""
+    import kiln
+
+    for name, (fn, make) in _programs().items():
+        kiln.reset()
+        folder = os.path.join(debug, f"{name}_{rank}")
+        compiled = kiln.compile(fn, options={"debug_dir": folder})
+        g = torch.Generator().manual_seed(10 * rank + 1)
+        for _ in range(2):
+            args = make(g)
+            got, want = compiled(*args), fn(*args)
+            torch.testing.assert_close(got, want, msg=f"{name} on rank {rank}")
+        stats = kiln.stats()
+        assert stats["graphs"] == 1, (name, stats)
+        assert stats["breaks"] == stats["fallbacks"] == stats["eager_frames"] == 0, stats
+        if name == "reduce_then_compute":
+            _assert_wait_after_independent_work(folder)
 
 
 def _models():
@@ -104,7 +142,28 @@ def _models():
                 x = checkpoint(pair, x, use_reentrant=False)
             return self.head(x)
 
-    return {"mlp": mlp, "mlp_checkpointed": Checkpointed, "hf_gpt2": gpt2}
+    class WrappedPairs(Checkpointed):
+        """The same pairs under checkpoint_wrapper (torch.distributed's module wrapper)."""
+
+        def __init__(self) -> None:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                checkpoint_wrapper,
+            )
+
+            super().__init__()
+            self.pairs = torch.nn.ModuleList(checkpoint_wrapper(p) for p in self.pairs)
+
+        def forward(self, x):
+            for pair in self.pairs:
+                x = pair(x)
+            return self.head(x)
+
+    return {
+        "mlp": mlp,
+        "mlp_checkpointed": Checkpointed,
+        "mlp_checkpoint_wrapper": WrappedPairs,
+        "hf_gpt2": gpt2,
+    }
 
 
 def _check_ddp(name: str, make_model, rank: int) -> None:
@@ -177,5 +236,5 @@ def _assert_wait_after_independent_work(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    rank, world, init, debug = sys.argv[1:5]
-    main(int(rank), int(world), init, debug)
+    rank, world, init, debug, suites = sys.argv[1:6]
+    main(int(rank), int(world), init, debug, suites.split(","))

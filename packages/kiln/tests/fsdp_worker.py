@@ -1,10 +1,14 @@
 """FSDP2 checks of one rank of test_distributed.py (called by distributed_worker.py, with
 the process group set up): ``fully_shard`` per block and at the root, compiled whole
-(``kiln.compile(root)``) or per block (``kiln.compile(block)`` for each block, the root
-eager), with and without activation checkpointing inside the blocks, on an MLP and a
-small GPT-style model. After SGD steps every parameter shard equals eager FSDP2's on this
-rank; kiln built graphs, with no break, fallback or eager frame (a call of a sharded
-block from its parent is a region boundary, kiln/fsdp.py, counted apart)."""
+(``kiln.compile(root)``) or per block (each block replaced by ``kiln.compile(block)``, the
+root eager), on an MLP and a small GPT-style model, with activation checkpointing none,
+inside the blocks (``checkpoint`` of the block's body), around them (``checkpoint(block,
+x)`` in the parent) or as ``checkpoint_wrapper`` applied after ``fully_shard``; and an HF
+LLaMA and GPT-2 (``fully_shard`` per decoder layer and at the root, SGD and AdamW, with
+and without HF's gradient checkpointing). After the steps every parameter shard equals
+eager FSDP2's on this rank; kiln built graphs, with no break or fallback (a call of a
+sharded block from its parent is a region boundary, kiln/fsdp.py, counted apart).
+``check_unchanged``: kiln.compile leaves the user's modules as they were."""
 
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+# activation checkpointing: none, inside each block, around each block, checkpoint_wrapper
+AC_MODES = ("none", "inside", "around", "wrapper")
 
 
 class MLPBlock(nn.Module):
@@ -27,16 +34,17 @@ class MLPBlock(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, ac: bool) -> None:
+    def __init__(self, ac: str) -> None:
         super().__init__()
         self.inp = nn.Linear(32, 64)
-        self.blocks = nn.ModuleList(MLPBlock(64, ac) for _ in range(3))
+        self.blocks = nn.ModuleList(MLPBlock(64, ac == "inside") for _ in range(3))
         self.head = nn.Linear(64, 8)
+        self.around = ac == "around"
 
     def forward(self, x):
         x = self.inp(x)
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.around else block(x)
         return self.head(x)
 
 
@@ -61,27 +69,35 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, ac: bool) -> None:
+    def __init__(self, ac: str) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(128, 64), nn.Embedding(32, 64)
-        self.blocks = nn.ModuleList(GPTBlock(64, 4, ac) for _ in range(2))
+        self.blocks = nn.ModuleList(GPTBlock(64, 4, ac == "inside") for _ in range(2))
         self.ln, self.head = nn.LayerNorm(64), nn.Linear(64, 128, bias=False)
+        self.around = ac == "around"
 
     def forward(self, ids):
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.around else block(x)
         return self.head(self.ln(x))
 
 
-def _sharded(model_cls, ac: bool, mesh):
+def _sharded(model_cls, ac: str, mesh):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     model = model_cls(ac)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if ac == "wrapper":  # each sharded block under a CheckpointWrapper, outside the unit
+        block_cls = type(model.blocks[0])
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, block_cls))
+    return model
 
 
 def _loss(name: str, out, target):
@@ -90,44 +106,202 @@ def _loss(name: str, out, target):
     return ((out - target) ** 2).mean()
 
 
+# (model, activation checkpointing, where kiln.compile is applied): every mode on the MLP,
+# the GPT-style model in each mode at least once
+CASES = [
+    *(("mlp", ac, how) for ac in AC_MODES for how in ("root", "blocks")),
+    *(("gpt", ac, how) for ac in ("none", "inside") for how in ("root", "blocks")),
+    ("gpt", "around", "root"),
+    ("gpt", "wrapper", "blocks"),
+]
+
+
+def _batch(name: str, g: torch.Generator):
+    if name == "gpt":
+        x = torch.randint(0, 128, (2, 16), generator=g)
+        return x, x
+    return torch.randn(8, 32, generator=g), torch.randn(8, 8, generator=g)
+
+
+def _compile_blocks(model: nn.Module):
+    """torch.compile's idiom for per-block compilation: each block replaced by its
+    compiled self (state_dict keys unchanged: the compiled block shares its __dict__)."""
+    import kiln
+
+    for k, block in enumerate(model.blocks):
+        model.blocks[k] = kiln.compile(block)
+    return model
+
+
+def _assert_shard_close(got, want, atol: float, label: str) -> None:
+    """This rank's shards of two DTensor parameters, with the mismatch report."""
+    torch.testing.assert_close(
+        got.to_local(), want.to_local(), rtol=1e-4, atol=atol, msg=lambda m: f"{label}: {m}"
+    )
+
+
+def _assert_counts(what: str, eager_frames_allowed: int = 0) -> dict:
+    import kiln
+
+    stats = kiln.stats()
+    assert stats["graphs"] >= 1, (what, stats)
+    assert stats["breaks"] == stats["fallbacks"] == 0, (what, stats)
+    assert stats["eager_frames"] <= eager_frames_allowed, (what, stats)
+    return stats
+
+
 def check_fsdp(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     import kiln
 
     mesh = init_device_mesh("cpu", (world,))
-    for name, cls in (("mlp", MLP), ("gpt", GPT)):
-        for ac in (False, True):
-            for how in ("root", "blocks"):
-                kiln.reset()
-                eager, mine = _sharded(cls, ac, mesh), _sharded(cls, ac, mesh)
-                if how == "root":
-                    fn = kiln.compile(mine)
-                else:
-                    for block in mine.blocks:
-                        kiln.compile(block)
-                    fn = mine
-                opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
-                g = torch.Generator().manual_seed(100 + rank)
-                for _ in range(3):
-                    if name == "gpt":
-                        x = torch.randint(0, 128, (2, 16), generator=g)
-                        target = x
-                    else:
-                        x, target = torch.randn(8, 32, generator=g), torch.randn(8, 8, generator=g)
-                    for model, opt in zip((eager, fn), opts):
-                        _loss(name, model(x), target).backward()
-                        opt.step()
-                        opt.zero_grad()
-                what = f"fsdp {name} ac={ac} compiled at the {how} on rank {rank}"
-                for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
-                    torch.testing.assert_close(
-                        q.to_local(), p.to_local(), rtol=1e-4, atol=1e-5, msg=f"{what}: {pname}"
-                    )
-                stats = kiln.stats()
-                assert stats["graphs"] >= 1, (what, stats)
-                assert stats["breaks"] == stats["fallbacks"] == stats["eager_frames"] == 0, (
-                    what,
-                    stats,
-                )
-                print(f"[rank {rank}] {what}: {stats}", flush=True)
+    for name, ac, how in CASES:
+        cls = GPT if name == "gpt" else MLP
+        kiln.reset()
+        eager, mine = _sharded(cls, ac, mesh), _sharded(cls, ac, mesh)
+        fn = kiln.compile(mine) if how == "root" else _compile_blocks(mine)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(3):
+            x, target = _batch(name, g)
+            for model, opt in zip((eager, fn), opts):
+                _loss(name, model(x), target).backward()
+                opt.step()
+                opt.zero_grad()
+        what = f"fsdp {name} ac={ac} compiled at the {how} on rank {rank}"
+        for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+            _assert_shard_close(q, p, 1e-5, f"{what}: {pname}")
+        print(f"[rank {rank}] {what}: {_assert_counts(what)}", flush=True)
+
+
+def _snapshot(model: nn.Module) -> list:
+    """What a user can see of each module: its class, instance attributes, forward, the
+    hook tables (the hook objects themselves), state_dict keys and repr."""
+    seen = [repr(model), list(model.state_dict())]
+    for m in model.modules():
+        hooks = [
+            (table, [(k, id(h)) for k, h in getattr(m, table).items()])
+            for table in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks")
+        ]
+        seen.append((type(m), sorted(m.__dict__), m.forward.__func__, hooks))
+    return seen
+
+
+def check_unchanged(rank: int, world: int) -> None:
+    """After kiln.compile (of the root, and of a block alone), a compiled training step
+    and its backward, the user's modules are as they were: no ``forward`` instance
+    attribute, ``m.forward`` is the class's, the same hook objects, state_dict keys and
+    repr; the original model still runs eagerly (no graph is built by calling it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import kiln
+
+    mesh = init_device_mesh("cpu", (world,))
+    for ac in ("none", "around"):
+        kiln.reset()
+        eager, mine = _sharded(MLP, ac, mesh), _sharded(MLP, ac, mesh)
+        before = _snapshot(mine)
+        compiled = kiln.compile(mine)
+        alone = kiln.compile(mine.blocks[0])  # not put in the model: changes nothing
+        assert _snapshot(mine) == before, f"kiln.compile changed the modules (ac={ac})"
+        assert all(type(m).forward is m.forward.__func__ for m in mine.modules())
+        g = torch.Generator().manual_seed(100 + rank)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
+        x, target = _batch("mlp", g)
+        for model, opt in zip((eager, compiled), opts):
+            _loss("mlp", model(x), target).backward()
+            opt.step()
+            opt.zero_grad()
+        assert _snapshot(mine) == before, f"a compiled step changed the modules (ac={ac})"
+        graphs = kiln.stats()["graphs"]
+        assert graphs >= 1, kiln.stats()
+        x, target = _batch("mlp", g)
+        for model, opt in zip((eager, mine), opts):  # the original module: eager
+            _loss("mlp", model(x), target).backward()
+            opt.step()
+            opt.zero_grad()
+        assert kiln.stats()["graphs"] == graphs, "calling the original model compiled"
+        assert _snapshot(mine) == before
+        for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+            _assert_shard_close(q, p, 1e-5, f"unchanged ac={ac}: {pname}")
+        del alone
+        print(f"[rank {rank}] fsdp modules unchanged (ac={ac})", flush=True)
+
+
+def _hf_model(kind: str, mesh, checkpointing: bool):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+            max_position_embeddings=64, use_cache=False,
+        )  # fmt: skip
+        model = LlamaForCausalLM(cfg)
+        layers = model.model.layers
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+        )  # fmt: skip
+        model = GPT2LMHeadModel(cfg)
+        layers = model.transformer.h
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if checkpointing:  # HF's own: each decoder layer's call under checkpoint, outside its unit
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    return model
+
+
+# (model, optimizer, HF gradient checkpointing)
+HF_CASES = [("llama", "adamw", False), ("llama", "sgd", True), ("gpt2", "adamw", False)]
+
+# Eager frames expected, with why. transformers' capture_outputs decorator wraps the base
+# model's forward in a function that owns closure cells; the decoder layers' region
+# boundaries inside it would resume that frame, which kiln-capture cannot yet
+# (bytecode/resume.py): the wrapper's few lines run eagerly, the forward it calls is
+# captured on its own. Not a break; counted in eager_frames.
+HF_EAGER_FRAMES = 1
+
+
+def check_hf(rank: int, world: int) -> None:
+    """An HF LLaMA and GPT-2 (2 layers, hidden 64) under FSDP2 compiled at the root:
+    after 3 steps every parameter shard equals eager FSDP2's on this rank; no break or
+    fallback, at least one graph."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import kiln
+
+    mesh = init_device_mesh("cpu", (world,))
+    for kind, optimizer, checkpointing in HF_CASES:
+        kiln.reset()
+        eager, mine = (_hf_model(kind, mesh, checkpointing) for _ in range(2))
+        compiled = kiln.compile(mine)
+        # AdamW's step divides by the gradient's running size, so an element whose
+        # gradient is near 0 turns last-bit differences into up to lr per step: its
+        # tolerance is a tenth of one step (SGD's is 1e-5)
+        make, lr, atol = (
+            (torch.optim.AdamW, 1e-3, 1e-4)
+            if optimizer == "adamw"
+            else (torch.optim.SGD, 0.05, 1e-5)
+        )
+        opts = [make(m.parameters(), lr=lr) for m in (eager, mine)]
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(3):
+            ids = torch.randint(0, 128, (2, 16), generator=g)
+            for model, opt in zip((eager, compiled), opts):
+                model(ids, labels=ids).loss.backward()
+                opt.step()
+                opt.zero_grad()
+        what = f"fsdp hf {kind} {optimizer} checkpointing={checkpointing} on rank {rank}"
+        for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+            _assert_shard_close(q, p, atol, f"{what}: {pname}")
+        stats = _assert_counts(what, eager_frames_allowed=HF_EAGER_FRAMES)
+        print(f"[rank {rank}] {what}: {stats}", flush=True)

@@ -11,9 +11,11 @@ exists and its wait just before the first kernel that reads the result
 an MLP and HF GPT-2 train to the parameters eager DDP reaches, with several pieces per
 graph, ``no_sync()`` included.
 
-FSDP2 (``fully_shard`` per block and at the root, fsdp_worker.py): an MLP and a GPT-style
-model compiled at the root and per block, with and without activation checkpointing, reach
-eager FSDP2's parameter shards on every rank with no break (kiln/fsdp.py)."""
+FSDP2 (``fully_shard`` per block and at the root, fsdp_worker.py): an MLP, a GPT-style
+model and HF LLaMA / GPT-2 compiled at the root and per block, with activation
+checkpointing inside and around the sharded blocks, reach eager FSDP2's parameter shards
+on every rank with no break (kiln/fsdp.py); kiln.compile leaves the user's modules as
+they were."""
 
 from __future__ import annotations
 
@@ -31,16 +33,15 @@ pytestmark = pytest.mark.skipif(
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_collectives_and_ddp_compile_on_every_rank(tmp_path, world):
-    """Each rank (distributed_worker.py) compiles an all_reduce with independent work
-    beside it, an all_gather then reduce_scatter, and an all_to_all_single, and checks
-    them against eager with one graph and no break, fallback or eager frame; then trains
-    DDP-wrapped and FSDP2-sharded models against eager DDP and FSDP2."""
+def _run_ranks(tmp_path, world: int, suites: str) -> list[str]:
+    """Run distributed_worker.py's ``suites`` on ``world`` gloo processes; every rank
+    must finish with exit status 0 (each asserts its own results against eager)."""
     init = "file://" + str(tmp_path / "store")
+    debug = str(tmp_path / "debug")
+    argv = [sys.executable, str(WORKER)]
     ranks = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), str(world), init, str(tmp_path / "debug")],
+            [*argv, str(r), str(world), init, debug, suites],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -50,7 +51,7 @@ def test_collectives_and_ddp_compile_on_every_rank(tmp_path, world):
     outputs = []
     for p in ranks:
         try:
-            out, _ = p.communicate(timeout=420)
+            out, _ = p.communicate(timeout=900)
         except subprocess.TimeoutExpired:
             for q in ranks:
                 q.kill()
@@ -58,3 +59,43 @@ def test_collectives_and_ddp_compile_on_every_rank(tmp_path, world):
         outputs.append(out)
     for r, (p, out) in enumerate(zip(ranks, outputs)):
         assert p.returncode == 0, f"rank {r} failed:\n{out[-4000:]}"
+    return outputs
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_compile_on_every_rank(tmp_path, world):
+    """all_reduce with independent work beside it, all_gather then reduce_scatter (new and
+    old names, waited on implicitly and with explicit wait_tensor), all_to_all_single (even
+    and given splits), avg and max reductions: one graph, no break, fallback or eager frame,
+    eager's values on every rank."""
+    _run_ranks(tmp_path, world, "collectives")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_trains_like_eager(tmp_path, world):
+    """kiln.compile(DDP(model)) on an MLP, the MLP with checkpoint() around layer pairs and
+    with checkpoint_wrapper around them, and HF GPT-2: several pieces per graph, no_sync
+    steps included, parameters equal eager DDP's on every rank."""
+    _run_ranks(tmp_path, world, "ddp")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp_trains_like_eager(tmp_path, world):
+    """FSDP2 MLP and GPT-style model compiled at the root and per block, activation
+    checkpointing none, inside, around the sharded blocks and as checkpoint_wrapper
+    (fsdp_worker.CASES): parameter shards equal eager FSDP2's, 0 breaks."""
+    _run_ranks(tmp_path, world, "fsdp")
+
+
+def test_fsdp_leaves_modules_unchanged(tmp_path):
+    """kiln.compile of an FSDP2 model (and of one block) changes nothing a user sees on
+    the modules, before or after compiled steps; the original model runs eagerly."""
+    _run_ranks(tmp_path, 2, "fsdp_unchanged")
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_fsdp_hf_trains_like_eager(tmp_path, world):
+    """HF LLaMA and GPT-2 (2 layers, hidden 64), fully_shard per decoder layer and at the
+    root, kiln.compile(model), AdamW/SGD steps, one case with HF gradient checkpointing:
+    parameter shards equal eager FSDP2's on every rank, 0 breaks, graphs built."""
+    _run_ranks(tmp_path, world, "fsdp_hf")

@@ -85,10 +85,14 @@ def compile(
     optimize = kiln_capture.optimize(guarded, fullgraph=fullgraph, dynamic=dynamic)
     if fsdp.units(model):
         # fully_shard units: each unit's forward is a region of its own, between FSDP's
-        # hooks (kiln/fsdp.py); a unit's call runs its hooks and its compiled forward
-        fsdp.compile_units(model, optimize)
+        # hooks (kiln/fsdp.py), in place only while the compiled object's call (and its
+        # backward) runs: the user's modules are left as they are
+        group = fsdp.compile_units(model, optimize)
         if fsdp.is_unit(model):
-            return _compiled_module(model, functools.partial(torch.nn.Module.__call__, model))
+            call = functools.partial(torch.nn.Module.__call__, model)
+        else:
+            call = optimize(model).forward
+        return _compiled_module(model, fsdp.scoped(group, call))
     if isinstance(model, torch.nn.Module):
         return _compiled_module(model, optimize(model))
     return optimize(model)

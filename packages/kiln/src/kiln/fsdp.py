@@ -9,16 +9,16 @@ collectives), a forward hook frees that storage again, and autograd hooks redo t
 all-gather before the unit's backward and reduce-scatter its gradients after it.
 
 kiln does not trace those hooks. It compiles what runs *between* them: each unit's own
-``forward``, replaced in place (an instance attribute) by a kiln-captured version of the
-class's ``forward``. ``Module.__call__`` still runs FSDP's hooks eagerly around it, so the
-compiled graph sees the unsharded parameters as ordinary graph inputs (the same
-``nn.Parameter`` objects every step), returns an output whose autograd node is kiln's
-compiled backward, and FSDP's autograd hooks fire around that node as they do around
-eager autograd: prefetching, resharding after forward and reduce-scatter stay FSDP's own.
-No collective, storage resize or DTensor is ever inside a graph, so there is nothing for
-kiln-aot to model. This is how per-layer compilation of FSDP2 is structured in practice
-(the hooks stay eager, the blocks are compiled), and it needs no ``torch._C`` state
-queries or ``autograd.Function`` hooks traced.
+``forward``, as a kiln-captured version of the class's ``forward`` (a *region*).
+``Module.__call__`` still runs FSDP's hooks eagerly around it, so the compiled graph sees
+the unsharded parameters as ordinary graph inputs (the same ``nn.Parameter`` objects
+every step), returns an output whose autograd node is kiln's compiled backward, and
+FSDP's autograd hooks fire around that node as they do around eager autograd:
+prefetching, resharding after forward and reduce-scatter stay FSDP's own. No collective,
+storage resize or DTensor is ever inside a graph, so there is nothing for kiln-aot to
+model. This is how per-layer compilation of FSDP2 is structured in practice (the hooks
+stay eager, the blocks are compiled), and it needs no ``torch._C`` state queries or
+``autograd.Function`` hooks traced.
 
 A unit's forward that calls a child unit (the root calling its blocks) cannot keep the
 child's hooks in one graph with its own code: the call is a *region boundary* (kiln-capture's
@@ -31,17 +31,35 @@ off (``kiln_capture.disable``): they are Python around the regions, not code to 
 (``kiln.compile`` on one block or on the root: the same regions), and ``model``'s own
 forward too when ``model`` is not a unit itself. Activation checkpointing inside a unit's
 forward (``checkpoint`` of the block's body, or ``checkpoint_wrapper`` applied before
-``fully_shard``) is captured into the region as for any module.
+``fully_shard``) is captured into the region as for any module; a checkpoint *around* a
+unit (``checkpoint(block, x)`` in the parent, ``checkpoint_wrapper`` after
+``fully_shard``) runs as checkpoint does, around the unit's call: a region boundary.
+
+The user's modules stay as they were
+====================================
+``Module.__call__`` runs ``self.forward``, so a unit runs its region only while its
+instance attribute ``forward`` is the region. kiln sets it (and wraps FSDP's forward
+hooks in ``kiln_capture.disable``) only while kiln's code may call the unit: during a
+call of the object ``kiln.compile`` returned (``scoped``), and during a backward that
+reaches that call's outputs, where a checkpoint around a unit recomputes the unit's
+forward and must save what the compiled forward saved (a node pre-hook on each output's
+``grad_fn`` enters the scope, an autograd engine callback at the end of that backward
+leaves it). Outside those, ``m.forward``, ``type(m).forward``, ``m.__dict__``, the hook
+tables, ``state_dict`` and ``repr`` are the user's: calling the original ``model`` runs
+eagerly, as with ``torch.compile``. Scopes nest (a compiled block called by a compiled
+root); each unit counts how many scopes hold it and is restored when the last leaves.
 """
 
 from __future__ import annotations
 
 import itertools
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 import kiln_capture
 
@@ -70,19 +88,110 @@ def is_unit(module: object) -> bool:
     return cls is not None and isinstance(module, cls)
 
 
-def compile_units(model: torch.nn.Module, optimize: Optimize) -> int:
-    """Replace each unit's ``forward`` under ``model`` by ``optimize`` of its class's
-    forward (once per unit: a unit compiled already keeps its region), and run FSDP's
-    forward hooks with capture off. Returns the number of units compiled now."""
-    count = 0
-    for unit in units(model):
-        _hooks_without_capture(unit)
-        if getattr(unit.__dict__.get("forward"), "_kiln_region", False):
-            continue
-        region = _region(optimize(_own_copy(type(unit).forward).__get__(unit)), unit)
-        unit.forward = region
-        count += 1
-    return count
+def compile_units(model: torch.nn.Module, optimize: Optimize) -> list[torch.nn.Module]:
+    """Make a region (``optimize`` of its class's forward) for each unit under ``model``
+    that has none yet (a unit compiled already keeps its region); the user's modules are
+    left as they are. Returns the units, for ``scoped``."""
+    found = units(model)
+    for unit in found:
+        if unit not in _REGIONS:
+            _REGIONS[unit] = _region(optimize(_own_copy(type(unit).forward)), unit)
+    return found
+
+
+# unit -> its region; unit -> [scopes holding it, forward attribute and hooks it had]
+_REGIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ABSENT = object()
+# unit -> {(hook table, key): (FSDP's hook, its kiln_capture.disable wrapper)}
+_DISABLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _Scope:
+    """The units of one ``kiln.compile`` call; ``enter``/``leave`` nest."""
+
+    def __init__(self, group: list[torch.nn.Module]) -> None:
+        self.units = [weakref.ref(u) for u in group]
+        self.depth = 0
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth == 1:
+            for ref in self.units:
+                if (unit := ref()) is not None:
+                    _hold(unit)
+
+    def leave(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            for ref in self.units:
+                if (unit := ref()) is not None:
+                    _release(unit)
+
+    def backward_prehook(self, grad_outputs: Any) -> None:
+        """A backward reached the outputs of a scoped call: hold the units until it ends
+        (a checkpoint around a unit recomputes the unit's forward in there)."""
+        self.enter()
+        torch.autograd.Variable._execution_engine.queue_callback(self.leave)
+
+
+def _hold(unit: torch.nn.Module) -> None:
+    held = _HELD.get(unit)
+    if held is not None:
+        held[0] += 1
+        return
+    d = unit.__dict__
+    hooks = _hooks_without_capture(unit)
+    _HELD[unit] = [1, d.get("forward", _ABSENT), hooks]
+    d["forward"] = _REGIONS[unit]
+
+
+def _release(unit: torch.nn.Module) -> None:
+    held = _HELD[unit]
+    held[0] -= 1
+    if held[0]:
+        return
+    del _HELD[unit]
+    d = unit.__dict__
+    if held[1] is _ABSENT:
+        d.pop("forward", None)
+    else:
+        d["forward"] = held[1]
+    for table, key, hook, wrapped in held[2]:
+        hooks = getattr(unit, table)
+        if hooks.get(key) is wrapped:  # FSDP may have removed it meanwhile
+            hooks[key] = hook
+
+
+def scoped(group: list[torch.nn.Module], call: Callable) -> Callable:
+    """``call`` with the regions of ``group``'s units in place while it runs and while a
+    backward through its outputs runs (see "The user's modules stay as they were")."""
+    scope = _Scope(group)
+
+    def in_scope(*args: Any, **kwargs: Any) -> Any:
+        scope.enter()
+        try:
+            out = call(*args, **kwargs)
+        finally:
+            scope.leave()
+        if torch.is_grad_enabled():
+            _hook_backward(out, args, kwargs, scope)
+        return out
+
+    in_scope.__wrapped__ = call
+    return in_scope
+
+
+def _hook_backward(out: Any, args: tuple, kwargs: dict, scope: _Scope) -> None:
+    known = {id(a.grad_fn) for a in pytree.tree_leaves((args, kwargs)) if _has_grad_fn(a)}
+    nodes = {id(o.grad_fn): o.grad_fn for o in pytree.tree_leaves(out) if _has_grad_fn(o)}
+    for key, node in nodes.items():
+        if key not in known:  # an input passed through: not this call's node
+            node.register_prehook(scope.backward_prehook)
+
+
+def _has_grad_fn(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.grad_fn is not None
 
 
 def _own_copy(fn: Callable) -> Callable:
@@ -101,13 +210,18 @@ def _own_copy(fn: Callable) -> Callable:
 
 
 def _region(compiled: Callable, unit: torch.nn.Module) -> Callable:
+    """The forward a unit runs in a scope: ``compiled(unit, ...)``. It holds the unit
+    weakly (``_REGIONS`` holds it as a value of the unit's own entry)."""
+    ref = weakref.ref(unit)
+
     def region(*args: Any, **kwargs: Any) -> Any:
-        out = compiled(*args, **kwargs)
-        if isinstance(out, torch.Tensor):
-            return _not_a_view(out, unit, args)
-        if type(out) in (tuple, list):
-            return type(out)(_not_a_view(o, unit, args, out) for o in out)
-        return out
+        owner = ref()
+        out = compiled(owner, *args, **kwargs)
+        leaves, spec = pytree.tree_flatten(out)  # HF's ModelOutput is a pytree node too
+        fixed = [_not_a_view(o, owner, args, leaves) for o in leaves]
+        if all(a is b for a, b in zip(fixed, leaves)):
+            return out
+        return pytree.tree_unflatten(fixed, spec)
 
     region._kiln_region = True  # kiln-capture: a call of this module is a region boundary
     region.__wrapped__ = compiled
@@ -132,17 +246,24 @@ def _not_a_view(out: Any, unit: torch.nn.Module, args: tuple, siblings: Any = ()
     return torch.ops.aten._unsafe_view(out, out.shape)
 
 
-def _hooks_without_capture(unit: torch.nn.Module) -> None:
+def _hooks_without_capture(unit: torch.nn.Module) -> list[tuple[str, Any, Any, Any]]:
     """FSDP's forward pre-hook and forward hook on ``unit``, wrapped in
     ``kiln_capture.disable`` where they are registered (same keys, so FSDP's handles still
     remove them): they run eagerly even when a region boundary's call runs them while a
-    compiled frame is active."""
+    compiled frame is active. Returns (table, key, hook, wrapper) to put them back."""
+    swapped = []
+    made = _DISABLED.setdefault(unit, {})
     for table in ("_forward_pre_hooks", "_forward_hooks"):
         hooks = getattr(unit, table)
         for key, hook in list(hooks.items()):
-            if getattr(hook, "_kiln_disabled", False) or not _is_fsdp_hook(hook):
-                continue
-            hooks[key] = kiln_capture.disable(hook)
+            if _is_fsdp_hook(hook):
+                # the same wrapper every time: a captured parent guards the hooks it sees
+                old = made.get((table, key))
+                wrapped = old[1] if old and old[0] is hook else kiln_capture.disable(hook)
+                made[(table, key)] = (hook, wrapped)
+                hooks[key] = wrapped
+                swapped.append((table, key, hook, wrapped))
+    return swapped
 
 
 def _is_fsdp_hook(hook: object) -> bool:
@@ -150,4 +271,4 @@ def _is_fsdp_hook(hook: object) -> bool:
     return (getattr(hook, "__module__", None) or "").startswith("torch.distributed.fsdp")
 
 
-__all__ = ["compile_units", "is_unit", "units"]
+__all__ = ["compile_units", "is_unit", "scoped", "units"]
