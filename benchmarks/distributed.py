@@ -13,13 +13,21 @@ Each rank trains the same model wrapped in ``DistributedDataParallel`` (buckets 
   the compile only), the reference for the overlap column.
 
 Per compiler: the median step time (forward, backward, optimizer) over ``--steps`` steps
-after warm-up, with the spread (min-max), and, from a trace of when DDP launched each
-bucket's all-reduce (a communication hook that records the time, then all-reduces as
-DDP's default hook does), ``first bucket at``: how far into the backward (0 = its start,
-1 = its end) the first all-reduce started, median over the steps. Far below 1 means the
-all-reduce overlapped the backward. Graphs, breaks and fallbacks are counted per row;
-parameters after the steps are compared with eager's on every rank. Rank 0 prints the
-table and writes benchmarks/results/distributed_cpu.json.
+after warm-up, with the spread (min-max), and a trace of each bucket's all-reduce (a
+communication hook that records when DDP launched it and when it completed, then
+all-reduces as DDP's default hook does). From the trace, median over the steps:
+
+- ``first bucket at``: how far into ``loss.backward()`` (0 = its start, 1 = its end) the
+  first all-reduce started;
+- ``comm hidden``: the share of the time some all-reduce was in flight that lies before
+  the last bucket's launch, i.e. while the backward still produced gradients (the last
+  bucket launches when the last gradients are ready; after it, DDP only waits);
+- ``overlaps bwd``: ``yes`` where ``comm hidden`` is at least 10%, else ``no``.
+
+Graphs, breaks and fallbacks are recorded per row (kiln's from ``kiln.stats()``,
+torch.compile's graphs and breaks from its counters, eager's are 0); parameters after
+the steps are compared with eager's on every rank. Rank 0 prints the table and writes
+benchmarks/results/distributed_cpu_<model>.json.
 
 ``--wrap fsdp``: FSDP2 instead, ``fully_shard`` on every ``Linear`` (every GPT-2 block for
 ``gpt2``) and at the root, rows ``eager``, ``torch.compile`` (of the root) and ``kiln``
@@ -78,17 +86,65 @@ def _loss(name: str, out, target):
     return ((out - target) ** 2).mean()
 
 
-def _recording_hook(launches: list):
-    import torch
+def _recording_hook(launches: list, done: list):
+    """DDP's default all-reduce (the bucket averaged over ranks), recording when each
+    bucket's all-reduce was launched and when it completed (``perf_counter``)."""
     import torch.distributed as dist
 
     def hook(state, bucket):
         launches.append(time.perf_counter())
         work = dist.all_reduce(bucket.buffer() / dist.get_world_size(), async_op=True)
-        return work.get_future().then(lambda f: f.value()[0])
 
-    del torch
+        def finished(fut):
+            done.append(time.perf_counter())
+            return fut.value()[0]
+
+        return work.get_future().then(finished)
+
     return hook
+
+
+def _hidden_share(launches: list, done: list) -> float | None:
+    """Share of the all-reduces' in-flight time (the union of [launch, completion]) that
+    lies before the last launch, while the backward still produced gradients."""
+    if not launches or len(done) != len(launches):
+        return None
+    spans = sorted(zip(launches, done))
+    compute_end = max(launches)
+
+    def covered(limit: float) -> float:
+        total, reach = 0.0, float("-inf")
+        for a, b in spans:
+            a, b = max(a, reach), min(b, limit)
+            if b > a:
+                total += b - a
+                reach = b
+        return total
+
+    whole = covered(float("inf"))
+    return covered(compute_end) / whole if whole > 0 else 0.0
+
+
+def _torch_compile_counts() -> dict:
+    """Graphs and breaks of torch.compile since its last reset (its own counters)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "breaks": sum(counters["graph_break"].values()),
+        "fallbacks": None,  # torch.compile raises on a compiler error instead
+    }
+
+
+def _counts(compiler: str) -> dict:
+    import kiln
+
+    if compiler.startswith("kiln"):
+        stats = kiln.stats()
+        return {k: stats[k] for k in ("graphs", "breaks", "fallbacks", "region_boundaries")}
+    if compiler == "torch.compile":
+        return _torch_compile_counts()
+    return {"graphs": 0, "breaks": 0, "fallbacks": 0}
 
 
 def _fsdp_model(name: str, world: int):
@@ -116,8 +172,10 @@ def fsdp_rows(rank: int, world: int, args) -> list:
         model = _fsdp_model(args.model, world)
         if compiler == "torch.compile":
             import torch._dynamo
+            from torch._dynamo.utils import counters
 
             torch._dynamo.reset()
+            counters.clear()
             fn = torch.compile(model)
         else:
             fn = kiln.compile(model) if compiler == "kiln" else model
@@ -133,16 +191,13 @@ def fsdp_rows(rank: int, world: int, args) -> list:
             opt.zero_grad()
             if step >= args.warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
-        stats = kiln.stats() if compiler == "kiln" else {}
         rows.append(
             {
                 "compiler": compiler,
                 "step_ms": statistics.median(times),
                 "spread_ms": [min(times), max(times)],
-                "graphs": stats.get("graphs"),
-                "breaks": stats.get("breaks"),
-                "fallbacks": stats.get("fallbacks"),
-                "region_boundaries": stats.get("region_boundaries"),
+                "region_boundaries": None,
+                **_counts(compiler),
             }
         )
         final[compiler] = [p.to_local().detach().clone() for p in model.parameters()]
@@ -165,9 +220,7 @@ def _report_fsdp(per_rank: list, args) -> None:
     eager = per_rank[0][0]["step_ms"]
     for k, row in enumerate(per_rank[0]):
         ok = all(r[k].get("params_equal_eager", True) for r in per_rank)
-        counts = (
-            "-" if row["graphs"] is None else f"{row['graphs']}/{row['breaks']}/{row['fallbacks']}"
-        )
+        counts = _counts_text(row)
         bounds = "-" if row["region_boundaries"] is None else str(row["region_boundaries"])
         lo, hi = row["spread_ms"]
         print(f"{row['compiler']:<16}{row['step_ms']:>9.2f}{f'{lo:.2f}-{hi:.2f}':>17}"
@@ -202,13 +255,16 @@ def rank_main(rank: int, world: int, init: str, args) -> None:
         kiln.reset()
         ddp = DDP(_model(args.model), bucket_cap_mb=args.bucket_mb)
         launches: list[float] = []
-        ddp.register_comm_hook(None, _recording_hook(launches))
+        done: list[float] = []
+        ddp.register_comm_hook(None, _recording_hook(launches, done))
         if compiler == "eager":
             fn = ddp
         elif compiler == "torch.compile":
             import torch._dynamo
+            from torch._dynamo.utils import counters
 
             torch._dynamo.reset()
+            counters.clear()
             fn = torch.compile(ddp)
         else:
             # "one graph": kiln.compile reads the bucket size to split at; DDP's reducer
@@ -220,13 +276,13 @@ def rank_main(rank: int, world: int, init: str, args) -> None:
             ddp.bucket_bytes_cap = saved
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(1000 + rank)
-        times, fractions = [], []
+        times, fractions, hidden = [], [], []
         for step in range(args.warmup + args.steps):
             inputs, target = _batch(args.model, g)
             dist.barrier()
             t0 = time.perf_counter()
             loss = _loss(args.model, fn(*inputs), target)
-            del launches[:]
+            del launches[:], done[:]
             tb = time.perf_counter()
             loss.backward()
             te = time.perf_counter()
@@ -237,16 +293,19 @@ def rank_main(rank: int, world: int, init: str, args) -> None:
                 times.append((t1 - t0) * 1e3)
                 if launches:
                     fractions.append((min(launches) - tb) / max(te - tb, 1e-9))
-        stats = kiln.stats() if compiler.startswith("kiln") else {}
+                share = _hidden_share(launches, done)
+                if share is not None:
+                    hidden.append(share)
+        comm_hidden = statistics.median(hidden) if hidden else None
         row = {
             "compiler": compiler,
             "step_ms": statistics.median(times),
             "spread_ms": [min(times), max(times)],
             "first_bucket_at": statistics.median(fractions) if fractions else None,
+            "comm_hidden": comm_hidden,
+            "overlaps_backward": comm_hidden is not None and comm_hidden >= 0.10,
             "pieces": list(kiln.distributed.SPLITS) if compiler.startswith("kiln") else None,
-            "graphs": stats.get("graphs"),
-            "breaks": stats.get("breaks"),
-            "fallbacks": stats.get("fallbacks"),
+            **_counts(compiler),
         }
         final[compiler] = [p.detach().clone() for p in ddp.parameters()]
         rows.append(row)
@@ -271,24 +330,22 @@ def _report(per_rank: list, args) -> None:
     print(f"\nDDP {args.model}, {args.world} CPU processes (gloo), buckets {args.bucket_mb} MB")
     print(
         f"{'compiler':<16}{'ms/step':>9}{'spread':>17}{'vs eager':>10}{'first bucket at':>17}"
-        f"{'pieces':>8}{'graphs/brk/fb':>15}{'params ok':>11}"
+        f"{'comm hidden':>13}{'overlaps bwd':>14}{'pieces':>8}{'graphs/brk/fb':>15}"
+        f"{'params ok':>11}"
     )
     eager = per_rank[0][0]["step_ms"]
     for k, row in enumerate(per_rank[0]):
         ok = all(r[k].get("params_equal_eager", True) for r in per_rank)
-        frac = row["first_bucket_at"]
-        counts = (
-            f"{row['graphs']}/{row['breaks']}/{row['fallbacks']}"
-            if row["graphs"] is not None
-            else "-"
-        )
+        frac, hidden = row["first_bucket_at"], row["comm_hidden"]
+        overlaps = "-" if hidden is None else ("yes" if row["overlaps_backward"] else "no")
         pieces = ",".join(map(str, row["pieces"])) if row["pieces"] else "-"
         lo, hi = row["spread_ms"]
         spread = f"{lo:.2f}-{hi:.2f}"
         print(
             f"{row['compiler']:<16}{row['step_ms']:>9.2f}{spread:>17}"
             f"{eager / row['step_ms']:>9.2f}x{(f'{frac:.2f}' if frac is not None else '-'):>17}"
-            f"{pieces:>8}{counts:>15}{'yes' if ok else 'NO':>11}"
+            f"{(f'{hidden:.0%}' if hidden is not None else '-'):>13}{overlaps:>14}"
+            f"{pieces:>8}{_counts_text(row):>15}{'yes' if ok else 'NO':>11}"
         )
     out = HERE / "results" / f"distributed_cpu_{args.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -300,6 +357,12 @@ def _report(per_rank: list, args) -> None:
     }
     out.write_text(json.dumps({"meta": meta, "ranks": per_rank}, indent=1))
     print(f"wrote {out}")
+
+
+def _counts_text(row: dict) -> str:
+    return "/".join(
+        "-" if row[k] is None else str(row[k]) for k in ("graphs", "breaks", "fallbacks")
+    )
 
 
 def main() -> None:
