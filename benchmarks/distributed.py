@@ -19,10 +19,13 @@ all-reduces as DDP's default hook does). From the trace, median over the steps:
 
 - ``first bucket at``: how far into ``loss.backward()`` (0 = its start, 1 = its end) the
   first all-reduce started;
-- ``comm hidden``: the share of the time some all-reduce was in flight that lies before
-  the last bucket's launch, i.e. while the backward still produced gradients (the last
-  bucket launches when the last gradients are ready; after it, DDP only waits);
-- ``overlaps bwd``: ``yes`` where ``comm hidden`` is at least 10%, else ``no``.
+- ``comm under bwd``, from ``--trace-steps`` more steps run under ``torch.profiler``
+  (after the timed ones, so the profiler costs them nothing): the share of the time some
+  all-reduce was in flight (the union of each bucket's [launch, completion]) during which
+  autograd was evaluating a backward node that computes gradients (the profiler's
+  ``autograd::engine::evaluate_function`` events, ``AccumulateGrad`` excluded: DDP's hooks
+  and bucket copies run inside those); median over the traced steps;
+- ``overlaps bwd``: ``yes`` where ``comm under bwd`` is at least 10%, else ``no``.
 
 Graphs, breaks and fallbacks are recorded per row (kiln's from ``kiln.stats()``,
 torch.compile's graphs and breaks from its counters, eager's are 0); parameters after
@@ -104,25 +107,55 @@ def _recording_hook(launches: list, done: list):
     return hook
 
 
-def _hidden_share(launches: list, done: list) -> float | None:
-    """Share of the all-reduces' in-flight time (the union of [launch, completion]) that
-    lies before the last launch, while the backward still produced gradients."""
-    if not launches or len(done) != len(launches):
+def _merged(spans: list) -> list:
+    out: list = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _under_share(comm: list, compute: list) -> float | None:
+    """Share of the union of ``comm`` spans that lies inside the union of ``compute``."""
+    comm, compute = _merged(comm), _merged(compute)
+    whole = sum(b - a for a, b in comm)
+    if whole <= 0:
         return None
-    spans = sorted(zip(launches, done))
-    compute_end = max(launches)
+    inside = 0.0
+    for a, b in comm:
+        for c, d in compute:
+            inside += max(0.0, min(b, d) - max(a, c))
+    return inside / whole
 
-    def covered(limit: float) -> float:
-        total, reach = 0.0, float("-inf")
-        for a, b in spans:
-            a, b = max(a, reach), min(b, limit)
-            if b > a:
-                total += b - a
-                reach = b
-        return total
 
-    whole = covered(float("inf"))
-    return covered(compute_end) / whole if whole > 0 else 0.0
+def _traced_step(args, fn, opt, batch, launches: list, done: list) -> float | None:
+    """One step under torch.profiler: ``comm under bwd`` (see the module docstring)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    inputs, target = batch
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = _loss(args.model, fn(*inputs), target)
+        del launches[:], done[:]
+        mark = time.perf_counter()
+        with record_function("distributed_bench_mark"):  # ties the profiler's clock to ours
+            pass
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    events = prof.events()
+    start = next(e for e in events if e.name == "distributed_bench_mark").time_range.start
+    offset = mark - start / 1e6
+    compute = [
+        (offset + e.time_range.start / 1e6, offset + e.time_range.end / 1e6)
+        for e in events
+        if e.name.startswith("autograd::engine::evaluate_function:")
+        and "AccumulateGrad" not in e.name
+    ]
+    if len(done) != len(launches):
+        return None
+    return _under_share(list(zip(launches, done)), compute)
 
 
 def _torch_compile_counts() -> dict:
@@ -293,17 +326,19 @@ def rank_main(rank: int, world: int, init: str, args) -> None:
                 times.append((t1 - t0) * 1e3)
                 if launches:
                     fractions.append((min(launches) - tb) / max(te - tb, 1e-9))
-                share = _hidden_share(launches, done)
-                if share is not None:
-                    hidden.append(share)
-        comm_hidden = statistics.median(hidden) if hidden else None
+        for _ in range(args.trace_steps):
+            dist.barrier()
+            share = _traced_step(args, fn, opt, _batch(args.model, g), launches, done)
+            if share is not None:
+                hidden.append(share)
+        under = statistics.median(hidden) if hidden else None
         row = {
             "compiler": compiler,
             "step_ms": statistics.median(times),
             "spread_ms": [min(times), max(times)],
             "first_bucket_at": statistics.median(fractions) if fractions else None,
-            "comm_hidden": comm_hidden,
-            "overlaps_backward": comm_hidden is not None and comm_hidden >= 0.10,
+            "comm_under_backward": under,
+            "overlaps_backward": under is not None and under >= 0.10,
             "pieces": list(kiln.distributed.SPLITS) if compiler.startswith("kiln") else None,
             **_counts(compiler),
         }
@@ -330,13 +365,13 @@ def _report(per_rank: list, args) -> None:
     print(f"\nDDP {args.model}, {args.world} CPU processes (gloo), buckets {args.bucket_mb} MB")
     print(
         f"{'compiler':<16}{'ms/step':>9}{'spread':>17}{'vs eager':>10}{'first bucket at':>17}"
-        f"{'comm hidden':>13}{'overlaps bwd':>14}{'pieces':>8}{'graphs/brk/fb':>15}"
+        f"{'comm under bwd':>16}{'overlaps bwd':>14}{'pieces':>8}{'graphs/brk/fb':>15}"
         f"{'params ok':>11}"
     )
     eager = per_rank[0][0]["step_ms"]
     for k, row in enumerate(per_rank[0]):
         ok = all(r[k].get("params_equal_eager", True) for r in per_rank)
-        frac, hidden = row["first_bucket_at"], row["comm_hidden"]
+        frac, hidden = row["first_bucket_at"], row["comm_under_backward"]
         overlaps = "-" if hidden is None else ("yes" if row["overlaps_backward"] else "no")
         pieces = ",".join(map(str, row["pieces"])) if row["pieces"] else "-"
         lo, hi = row["spread_ms"]
@@ -344,7 +379,7 @@ def _report(per_rank: list, args) -> None:
         print(
             f"{row['compiler']:<16}{row['step_ms']:>9.2f}{spread:>17}"
             f"{eager / row['step_ms']:>9.2f}x{(f'{frac:.2f}' if frac is not None else '-'):>17}"
-            f"{(f'{hidden:.0%}' if hidden is not None else '-'):>13}{overlaps:>14}"
+            f"{(f'{hidden:.0%}' if hidden is not None else '-'):>16}{overlaps:>14}"
             f"{pieces:>8}{_counts_text(row):>15}{'yes' if ok else 'NO':>11}"
         )
     out = HERE / "results" / f"distributed_cpu_{args.model}.json"
@@ -373,6 +408,7 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--trace-steps", type=int, default=3, help="profiled steps after timing")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--init", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -384,6 +420,7 @@ def main() -> None:
         base = [sys.executable, __file__, "--world", str(args.world), "--model", args.model]
         base += ["--bucket-mb", str(args.bucket_mb), "--steps", str(args.steps)]
         base += ["--warmup", str(args.warmup), "--init", init, "--wrap", args.wrap]
+        base += ["--trace-steps", str(args.trace_steps)]
         procs = [subprocess.Popen([*base, "--rank", str(r)]) for r in range(args.world)]
         codes = [p.wait() for p in procs]
     if any(codes):
