@@ -48,7 +48,15 @@ from kiln_capture.variables.sizes import SymIntVar
 
 MAX_RESTARTS = 32
 _STEP_CALLS = frozenset(
-    {"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "FORMAT_VALUE", "BINARY_OP", "COMPARE_OP"}
+    {
+        "CALL",
+        "CALL_FUNCTION_EX",
+        "BINARY_SUBSCR",
+        "FORMAT_VALUE",
+        "BINARY_OP",
+        "COMPARE_OP",
+        "CONTAINS_OP",
+    }
 )
 _STEP_JUMPS = {
     "POP_JUMP_IF_TRUE": True,
@@ -472,6 +480,9 @@ def _step_lines(
             step = f"__k_r = {t[-2]}; __k_r {op} {t[-1]}"
         else:
             step = f"__k_r = {t[-2]} {op} {t[-1]}"
+        tail = [f"return {calls[0]}"]
+    elif ins.opname == "CONTAINS_OP":
+        step = f"__k_r = {t[-2]} {'not in' if ins.arg else 'in'} {t[-1]}"
         tail = [f"return {calls[0]}"]
     elif ins.opname == "BEFORE_WITH":
         step, tail = f"__k_x, __k_r = __k_enter_with({t[-1]})", [f"return {calls[0]}"]

@@ -248,6 +248,8 @@ def identical(tx, a: Var, b: Var) -> bool:
 
 
 def contains(tx, item: Var, container: Var) -> bool:
+    if isinstance(container, RaisingVar):  # a re-raising continuation's first step
+        raise container.raised()
     if isinstance(container, DictVar):
         return item.as_const() in container.items
     if isinstance(container, SequenceVar | SizeVar):
@@ -350,6 +352,12 @@ class BuiltinVar(Var):
                     )
                 )
             )
+        if fn in (str, repr) and len(args) == 1 and not kwargs:
+            from kiln_capture.variables.functions import python_value
+
+            cls = python_value(args[0])
+            if isinstance(cls, type):  # str(type(x)): "<class 'torch.Tensor'>"
+                return ConstVar(fn(cls))
         if any(isinstance(a, TensorVar) for a in args):
             if getattr(fn, "__module__", None) == "math" or fn in (
                 int,

@@ -627,6 +627,9 @@ def iterate(tx, v: Var) -> IteratorVar:
         return DictIteratorVar(v.d, v.kind)
     if isinstance(v, DequeVar):
         return DequeIteratorVar(v)
+    entries = getattr(v, "entries_var", None)  # a record (objects.py): over its entries
+    if entries is not None:
+        return DictIteratorVar(entries(), "keys")
     return IteratorVar(v.unpack(tx))
 
 

@@ -152,7 +152,7 @@ class Reraise:
         raise self.exc
 
     __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _raise
-    __enter__ = __exit__ = _raise
+    __enter__ = __exit__ = __contains__ = _raise
     __lt__ = __le__ = __eq__ = __ne__ = __gt__ = __ge__ = _raise
     __hash__ = None  # type: ignore[assignment]
 
