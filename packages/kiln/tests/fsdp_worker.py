@@ -83,7 +83,7 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def _sharded(model_cls, ac: str, mesh):
+def _sharded(model_cls, ac: str, mesh, shard_root: bool = True):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,
     )
@@ -93,7 +93,8 @@ def _sharded(model_cls, ac: str, mesh):
     model = model_cls(ac)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    if shard_root:
+        fully_shard(model, mesh=mesh)
     if ac == "wrapper":  # each sharded block under a CheckpointWrapper, outside the unit
         block_cls = type(model.blocks[0])
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, block_cls))
@@ -113,6 +114,8 @@ CASES = [
     *(("gpt", ac, how) for ac in ("none", "inside") for how in ("root", "blocks")),
     ("gpt", "around", "root"),
     ("gpt", "wrapper", "blocks"),
+    # only the blocks sharded: the root is plain, compiled around its units' regions
+    *(("mlp", ac, "unsharded root") for ac in ("none", "around")),
 ]
 
 
@@ -134,10 +137,10 @@ def _compile_blocks(model: nn.Module):
 
 
 def _assert_shard_close(got, want, atol: float, label: str) -> None:
-    """This rank's shards of two DTensor parameters, with the mismatch report."""
-    torch.testing.assert_close(
-        got.to_local(), want.to_local(), rtol=1e-4, atol=atol, msg=lambda m: f"{label}: {m}"
-    )
+    """This rank's shards of two (DTensor) parameters, with the mismatch report."""
+    local = getattr(got, "to_local", None)
+    got, want = (got.to_local(), want.to_local()) if local is not None else (got, want)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=atol, msg=lambda m: f"{label}: {m}")
 
 
 def _assert_counts(what: str, eager_frames_allowed: int = 0) -> dict:
@@ -159,8 +162,8 @@ def check_fsdp(rank: int, world: int) -> None:
     for name, ac, how in CASES:
         cls = GPT if name == "gpt" else MLP
         kiln.reset()
-        eager, mine = _sharded(cls, ac, mesh), _sharded(cls, ac, mesh)
-        fn = kiln.compile(mine) if how == "root" else _compile_blocks(mine)
+        eager, mine = (_sharded(cls, ac, mesh, how != "unsharded root") for _ in range(2))
+        fn = _compile_blocks(mine) if how == "blocks" else kiln.compile(mine)
         opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
         g = torch.Generator().manual_seed(100 + rank)
         for _ in range(3):
