@@ -48,11 +48,11 @@ from kiln_capture.variables.containers import (
     DictVar,
     IteratorVar,
     ListVar,
-    SetVar,
     SliceVar,
     TupleVar,
     iterate,
     known_index,
+    make_set,
 )
 from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.exceptions import (
@@ -554,8 +554,7 @@ class Frame:
         self.push(ListVar(self.popn(ins.arg)))
 
     def BUILD_SET(self, ins):
-        items = self.popn(ins.arg)
-        self.push(SetVar({i.as_const() for i in items}))
+        self.push(make_set(self, self.popn(ins.arg)))
 
     def BUILD_MAP(self, ins):
         flat = self.popn(2 * ins.arg)
@@ -593,7 +592,7 @@ class Frame:
 
     def SET_ADD(self, ins):
         v = self.pop()
-        self.stack[-ins.arg].values.add(v.as_const())
+        self.stack[-ins.arg].add(self, v)
 
     def MAP_ADD(self, ins):
         value = self.pop()
@@ -606,7 +605,9 @@ class Frame:
 
     def SET_UPDATE(self, ins):
         v = self.pop()
-        self.stack[-ins.arg].values.update(x.as_const() for x in v.unpack(self))
+        target = self.stack[-ins.arg]
+        for x in v.unpack(self):
+            target.add(self, x)
 
     def DICT_UPDATE(self, ins):
         v = self.pop()

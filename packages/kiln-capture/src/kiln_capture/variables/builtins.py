@@ -29,6 +29,7 @@ from kiln_capture.variables.containers import (
     TupleVar,
     counter_binary,
     iterate,
+    make_set,
     sort_items,
 )
 from kiln_capture.variables.exceptions import ExcVar, RaisingVar, attribute_error, raised
@@ -252,6 +253,8 @@ def contains(tx, item: Var, container: Var) -> bool:
         raise container.raised()
     if isinstance(container, DictVar):
         return item.as_const() in container.items
+    if isinstance(container, SetVar):
+        return container.contains(tx, item)
     if isinstance(container, SequenceVar | SizeVar):
         return any(
             identical(tx, item, x) or binary(tx, operator.eq, item, x).truth(tx)
@@ -605,6 +608,13 @@ def _list(tx, it=None) -> Var:
     return ListVar(_items(tx, it) if it is not None else [])
 
 
+def _set(kind: type):
+    def made(tx, it=None) -> Var:
+        return make_set(tx, _items(tx, it) if it is not None else [], kind)
+
+    return made
+
+
 def _tuple(tx, it=None) -> Var:
     return TupleVar(_items(tx, it) if it is not None else [])
 
@@ -757,6 +767,8 @@ _HANDLERS = {
     list: _list,
     tuple: _tuple,
     dict: _dict,
+    set: _set(set),
+    frozenset: _set(frozenset),
     iter: _iter,
     next: _next,
     min: _minmax(min),

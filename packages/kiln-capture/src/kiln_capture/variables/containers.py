@@ -386,20 +386,56 @@ class DictViewVar(Var):
         return f"{cg.rebuild(self.d)}.{self.kind}()"
 
 
-class SetVar(Var):
-    """A set of constants created inside the trace."""
+_IDENTITY_HASHES = (object.__hash__, type.__hash__)
 
-    def __init__(self, values: set) -> None:
+
+def set_key(tx, v: Var) -> object:
+    """What a set holds for ``v``, hashed as Python hashes it: a constant's value, or the
+    object the trace knows ``v`` to be (a module, class, function: anything whose hash is
+    its identity). A value computed in the trace (a tensor) is not supported; an
+    unhashable value raises eager's TypeError."""
+    try:
+        kind = v.python_type()
+    except Unsupported:
+        kind = object
+    if kind.__hash__ is None:
+        raise _raised(TypeError, f"unhashable type: '{kind.__name__}'")
+    if v.is_const():
+        value = v.as_const()
+    else:
+        from kiln_capture.variables.functions import _NO_VALUE, python_value
+
+        value = python_value(v)
+        if value is _NO_VALUE or type(value).__hash__ not in _IDENTITY_HASHES:
+            raise Unsupported(
+                breaks.UNSUPPORTED_VALUE, f"a set member computed in the trace ({v!r})"
+            )
+    try:
+        hash(value)
+    except TypeError as e:
+        raise _raised(TypeError, str(e)) from e
+    return value
+
+
+class SetVar(Var):
+    """A set (or frozenset) made inside the trace. It holds the real members (constants,
+    and objects the trace knows, such as the modules of ``named_modules``' ``memo``) in a
+    Python set, so membership and iteration order are Python's own; ``members`` keeps the
+    Var of each member that is not a constant, to hand back when iterated and rebuilt."""
+
+    def __init__(self, values: set, members: dict | None = None, kind: type = set) -> None:
         self.values = set(values)
+        self.members = dict(members or {})
+        self.kind = kind
 
     def __repr__(self) -> str:
         return f"Set({self.values!r})"
 
     def python_type(self) -> type:
-        return set
+        return self.kind
 
     def is_const(self) -> bool:
-        return True
+        return not self.members
 
     def as_const(self) -> object:
         return frozenset(self.values)
@@ -407,38 +443,110 @@ class SetVar(Var):
     def truth(self, tx) -> bool:
         return bool(self.values)
 
+    def length(self, tx) -> int:
+        return len(self.values)
+
+    def contains(self, tx, item: Var) -> bool:
+        return set_key(tx, item) in self.values
+
     def unpack(self, tx) -> list[Var]:
-        return [ConstVar(v) for v in self.values]
+        return [self.members[v] if v in self.members else ConstVar(v) for v in self.values]
+
+    def add(self, tx, item: Var) -> None:
+        key = set_key(tx, item)
+        if key not in self.values:
+            self.values.add(key)
+            if not item.is_const():
+                self.members[key] = item
+
+    def _keep(self) -> None:
+        self.members = {k: v for k, v in self.members.items() if k in self.values}
+
+    def _others(self, tx, args: list[Var]) -> list[SetVar]:
+        others = []
+        for a in args:
+            if isinstance(a, SetVar):
+                others.append(a)
+            elif a.is_const():
+                others.append(SetVar(set(a.as_const())))
+            else:
+                others.append(make_set(tx, a.unpack(tx)))
+        return others
 
     def call_method(self, tx, name, args, kwargs) -> Var:
-        consts = [
-            a.as_const()
-            if a.is_const() or name in ("add", "discard", "remove")
-            else [i.as_const() for i in a.unpack(tx)]
-            for a in args
-        ]
-        if name in (
+        mutating = name in (
             "add",
             "discard",
             "remove",
+            "pop",
             "update",
             "clear",
             "difference_update",
             "intersection_update",
-        ):
-            try:
-                getattr(self.values, name)(*consts)
-            except KeyError as e:
-                raise _raised(KeyError, *e.args) from e
+            "symmetric_difference_update",
+        )
+        if mutating and self.kind is frozenset:
+            raise _raised(AttributeError, f"'frozenset' object has no attribute '{name}'")
+        if kwargs:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"set.{name} with keyword arguments")
+        if name == "add":
+            self.add(tx, args[0])
+            return ConstVar(None)
+        if name in ("discard", "remove", "__contains__"):
+            key = set_key(tx, args[0])
+            if name == "__contains__":
+                return ConstVar(key in self.values)
+            if name == "remove" and key not in self.values:
+                raise _raised(KeyError, key)
+            self.values.discard(key)
+            self.members.pop(key, None)
+            return ConstVar(None)
+        if name == "pop":
+            if not self.values:
+                raise _raised(KeyError, "pop from an empty set")
+            key = next(iter(self.values))
+            item = self.unpack(tx)[0]
+            self.values.discard(key)
+            self.members.pop(key, None)
+            return item
+        if name == "clear":
+            self.values.clear()
+            self.members.clear()
+            return ConstVar(None)
+        others = self._others(tx, args)
+        members = dict(self.members)
+        for o in others:
+            members.update(o.members)
+        values = [o.values for o in others]
+        if mutating:  # update, difference_update, ...
+            getattr(self.values, name)(*values)
+            self.members = members
+            self._keep()
             return ConstVar(None)
         if name in ("union", "intersection", "difference", "symmetric_difference", "copy"):
-            return SetVar(getattr(self.values, name)(*consts))
-        if name in ("issubset", "issuperset", "isdisjoint", "__contains__"):
-            return ConstVar(getattr(self.values, name)(*consts))
+            made = SetVar(getattr(self.values, name)(*values), members, self.kind)
+            made._keep()
+            return made
+        if name in ("issubset", "issuperset", "isdisjoint"):
+            return ConstVar(getattr(self.values, name)(*values))
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"set.{name}")
 
+    def children(self) -> list[Var]:
+        return list(self.members.values())
+
     def reconstruct(self, cg) -> str:
-        return f"set({cg.const(frozenset(self.values))})"
+        kind = "frozenset" if self.kind is frozenset else "set"
+        if not self.members:
+            return f"{kind}({cg.const(frozenset(self.values))})"
+        items = ", ".join(cg.rebuild(v) for v in self.unpack(None))
+        return f"{kind}(({items},))"
+
+
+def make_set(tx, items: list[Var], kind: type = set) -> SetVar:
+    made = SetVar(set(), kind=kind)
+    for item in items:
+        made.add(tx, item)
+    return made
 
 
 class SliceVar(Var):

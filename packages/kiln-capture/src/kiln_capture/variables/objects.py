@@ -430,7 +430,7 @@ def _deepcopy(tx, x: Var, copied: dict[object, Var]) -> Var:
     if type(x) is DictVar:
         return DictVar({k: _deepcopy(tx, v, copied) for k, v in x.items.items()}, cls=x.cls)
     if type(x) is SetVar:
-        return SetVar(set(x.values))
+        return SetVar(set(x.values), dict(x.members), x.kind)
     obj = getattr(x, "value", None)
     if type(x) in (ObjectVar, CopiedObjectVar) and obj is not None and hasattr(obj, "__dict__"):
         state = vars(obj)
@@ -462,7 +462,7 @@ def copy_var(tx, x: Var) -> Var:
     if type(x) is DictVar:
         return DictVar(dict(x.items), cls=x.cls)
     if type(x) is SetVar:
-        return SetVar(set(x.values))
+        return SetVar(set(x.values), dict(x.members), x.kind)
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"copy.copy of {x!r}")
 
 
