@@ -49,6 +49,10 @@ CASES = [
         aten._unique2.default,
         lambda: (((_r(12) * 2).round(),), {"return_inverse": True, "return_counts": True}),
     ),
+    (aten.equal.default, lambda: ((_r(3), _r(3)), {})),
+    (aten.is_nonzero.default, lambda: ((_r(1),), {})),
+    (aten.allclose.default, lambda: ((_r(4), _r(4)), {"atol": 10.0})),
+    (aten._assert_scalar.default, lambda: ((True, "never raised"), {})),
 ]
 
 

@@ -169,3 +169,44 @@ def test_training_through_a_boolean_mask():
     torch.testing.assert_close(got, w.grad)
     stats = kiln.stats()
     assert stats["graphs"] == 1 and stats["fallbacks"] == 0 and stats["eager_frames"] == 0
+
+
+# ops that branch on their data inside (a check, a negative start): the capture takes the
+# side where the branch does nothing (or the other, when that side raises) and kiln-aot
+# asserts it when the graph runs (kiln_shapes.ShapeEnv.speculating)
+INNER_BRANCHES = {
+    "cov": lambda x: torch.cov(x),
+    "cov_aweights": lambda x: torch.cov(x, aweights=x[0].abs() + 0.5),
+    "corrcoef": lambda x: torch.corrcoef(x),
+    "gaussian_nll_loss": lambda x: torch.nn.functional.gaussian_nll_loss(
+        x, x.flip(0), x.abs() + 0.1
+    ),
+    "narrow_tensor_start": lambda x: x.narrow(0, (x[:, 0] > 0).sum(), 1) * 2,
+    "tensor_split_tensor": lambda x: [
+        p.sum(0) for p in torch.tensor_split(x, torch.tensor([1, 3]))
+    ],
+    "histogramdd": lambda x: torch.histogramdd(x[:, :2], bins=[3, 4]).hist + 1,
+}
+
+
+@pytest.mark.parametrize("name", sorted(INNER_BRANCHES))
+def test_a_branch_inside_an_op_compiles_with_a_run_time_check(name, aten_graphs):
+    fn = INNER_BRANCHES[name]
+    compiled = _check(fn, _data(12, 6, 5))
+    x = _data(13, 6, 5)  # other data, the same graph
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert kiln.stats()["recompiles"] == 0
+    assert aten_graphs and all(kernels > 0 for kernels, _ in aten_graphs), aten_graphs
+
+
+def test_the_run_time_check_raises_where_eager_takes_the_other_side():
+    def f(x, w):
+        return torch.cov(x, aweights=w)
+
+    x, w = _data(14, 3, 5), _data(15, 5).abs() + 0.1
+    compiled = _check(f, x, w)
+    bad = -w  # eager raises "aweights cannot be negative"
+    with pytest.raises(RuntimeError, match="aweights cannot be negative"):
+        f(x, bad)
+    with pytest.raises(RuntimeError, match="kiln: compiled assuming"):
+        compiled(x, bad)

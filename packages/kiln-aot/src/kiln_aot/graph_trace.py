@@ -123,7 +123,7 @@ def collect_outputs(
         node = tracer.node_of(leaf)
         nodes.append(node)
         st = leaf.trace_state if isinstance(leaf, FakeTensor) else None
-        if st is not None and st.storage.input_index is not None:
+        if st is not None and st.storage.input_index is not None and not _data_sized(leaf):
             replay = _dtype_view_replay(st.views)  # first: it refuses symbolic arguments
             geometry = _input_view_geometry(tracer, st.storage.input_index, st.views)
             infos.append(
@@ -141,6 +141,15 @@ def collect_outputs(
         else:
             infos.append(OutputInfo("tensor", requires_grad=leaf.requires_grad))
     return infos, nodes, spec
+
+
+def _data_sized(t: torch.Tensor) -> bool:
+    """A view whose geometry depends on the data (``tensor_split`` at ``t.item()``): the
+    graph returns it itself (a view of the caller's tensor, made by the compiled code)
+    rather than the runtime rebuilding it from sizes it does not know."""
+    values = [*t.shape, *t.stride(), t.storage_offset()]
+    env = env_of(values)
+    return env is not None and any(env.unbacked_in(expr_of(v)) for v in values)
 
 
 def _data_scalar(leaf: Any) -> bool:

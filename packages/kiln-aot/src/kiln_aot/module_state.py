@@ -70,6 +70,8 @@ class SourceTrackingInterpreter(torch.fx.Interpreter):
             tracer.stack_trace = n.meta.get("stack_trace")
             tracer.source = format_stack_trace(tracer.stack_trace)
             tracer.recompute = n.meta.get("recompute")
+            # the sides of data branches the capture took inside this op (kiln-capture)
+            tracer.speculation = list(n.meta.get("kiln_speculation", ()))
         return super().run_node(n)
 
 

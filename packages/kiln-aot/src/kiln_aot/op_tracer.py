@@ -134,6 +134,9 @@ class Tracer:
         self._mutations = 0
         self.sizes = sym_nodes.SymEmitter(self.graph)  # symbolic sizes as graph nodes
         self.shape_env: Any = None  # where unbacked symbols go when no input has an env
+        self._speculating: dict[int, Any] = {}  # env id -> its speculating() context
+        self.speculation: list[bool] = []  # sides the capture took in the node traced now
+        self._pending_facts: list[Any] = []  # facts about sizes of a result not yet read
 
     # ---- inputs, constants, running -------------------------------------------------
     def input(
@@ -195,6 +198,9 @@ class Tracer:
         finally:
             _ACTIVE.pop()
             self.active = False
+            for ctx in self._speculating.values():
+                ctx.__exit__(None, None, None)
+            self._speculating.clear()
 
     def unsupported(self, op: object, why: str, fix: str | None = None) -> Unsupported:
         return Unsupported(op, why, where=self.source or user_source_line(), fix=fix)
@@ -386,10 +392,13 @@ class Tracer:
             if unbacked.is_mask_index(func, args):  # x[mask] is x[mask.nonzero().unbind(1)]
                 with self.mode:
                     return aten.index.Tensor(args[0], unbacked.mask_indices(args[1]))
-            if func is aten._local_scalar_dense.default:
-                node = self.emit_node(func, self.graph_args(args), {})
+            if func in _SCALAR_RESULTS:  # .item(), bool(t), equal: a number, not a tensor
+                node = self.emit_node(func, self.graph_args(args), self.graph_args(kwargs))
                 node.meta["kiln_library_op"] = True
-                self.sizes.cache[kiln_shapes.expr_of(node.meta["val"])] = node
+                expr = kiln_shapes.expr_of(node.meta["val"])
+                self.sizes.cache[expr] = node
+                if isinstance(expr, sympy.Eq):  # a truth value: Eq(s, 1), s is the bool too
+                    self.sizes.cache[expr.lhs] = node
                 return node.meta["val"]
             out = self.emit_library_call(func, args, kwargs)
         for o in out if isinstance(out, tuple) else (out,):
@@ -401,6 +410,9 @@ class Tracer:
                     size = self.graph.call_function(aten.sym_size.int, (self.node_of(o), d))
                     size.meta["val"] = n
                     self.sizes.cache[e] = size
+        pending, self._pending_facts = self._pending_facts, []
+        for fact in pending:
+            self._assert_fact(fact)
         return out
 
     def _unbacked_env(self, args: tuple, kwargs: dict) -> Any:
@@ -412,7 +424,37 @@ class Tracer:
         if env is None:
             env = self.shape_env = kiln_shapes.ShapeEnv()
         self.shape_env = self.shape_env or env
+        self.sizes.env = self.sizes.env or env
+        if env.speculate is None and id(env) not in self._speculating:
+            # a branch inside an op on a value of the data takes its no-op side, asserted
+            # at run time (ShapeEnv.speculating); undone when the trace ends
+            ctx = env.speculating(self._assert_fact, self._choose)
+            ctx.__enter__()
+            self._speculating[id(env)] = ctx
         return env
+
+    def _choose(self) -> bool:
+        """The side of a data branch inside the op being traced: the capture's choice for
+        its node (``meta["kiln_speculation"]``), in order, else False."""
+        return self.speculation.pop(0) if self.speculation else False
+
+    def _assert_fact(self, fact: Any) -> None:
+        """``aten._assert_scalar(fact)``: what a speculation relied on, checked when the
+        graph runs (a library call that raises where the data takes the other side)."""
+        try:
+            cond = self.sizes.emit(fact)
+        except Unsupported:  # about a size of an op's result not yet read: after it
+            self._pending_facts.append(fact)
+            return
+        where = self.source or user_source_line() or "an op of the graph"
+        msg = (
+            f"kiln: compiled assuming {kiln_shapes.python_expr(fact)} (a branch on tensor "
+            f"data inside the op at {where}); this call's data takes the other side, which "
+            "eager runs (it may raise there). Run this code eagerly (kiln.disable) for such data."
+        )
+        node = self.graph.call_function(aten._assert_scalar.default, (cond, msg))
+        node.meta["val"] = None
+        node.meta["kiln_library_op"] = True
 
     def replay_view(self, step: ViewStep, base: fx.Node) -> fx.Node:
         """The node of ``step`` applied to ``base`` (a copy form stays a library call)."""
@@ -517,6 +559,16 @@ class Tracer:
         self._mutations += 1
         return self._mutations
 
+
+# data-dependent ops whose result is a Python number (Tracer.data_dependent)
+_SCALAR_RESULTS = frozenset(
+    {
+        aten._local_scalar_dense.default,
+        aten.is_nonzero.default,
+        aten.equal.default,
+        aten.allclose.default,
+    }
+)
 
 # views between real and complex dtypes -> their copy forms (Tracer._copied_view)
 COPIED_VIEWS = {

@@ -34,6 +34,8 @@ class SymEmitter:
     def __init__(self, graph: fx.Graph):
         self.graph = graph
         self.cache: dict[Any, Any] = {}
+        # the env of unbacked symbols when no input is symbolic (the tracer's)
+        self.env: Any = None
 
     def placeholders(self) -> list[fx.Node]:
         return [n for n in self.graph.nodes if n.op == "placeholder"]
@@ -51,9 +53,9 @@ class SymEmitter:
             return self.cache[expr]
         node = self._read(expr) if isinstance(expr, sympy.Symbol) else self._arith(expr)
         if isinstance(node, fx.Node) and "val" not in node.meta:
-            env = env_of([p.meta.get("val") for p in self.placeholders()])
+            env = env_of([p.meta.get("val") for p in self.placeholders()]) or self.env
             if env is not None:
-                node.meta["val"] = env.symint(expr)
+                node.meta["val"] = _symbolic(env, expr)
         self.cache[expr] = node
         return node
 
@@ -78,7 +80,14 @@ class SymEmitter:
         )
 
     def _call(self, fn: Any, *args: Any) -> fx.Node:
-        return self.graph.call_function(fn, args)
+        node = self.graph.call_function(fn, args)
+        vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
+        if all(v is not None for v in vals):
+            try:  # its value over the symbols (an intermediate of a folded expression)
+                node.meta["val"] = fn(*vals)
+            except Exception:
+                pass
+        return node
 
     def _fold(self, fn: Any, args: Any) -> Any:
         values = [self.emit(a) for a in args]
@@ -107,6 +116,13 @@ class SymEmitter:
             return self._fold(_RELATIONS[expr.rel_op], (expr.lhs, expr.rhs))
         if isinstance(expr, sympy.Not):
             return self._call(torch.sym_not, self.emit(expr.args[0]))
+        if isinstance(expr, sympy.And):
+            return self._fold(operator.and_, expr.args)
+        if isinstance(expr, sympy.Or):
+            return self._fold(operator.or_, expr.args)
+        if isinstance(expr, sympy.Piecewise) and len(expr.args) == 2 and expr.args[1][1] == True:  # noqa: E712
+            (a, cond), (b, _) = expr.args
+            return self._call(torch.sym_ite, self.emit(cond), self.emit(a), self.emit(b))
         if isinstance(expr, sympy.Pow) and expr.exp == -1:  # 1 / x of a float
             return self._call(operator.truediv, 1.0, self.emit(expr.base))
         if isinstance(expr, sympy.floor) and isinstance(expr.args[0], sympy.Mul):
@@ -118,6 +134,18 @@ class SymEmitter:
             f"kiln cannot build the size expression {expr} as graph nodes",
             fix="mark the dimensions it depends on static (kiln.mark_static), or report it",
         )
+
+
+def _symbolic(env: Any, expr: Any) -> Any:
+    """``expr`` as a SymInt, SymFloat (over a real symbol) or SymBool (a relation) of env."""
+    from kiln_shapes import SymNode
+
+    if isinstance(expr, (sympy.core.relational.Relational, sympy.logic.boolalg.Boolean)):
+        if not isinstance(expr, sympy.Symbol):
+            return torch.SymBool(SymNode(env, expr, bool))
+    if any(s.is_real and not s.is_integer for s in expr.free_symbols):
+        return env.symfloat(expr)
+    return env.symint(expr)
 
 
 _RELATIONS = {

@@ -581,7 +581,20 @@ class OutputGraph:
         name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
         from kiln_shapes import DataDependentError
 
+        # branches inside the op on its data (a check such as cov's "aweights cannot be
+        # negative", narrow's negative tensor start): the sides taken, in order (False
+        # first; a side that raises is flipped), handed to kiln-aot on the node, which
+        # takes the same ones and asserts them at run time (ShapeEnv.speculating)
+        choices: list[bool] = []
+        taken: list[bool] = []
+
+        def choose() -> bool:
+            side = choices[len(taken)] if len(taken) < len(choices) else False
+            taken.append(side)
+            return side
+
         def evaluate(symbolic: bool):
+            taken.clear()
             with (
                 torch.set_grad_enabled(self.grad_enabled),
                 torch.device("meta"),
@@ -589,6 +602,7 @@ class OutputGraph:
                 if under_autocast
                 else contextlib.nullcontext(),
                 self._symbolic_meta_mode(force=symbolic),
+                self.shape_env.speculating(choose=choose),
             ):
                 if kind == "call_method":
                     if target in ("cuda", "cpu"):
@@ -596,15 +610,28 @@ class OutputGraph:
                     return getattr(meta_args[0], target)(*meta_args[1:], **meta_kwargs)
                 return target(*meta_args, **meta_kwargs)
 
+        def speculative(symbolic: bool):
+            for _ in range(_SPECULATION_TRIES):
+                try:
+                    return evaluate(symbolic)
+                except (Unsupported, DataDependentError):
+                    raise
+                except Exception:
+                    if False not in taken:
+                        raise
+                    k = len(taken) - 1 - taken[::-1].index(False)
+                    choices[:] = [*taken[:k], True]
+            return evaluate(symbolic)
+
         try:
             try:
-                result = evaluate(symbolic=False)
+                result = speculative(symbolic=False)
             except (NotImplementedError, RuntimeError) as e:
                 if isinstance(e, DataDependentError) or self.shape_env.symbols:
                     raise
                 # a meta kernel that refuses data-dependent work (nonzero, .item()): again
                 # with outputs sized by unbacked symbols (kiln_shapes.unbacked)
-                result = evaluate(symbolic=True)
+                result = speculative(symbolic=True)
             if under_autocast:
                 result = autocast_state.to_meta(result)
         except Unsupported:
@@ -612,11 +639,14 @@ class OutputGraph:
         except DataDependentError as e:
             raise Unsupported(breaks.TENSOR_BRANCH, f"{name}: {e}") from e
         except (NotImplementedError, RuntimeError) as e:
-            if "meta" in str(e).lower() and (
-                "not implemented" in str(e).lower()
-                or "could not run" in str(e).lower()
-                or isinstance(e, NotImplementedError)
-            ):
+            if (
+                "meta" in str(e).lower()
+                and (
+                    "not implemented" in str(e).lower()
+                    or "could not run" in str(e).lower()
+                    or isinstance(e, NotImplementedError)
+                )
+            ) or "no fake impl" in str(e).lower():  # a custom op without register_fake
                 raise Unsupported(breaks.NO_META, f"{name}: {str(e).splitlines()[0]}") from e
             raise Unsupported(
                 breaks.EXCEPTION,
@@ -626,6 +656,8 @@ class OutputGraph:
             raise Unsupported(breaks.EXCEPTION, f"{name} raised {type(e).__name__}: {e}") from e
         check_rng_order(self, name)
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        if taken:
+            node.meta["kiln_speculation"] = tuple(taken)
         if self.frame is not None:
             node.meta["stack_trace"] = self.frame.stack_trace()
         self.ops += 1
@@ -728,6 +760,9 @@ class OutputGraph:
         return prev
 
 
+_SPECULATION_TRIES = 4  # sides of data branches tried inside one op (tensor_op)
+
+
 def _tensor_tree(result) -> bool:
     """Tensors, or non-empty tuples/lists of them, at every leaf."""
     if isinstance(result, torch.Tensor):
@@ -752,9 +787,37 @@ def _unbacked(value: object) -> bool:
 _TRUTH_OPS = {torch.allclose: "allclose", torch.equal: "equal"}
 
 
+def _split_by_tensor(
+    out: OutputGraph, kind: str, target, args: list[Var], kwargs: dict
+) -> Var | None:
+    """``tensor_split(x, t)`` with a 1-d CPU tensor of indices: split at ``t[i].item()``,
+    values of the data (the op's own meta kernel refuses a tensor on the meta device)."""
+    if target not in (torch.tensor_split, "tensor_split") or len(args) < 2:
+        return None
+    t = args[1]
+    if not isinstance(t, TensorVar) or t.meta.dim() != 1 or t.device.type != "cpu":
+        return None
+    if t.meta.dtype.is_floating_point or not isinstance(t.meta.shape[0], int):
+        return None
+    items = [
+        out.tensor_op(
+            "call_method",
+            "item",
+            [out.tensor_op("call_function", _getitem, [t, ConstVar(i)], {})],
+            {},
+        )
+        for i in range(t.meta.shape[0])
+    ]
+    return out.tensor_op(kind, target, [args[0], ListVar(items), *args[2:]], kwargs)
+
+
 def _truth_op(out: OutputGraph, kind: str, target, args: list[Var], kwargs: dict) -> Var | None:
     """``allclose``/``equal`` as ``isclose(...).all().item()`` / ``(a == b).all().item()``
-    (``equal``: False when the shapes differ, decided on the shapes)."""
+    (``equal``: False when the shapes differ, decided on the shapes); ``tensor_split`` by a
+    tensor of indices (``_split_by_tensor``)."""
+    split = _split_by_tensor(out, kind, target, args, kwargs)
+    if split is not None:
+        return split
     which = _TRUTH_OPS.get(target) if kind == "call_function" else None
     if kind == "call_method" and target in ("allclose", "equal"):
         which = target

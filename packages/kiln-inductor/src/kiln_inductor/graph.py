@@ -452,10 +452,12 @@ class GraphLowering:
             # a size computed from the inputs' sizes (aten.sym_size.int, Python arithmetic):
             # its value is its expression over the size symbols, which the wrapper binds
             return sym(n.meta["val"])
-        if isinstance(n.meta.get("val"), (torch.SymFloat, torch.SymBool)):
+        if not isinstance(n.target, torch._ops.OpOverload) and isinstance(
+            n.meta.get("val"), (torch.SymFloat, torch.SymBool)
+        ):
             # arithmetic on .item()'s numbers: the wrapper computes it over the symbols
             return expr_of(n.meta["val"])
-        item_args = {a for a in n.all_input_nodes if a in self._item_sources}
+        item_args = {a for a in n.all_input_nodes if a in self._item_sources and _as_scalar(n, a)}
         args = torch.fx.node.map_arg(
             n.args, lambda a: self._item_operand(a, n) if a in item_args else self._current(env[a])
         )
@@ -555,6 +557,19 @@ class GraphLowering:
             layout = None
         strided = self.as_strided_view(value) if isinstance(value, View) else None
         self.ir.outputs.append(strided or self.realize(value, layout))
+
+
+def _as_scalar(n: torch.fx.Node, item: torch.fx.Node) -> bool:
+    """Whether ``n`` reads ``.item()``'s value as a Scalar or Tensor operand (``x * v``: the
+    kernel reads the 0-d tensor), not as a size or index (``slice(x, 0, v)``: its symbol)."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None:
+        return True
+    for i, arg in enumerate(schema.arguments):
+        value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+        if value is item and "int" in str(arg.type).lower():
+            return False
+    return True
 
 
 def _vals(val: Any) -> list[Any]:

@@ -35,9 +35,10 @@ symbol is a fallback for heuristics only (``ShapeEnv.fallback_hint``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,8 +192,12 @@ class ShapeEnv:
         # the Python stack) sets this to return the line it is evaluating
         self.locate: Callable[[], str | None] | None = None
         self._by_hint: dict[int, sympy.Symbol] = {}
-        # facts about unbacked values the code asserted (torch._check): not guards
+        # facts about unbacked values the code asserted (torch._check), or that a
+        # speculation took (``speculating``): not guards
         self.assumptions: list[sympy.Basic] = []
+        # while set (``speculating``), what ``evaluate`` answers for an undecidable
+        # condition on unbacked values, instead of raising
+        self.speculate: Callable[[Any], bool] | None = None
         self._guard_keys: set[sympy.Basic] = set()
 
     # ----------------------------------------------------------------- symbols
@@ -484,6 +489,35 @@ class ShapeEnv:
 
         return visit(expr)
 
+    @contextlib.contextmanager
+    def speculating(
+        self,
+        on_assume: Callable[[Any], None] | None = None,
+        choose: Callable[[], bool] | None = None,
+    ) -> Iterator[None]:
+        """Within this block, a branch on unbacked values that the ranges cannot decide
+        takes the side ``choose()`` says, False by default (inside one torch op: the side
+        where a check such as ``if (w < 0).any(): raise`` or ``if start < 0: start += n``
+        does nothing; a capture engine that sees that side raise tries the other), and
+        the fact it relies on is recorded in ``assumptions`` and handed to ``on_assume``,
+        for a compiler to check at run time (kiln-aot emits ``aten._assert_scalar``).
+        Never a guard, never a value from an example."""
+        prev = self.speculate
+
+        def take(cond: Any) -> bool:
+            side = choose() if choose is not None else False
+            fact = self.simplify(cond if side else _negate(cond))
+            self.assume(fact)  # later questions use it (``start >= 0`` narrows a range)
+            if on_assume is not None:
+                on_assume(fact)
+            return side
+
+        self.speculate = take
+        try:
+            yield
+        finally:
+            self.speculate = prev
+
     def size_oblivious(self, cond: Any) -> bool | None:
         """``cond`` decided as if every unbacked size were at least 2 (torch's "size
         oblivious" reading: a size 0 or 1 takes no other branch of a meta function that
@@ -547,6 +581,8 @@ class ShapeEnv:
             return known
         cond = self.refine(cond)
         if self.unbacked_in(cond):
+            if self.speculate is not None:
+                return self.speculate(cond)
             raise DataDependentError(cond)
         value = bool(self.hint(cond))
         self.add_guard(cond if value else _negate(cond), where)
@@ -819,6 +855,10 @@ class SymNode:
 
     @property
     def hint(self) -> Any:
+        """The value at the example's sizes; None for a value of the data (torch's
+        helpers read None as "no hint")."""
+        if not self.has_hint():
+            return None
         return self.env.hint(self.expr)
 
     # torch's helpers that decompositions call (statically_known_true, guard_or_false, ...)
@@ -880,35 +920,37 @@ class SymNode:
     def expect_true(self, file: str = "", line: int = 0) -> bool:
         """``torch._check(cond)``: a fact the code asserts. About unbacked values it is
         assumed (the op that computes them checks it at run time) and narrows a range."""
-        try:
+        known = self.env.statically_known(self.expr)
+        if known is not None or not self.env.unbacked_in(self.env.simplify(self.expr)):
             return self.guard_bool(file, line)
-        except DataDependentError:
-            self.env.assume(self.expr)
-            return True
+        self.env.assume(self.expr)
+        return True
 
     def expect_size(self, file: str = "", line: int = 0) -> bool:
         return SymNode(self.env, sympy.Ge(self.expr, 0), bool).expect_true(file, line)
 
     def guard_size_oblivious(self, file: str = "", line: int = 0) -> bool:
-        try:
-            return self.guard_bool(file, line)
-        except DataDependentError:
-            known = self.env.size_oblivious(self.expr)
+        if self.env.unbacked_in(self.env.simplify(self.expr)):
+            known = self.env.statically_known(self.expr)
             if known is None:
-                raise
-            return known
+                known = self.env.size_oblivious(self.expr)
+            if known is not None:
+                return known
+        return self.guard_bool(file, line)
 
     def guard_or_false(self, file: str = "", line: int = 0) -> bool:
-        try:
-            return self.guard_bool(file, line)
-        except DataDependentError:
-            return False
+        return self._guard_or(False, file, line)
 
     def guard_or_true(self, file: str = "", line: int = 0) -> bool:
-        try:
-            return self.guard_bool(file, line)
-        except DataDependentError:
-            return True
+        return self._guard_or(True, file, line)
+
+    def _guard_or(self, default: bool, file: str, line: int) -> bool:
+        """A fast path's question (metadata, contiguity): about unbacked values the ranges
+        answer it, else ``default`` (never a speculation, never an error)."""
+        if self.env.unbacked_in(self.env.simplify(self.expr)):
+            known = self.env.statically_known(self.expr)
+            return default if known is None else known
+        return self.guard_bool(file, line)
 
     def statically_known_true(self, file: str = "", line: int = 0) -> bool:
         return self.env.statically_known(self.expr) is True
@@ -1046,6 +1088,11 @@ class SymNode:
     or_ = sym_or
 
     def sym_ite(self, then: SymNode, other: SymNode) -> SymNode:
+        known = self.env.statically_known(self.expr)
+        if known is None and self.env.speculate is not None and self.env.unbacked_in(self.expr):
+            known = self.env.speculate(self.expr)  # a select on data inside an op
+        if known is not None:  # decided by the ranges (an unbacked start assumed >= 0)
+            return then if known else other
         return self._new(sympy.Piecewise((then.expr, self.expr), (other.expr, True)), then.pytype)
 
     # ---- bit operations torch uses on sizes

@@ -155,7 +155,24 @@ def _repeat_interleave(env, repeats, output_size=None):
     return _empty([n], torch.int64)
 
 
+def _histogramdd_bin_edges(env, x, bins, *, range=None, weight=None, density=False):
+    return [_empty([b + 1], x.dtype) for b in bins]
+
+
+def _histogramdd_from_bin_cts(env, x, bins, *, range=None, weight=None, density=False):
+    return _empty(list(bins), x.dtype)
+
+
+def _histogramdd_from_bin_tensors(env, x, bins, *, weight=None, density=False):
+    return _empty([b.shape[0] - 1 for b in bins], x.dtype)
+
+
 RULES: dict[Any, Callable] = {
+    # ops torch has no meta kernel for, whose shapes the arguments give
+    aten._histogramdd_bin_edges.default: _histogramdd_bin_edges,
+    aten._histogramdd_from_bin_cts.default: _histogramdd_from_bin_cts,
+    aten._histogramdd_from_bin_tensors.default: _histogramdd_from_bin_tensors,
+    # data-dependent ops
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.nonzero.default: _nonzero,
     aten.masked_select.default: _masked_select,

@@ -185,8 +185,13 @@ DATA_DEPENDENT_EXTERNS = (
     aten.unique_consecutive.default,
     aten.repeat_interleave.Tensor,
     aten._local_scalar_dense.default,
+    aten.equal.default,
+    aten.is_nonzero.default,
+    aten.allclose.default,
 )
 register_extern(*DATA_DEPENDENT_EXTERNS)
+# what kiln-aot assumed about such a value inside an op, checked when the graph runs
+register_extern(aten._assert_scalar)
 register_fallback(
     "backward kernels of convolution and pooling run in ATen",
     aten.convolution_backward,

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from kiln_shapes.unbacked import RULES
 
 from ..errors import LoweringError
 
@@ -41,6 +42,10 @@ def fill_meta(
         elif n.op == "get_attr":
             env[n] = to_meta(getattr(gm, n.target))
             n.meta.setdefault("val", env[n])
+        elif n.op == "call_function" and "val" in n.meta and (not recompute or n.target in RULES):
+            # a value the graph already has; a data-dependent op's (nonzero, .item()) is
+            # sized by unbacked symbols that running it on meta could not make again
+            env[n] = n.meta["val"]
         elif n.op == "call_function":
             args = torch.fx.node.map_arg(n.args, lambda a: env[a])
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
