@@ -29,7 +29,8 @@ TENSOR_BRANCH = _k(
 DATA_DEPENDENT = _k(
     "B003",
     "the op's output shape or value depends on tensor data",
-    "the op runs eagerly; avoid it in hot code",
+    "the op runs eagerly; compute it outside the compiled function, or use an op whose "
+    "output shape does not depend on the data (torch.where instead of boolean indexing)",
 )
 TENSOR_TO_PYTHON = _k(
     "B004", "a tensor value is converted to a Python value", "keep the value as a tensor"
@@ -50,21 +51,28 @@ DISABLED = _k(
 NO_META = _k(
     "B008",
     "the op has no meta-device implementation, so its output cannot be described without running it",
-    "the op runs eagerly",
+    "the op runs eagerly; register a fake (meta) implementation for it "
+    "(torch.library.register_fake) to capture it",
 )
 UNSUPPORTED_VALUE = _k(
-    "B009", "an operation on a Python value kiln does not model", "the step runs eagerly"
+    "B009",
+    "an operation on a Python value kiln does not model",
+    "the step runs eagerly; use tensors, constants, lists, tuples, dicts or plain objects "
+    "there, or move the step out of the compiled function",
 )
 EXCEPTION = _k(
     "B010",
     "the captured code raises an exception",
-    "the frame runs eagerly so that the exception is raised as usual",
+    "the step runs eagerly and raises eager's exception; fix what makes it raise, or catch "
+    "it outside the compiled function",
 )
 GENERIC_WITH = _k(
     "B011",
     "a with-block of a context manager kiln does not model holds a graph break "
     "(or its __enter__ cannot be traced)",
-    "the manager is entered in Python; capture resumes inside its block",
+    "the manager is entered in Python and capture resumes inside its block; move the "
+    "break out of the block, or use a manager kiln models (torch.no_grad, torch.autocast, "
+    "a @contextlib.contextmanager function)",
 )
 REGION_BOUNDARY = _k(
     "B012",

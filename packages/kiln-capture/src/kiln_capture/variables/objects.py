@@ -596,6 +596,14 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         obj = NewObjectVar(cls)
         tx.out.wrap_value(cls.__init__).call(tx, [obj, *args], kwargs)
         return obj
+    if (
+        cls.__new__ is object.__new__
+        and cls.__init__ is object.__init__
+        and getattr(cls, "__dictoffset__", 0) != 0
+        and not args
+        and not kwargs
+    ):  # a class with no __init__ of its own (a context manager, a namespace)
+        return NewObjectVar(cls)
     raise Unsupported(breaks.UNKNOWN_CALLABLE, f"construction of {cls.__qualname__}")
 
 
