@@ -47,6 +47,17 @@ def _programs():
     def avg_and_max(x):
         return fc.all_reduce(x, "avg", group) + fc.all_reduce(x.cos(), "max", group)
 
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    ranks = list(range(dist.get_world_size()))
+
+    def other_groups(x):
+        # the group as a 1-D DeviceMesh, a (mesh, dim) pair and a list of ranks
+        a = fc.all_reduce(x * 2, "sum", mesh)
+        b = fc.all_gather_tensor(x.sin(), 0, (mesh, 0))
+        return a - 1, b * 3, fc.all_reduce(x.exp(), "max", ranks)
+
     return {
         "reduce_then_compute": (
             reduce_then_compute,
@@ -67,6 +78,7 @@ def _programs():
             lambda g: (torch.randn(dist.get_world_size(), 3, generator=g),),
         ),
         "avg_and_max": (avg_and_max, lambda g: (torch.randn(5, generator=g),)),
+        "other_groups": (other_groups, lambda g: (torch.randn(5, 2, generator=g),)),
     }
 
 

@@ -314,6 +314,8 @@ class BuiltinVar(Var):
     def getitem(self, tx, key: Var) -> Var:
         if isinstance(self.fn, type) and key.is_const():  # list[Tensor] in a cast()
             return tx.out.wrap_value(self.fn[key.as_const()])
+        if isinstance(self.fn, type) and isinstance(key, BuiltinVar) and isinstance(key.fn, type):
+            return tx.out.wrap_value(self.fn[key.fn])  # list[int] (a functional collective's cast)
         return super().getitem(tx, key)
 
     def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:

@@ -93,6 +93,14 @@ class ObjectVar(Var):
         attr = getattr(guarded_process_group(tx, self), name)
         return ConstMethodVar(self.value, name) if callable(attr) else ConstVar(attr)
 
+    def _device_mesh_attr(self, tx, name: str) -> Var:
+        """A DeviceMesh's shape and group names: fixed when the mesh is made, constants of
+        this mesh, whose identity is guarded (functional collectives given a mesh read
+        ``ndim`` and ``_dim_group_names``)."""
+        if self.source is not None and not isinstance(self.source, ConstRef):
+            tx.out.guards.id_is(self.source, self.value)
+        return tx.out.wrap_value(getattr(self.value, name))
+
     def getattr(self, tx, name: str) -> Var:
         v = self.value
         pending = tx.out.side_effects.pending_attr(self, name)
@@ -114,6 +122,8 @@ class ObjectVar(Var):
             return self._child(tx, getattr(v, name), name)
         if name in _PROCESS_GROUP_READS and _is_process_group(v):
             return self._process_group_attr(tx, name)
+        if name in _DEVICE_MESH_READS and _is_device_mesh(v):
+            return self._device_mesh_attr(tx, name)
         if inspect.isfunction(inspect.getattr_static(type(v), "__getattribute__", None)):
             return self._real_getattr(tx, name)
         static = inspect.getattr_static(type(v), name, None)
@@ -664,6 +674,15 @@ def is_constant_value_type(cls: type) -> bool:
 _PROCESS_GROUP_READS = frozenset(
     {"group_name", "group_desc", "size", "rank", "name", "bound_device_id"}
 )
+
+
+# what functional collectives read from a DeviceMesh given as their group
+_DEVICE_MESH_READS = frozenset({"ndim", "_dim_group_names", "mesh_dim_names", "device_type"})
+
+
+def _is_device_mesh(value: object) -> bool:
+    mesh = sys.modules.get("torch.distributed.device_mesh")
+    return mesh is not None and isinstance(value, getattr(mesh, "DeviceMesh", ()))
 
 
 def _is_process_group(value: object) -> bool:
