@@ -140,6 +140,20 @@ def deque_passed_in_is_changed(x, d):
     return x * d[-1] + len(d)
 
 
+@kiln_capture.disable
+def _eager_step(t):
+    return t + 1
+
+
+@program(make=lambda: (torch.randn(3), collections.deque([1, 2])), graphs=3, breaks=3)
+def deque_passed_in_then_loop_breaks(x, d):
+    d.append(3)  # written back after each graph: not a mutation the iterator sees
+    out = []
+    for v in d:
+        out.append(_eager_step(x) * v)
+    return out
+
+
 # -- lists indexed by a tensor of known value -----------------------------------------------
 
 

@@ -189,6 +189,16 @@ def list_loop_sees_appends_across_a_break(x):
     return out
 
 
+@program(graphs=3, breaks=3)
+def input_dict_grows_then_loop_breaks(x, d):
+    # written back after each graph: the iterator handed on must not see that as a change
+    d["new"] = 5
+    out = []
+    for k in d:
+        out.append(_eager_step(x) * d[k])
+    return out
+
+
 # -- views as sets --------------------------------------------------------------------------
 
 
@@ -252,6 +262,8 @@ def _args(fn):
     x = torch.randn(4, 4)
     if fn is input_list_grows_in_loop:
         return (x, [1, 2])
+    if fn is input_dict_grows_then_loop_breaks:
+        return (x, {"a": 1, "b": 2})
     return (x,)
 
 

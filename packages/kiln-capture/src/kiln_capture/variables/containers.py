@@ -718,8 +718,18 @@ class DictIteratorVar(IteratorVar):
     def reconstruct(self, cg) -> str:
         if self.done:
             return f"iter({{}}.{self.kind}())"
+        if _written_back(cg, self.d):  # a real iterator made now would see the write-back
+            rest = list(self.d.items)[self.pos :]  # as a change of size: hand on the rest
+            return "iter([" + "".join(cg.rebuild(self._item(k)) + ", " for k in rest) + "])"
         view = f"{cg.rebuild(self.d)}.{self.kind}()"
         return f"{cg.const(iter_advance)}(iter({view}), {self.pos})"
+
+    def _item(self, k) -> Var:
+        if self.kind == "keys":
+            return ConstVar(k)
+        if self.kind == "values":
+            return self.d.items[k]
+        return TupleVar([ConstVar(k), self.d.items[k]])
 
 
 def iterate(tx, v: Var) -> IteratorVar:
@@ -1156,7 +1166,16 @@ class DequeIteratorVar(IteratorVar):
     def reconstruct(self, cg) -> str:
         if self.done:
             return "iter([])"
+        if _written_back(cg, self.d):  # see DictIteratorVar.reconstruct
+            rest = list(self.d.items)[self.pos :]
+            return "iter([" + "".join(cg.rebuild(v) + ", " for v in rest) + "])"
         return f"{cg.const(iter_advance)}(iter({cg.rebuild(self.d)}), {self.pos})"
+
+
+def _written_back(cg, container: Var) -> bool:
+    """Whether generated code writes the container's contents back (a dict or deque passed
+    in and changed): after the values it hands on are made."""
+    return any(c is container for c in cg.out.side_effects.mutated_containers)
 
 
 # -- indexing by a tensor of known value -----------------------------------------------------
