@@ -66,8 +66,10 @@ def _run_ranks(tmp_path, world: int, suites: str) -> list[str]:
 def test_collectives_compile_on_every_rank(tmp_path, world):
     """all_reduce with independent work beside it, all_gather then reduce_scatter (new and
     old names, waited on implicitly and with explicit wait_tensor), all_to_all_single (even
-    and given splits), avg and max reductions: one graph, no break, fallback or eager frame,
-    eager's values on every rank."""
+    and given splits), avg and max reductions, groups given as a DeviceMesh, (mesh, dim)
+    or ranks; and the autograd variants inside training graphs (gradients through
+    all-gather, reduce-scatter, all-to-all): one graph, no break, fallback or eager frame,
+    eager's values and gradients on every rank."""
     _run_ranks(tmp_path, world, "collectives")
 
 
