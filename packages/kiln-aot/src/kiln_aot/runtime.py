@@ -197,18 +197,24 @@ class CompiledFunction(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         plan: TrainingPlan = ctx.plan
         bw, tangents = plan.backward_for([grad_outputs[i] for i in plan.differentiable])
-        saved = ctx.saved_tensors
+        saved = list(ctx.saved_tensors)
+        # Without retain_graph autograd would keep the saved tensors until this returns:
+        # dropped now, each is freed when the compiled backward no longer needs it (a
+        # backward that takes its inputs as a list it may empty: ``call_stealing``).
+        ctx.maybe_clear_saved_tensors()
         if plan.saved_ints:
-            saved = list(saved)
             for k, v in zip(plan.saved_ints, ctx.saved_ints):
                 saved.insert(k, v)
+        args = saved + list(tangents)
+        del saved, tangents
+        steal = getattr(bw, "call_stealing", None)
         if torch.is_grad_enabled():
             # create_graph=True: the compiled backward is not itself differentiable.
             with torch.no_grad():
-                grads = _as_tuple(bw(*saved, *tangents))
+                grads = _as_tuple(steal(args) if steal is not None else bw(*args))
             grads = _double_backward_guard(grads)
         else:
-            grads = _as_tuple(bw(*saved, *tangents))
+            grads = _as_tuple(steal(args) if steal is not None else bw(*args))
         result: list[Any] = [None] * (plan.num_inputs + 1)
         for index, g in zip(plan.grad_inputs, grads):
             result[index + 1] = g

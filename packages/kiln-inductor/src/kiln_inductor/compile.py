@@ -66,6 +66,16 @@ class CompiledGraph:
                 args = self._restride(args, i, self._layouts[i], self.name)
         return self._call(args)
 
+    def call_stealing(self, args: list[Any]) -> tuple:
+        """The call for a list of inputs the caller gives up (kiln-aot's backward passes
+        the saved activations this way): the wrapper empties the list after reading it,
+        so each input is freed at its last use in the graph, as eager's autograd frees a
+        node's saved tensors once the node ran, instead of all at the end of the call."""
+        for i, stride in self._checked:
+            if args[i].stride() != stride:
+                args[:] = self._restride(tuple(args), i, self._layouts[i], self.name)
+        return self._call(args)
+
     def kiln_guarded_call(self, *args: Any) -> tuple:
         """The call for inputs whose dtype, device, sizes and strides the caller has
         checked against the graph's (kiln-aot's protocol; kiln-capture's guards do):

@@ -199,6 +199,9 @@ class WrapperCodegen:
         body: list[str] = []
         if ins:
             body.append(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
+            # a list is the caller's to give up (CompiledGraph.call_stealing): emptied, each
+            # input is freed at its last use here, not when the call returns
+            body.append("if args.__class__ is list: args.clear()")
         body.extend(self._bind_symbols())
         for c in self.ir.constants:
             body.append(f"{c.name} = {self._global('const_', c.value)}")
