@@ -358,7 +358,10 @@ class Tracer:
             out = self._masked_assign(*args)
             if out is not None:
                 return out
-        if func in unbacked.RULES or unbacked.is_mask_index(func, args):
+        if func in unbacked.RULES or (
+            # an in-place write through a mask is functionalized first (then this again)
+            func is not aten.index_put_.default and unbacked.is_mask_index(func, args)
+        ):
             return self.data_dependent(func, args, kwargs)
         if func in core_ops.DATA_DEPENDENT_OPS or (
             func is not aten.index_put_.default and _has_bool_index(func, args)
@@ -389,9 +392,14 @@ class Tracer:
         new unbacked symbols, each bound to the node that reads it from the result."""
         env = self._unbacked_env(args, kwargs)
         with unbacked.unbacked_env(env):
-            if unbacked.is_mask_index(func, args):  # x[mask] is x[mask.nonzero().unbind(1)]
+            if unbacked.is_mask_index(func, args):
+                # x[mask] is x[mask.nonzero().unbind(1)]; x[mask] = values (one per selected
+                # element; the backward of x[mask]) an index_put by those columns
                 with self.mode:
-                    return aten.index.Tensor(args[0], unbacked.mask_indices(args[1]))
+                    indices = unbacked.mask_indices(args[1])
+                    if func is not aten.index.Tensor:
+                        _check_put_values(args[0], args[1], indices, args[2])
+                    return func(args[0], indices, *args[2:], **kwargs)
             if func in _SCALAR_RESULTS:  # .item(), bool(t), equal: a number, not a tensor
                 node = self.emit_node(func, self.graph_args(args), self.graph_args(kwargs))
                 node.meta["kiln_library_op"] = True
@@ -582,6 +590,23 @@ LIBRARY_VIEW_COPIES = {
     aten.view_as_real_copy.default: aten.view_as_complex_copy.default,
     aten.view_as_complex_copy.default: aten.view_as_real_copy.default,
 }
+
+
+def _check_put_values(x: Any, masks: Any, indices: list, values: Any) -> None:
+    """``x[mask] = values``: the values must broadcast to the selected elements, whose count
+    is a value of the data; eager's kernel checks it, a generated scatter would not, so
+    each relation is a ``torch._check`` (asserted when the graph runs)."""
+    covered = sum(
+        m.dim() if m is not None and m.dtype in (torch.bool, torch.uint8) else 1 for m in masks
+    )
+    if len(masks) != 1 or not indices:
+        return
+    target = [indices[0].shape[0], *x.shape[covered:]]
+    for v, t in zip(reversed(values.shape), reversed(target)):
+        torch._check(
+            v == 1 or v == t,
+            lambda: "shape mismatch: values cannot be broadcast to the indexing result",
+        )
 
 
 def _decomposed_by_config(func: Any) -> bool:

@@ -159,9 +159,24 @@ _RELATIONS = {
 
 
 def is_sym_node(node: Any) -> bool:
-    return isinstance(node, fx.Node) and isinstance(
-        node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)
-    )
+    """A node computing a size from the inputs' sizes, which a graph reads from its own
+    inputs. Not a value of the data (an unbacked symbol: ``.item()``, ``nonzero``'s
+    length, arithmetic on them): that is computed from tensors like any other value, and a
+    partition recomputes it from the tensors it saves (``min_cut.recomputable``)."""
+    if not isinstance(node, fx.Node):
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return False
+    return not is_data_value(val)
 
 
-__all__ = ["SymEmitter", "is_sym_node"]
+def is_data_value(val: Any) -> bool:
+    """A SymInt/SymFloat/SymBool that depends on an unbacked symbol of kiln-shapes."""
+    if not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return False
+    env = env_of([val])
+    return env is not None and bool(env.unbacked_in(expr_of(val)))
+
+
+__all__ = ["SymEmitter", "is_data_value", "is_sym_node"]

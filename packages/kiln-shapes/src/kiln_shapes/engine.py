@@ -198,6 +198,9 @@ class ShapeEnv:
         # while set (``speculating``), what ``evaluate`` answers for an undecidable
         # condition on unbacked values, instead of raising
         self.speculate: Callable[[Any], bool] | None = None
+        # while speculating: who checks a fact about unbacked values at run time (a
+        # speculation's, or one torch._check asserts)
+        self.on_assume: Callable[[Any], None] | None = None
         self._guard_keys: set[sympy.Basic] = set()
 
     # ----------------------------------------------------------------- symbols
@@ -502,7 +505,7 @@ class ShapeEnv:
         the fact it relies on is recorded in ``assumptions`` and handed to ``on_assume``,
         for a compiler to check at run time (kiln-aot emits ``aten._assert_scalar``).
         Never a guard, never a value from an example."""
-        prev = self.speculate
+        prev, prev_on_assume = self.speculate, self.on_assume
 
         def take(cond: Any) -> bool:
             side = choose() if choose is not None else False
@@ -512,11 +515,11 @@ class ShapeEnv:
                 on_assume(fact)
             return side
 
-        self.speculate = take
+        self.speculate, self.on_assume = take, on_assume
         try:
             yield
         finally:
-            self.speculate = prev
+            self.speculate, self.on_assume = prev, prev_on_assume
 
     def size_oblivious(self, cond: Any) -> bool | None:
         """``cond`` decided as if every unbacked size were at least 2 (torch's "size
@@ -924,6 +927,8 @@ class SymNode:
         if known is not None or not self.env.unbacked_in(self.env.simplify(self.expr)):
             return self.guard_bool(file, line)
         self.env.assume(self.expr)
+        if self.env.on_assume is not None:  # checked when the graph runs (kiln-aot)
+            self.env.on_assume(self.env.simplify(self.expr))
         return True
 
     def expect_size(self, file: str = "", line: int = 0) -> bool:
@@ -1167,11 +1172,14 @@ def expr_of(value: Any) -> Any:
 
 
 def hint_of(value: Any) -> Any:
-    """A size's value in the example (its hint) when symbolic; the value itself otherwise."""
+    """A size's value in the example (its hint) when symbolic; the value itself otherwise.
+    For weighing choices (a partitioner's bytes): a value of the data (unbacked symbols)
+    takes its fallback hint (``ShapeEnv.fallback_hint``)."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and isinstance(
         value.node, SymNode
     ):
-        return value.node.hint
+        node = value.node
+        return node.hint if node.has_hint() else node.env.fallback_hint(node.expr)
     return value
 
 

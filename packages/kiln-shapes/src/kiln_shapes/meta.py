@@ -81,9 +81,9 @@ def run(func: Any, args: tuple, kwargs: dict, reenter: Any = None) -> Any:
 
     if func in RULES:  # data-dependent: outputs sized by unbacked symbols (unbacked.py)
         return run_rule(func, args, kwargs)
-    if is_mask_index(func, args):  # x[mask]: x[mask.nonzero().unbind(1)]
+    if is_mask_index(func, args):  # x[mask]: x[mask.nonzero().unbind(1)] (and writes)
         with reenter if reenter is not None else contextlib.nullcontext():
-            return func(args[0], mask_indices(args[1]))
+            return func(args[0], mask_indices(args[1]), *args[2:], **kwargs)
     if not isinstance(func, torch._ops.OpOverload) or not has_symbolic((args, kwargs)):
         return func(*args, **kwargs)
     query = _QUERIES.get(func)

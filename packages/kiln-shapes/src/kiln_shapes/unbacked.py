@@ -202,6 +202,13 @@ def mask_indices(indices: Any) -> list[Any] | None:
 
 
 _MASKS = (torch.bool, torch.uint8)
+# reads and writes through indices: a mask among them is its nonzero columns
+_INDEXING = (
+    aten.index.Tensor,
+    aten.index_put.default,
+    aten.index_put_.default,
+    aten._unsafe_index_put.default,
+)
 
 
 def _index(env: ShapeEnv, x: torch.Tensor, indices: Any) -> torch.Tensor:
@@ -209,7 +216,7 @@ def _index(env: ShapeEnv, x: torch.Tensor, indices: Any) -> torch.Tensor:
 
 
 def is_mask_index(func: Any, args: tuple) -> bool:
-    if func is not aten.index.Tensor or len(args) < 2:
+    if func not in _INDEXING or len(args) < 2:
         return False
     return any(isinstance(i, torch.Tensor) and i.dtype in _MASKS for i in args[1] or ())
 

@@ -45,7 +45,7 @@ from kiln_aot.partition.graph_split import (
     tangent_dependent,
 )
 from kiln_aot.partition.maxflow import INF, FlowNetwork
-from kiln_aot.sym_nodes import is_sym_node
+from kiln_aot.sym_nodes import is_data_value, is_sym_node
 
 aten = torch.ops.aten
 
@@ -100,6 +100,8 @@ def recomputable(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
+    if is_data_value(node.meta.get("val")):
+        return True  # .item() / nonzero's length / arithmetic on them: a read, recomputed
     if target is operator.getitem:
         return recomputable(node.args[0])
     if core_ops.is_random(target):

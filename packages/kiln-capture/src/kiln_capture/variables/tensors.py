@@ -151,8 +151,8 @@ class TensorVar(Var):
         return tx.out.tensor_op("call_function", operator.getitem, [self, key], {})
 
     def setitem(self, tx, key: Var, value: Var) -> None:
-        if not _uniform_masked_write(self, key, value):
-            check_index(key)
+        # x[mask] = values: kiln-aot writes through the mask's nonzero columns (one value
+        # per selected element: their count is a value of the data, checked at run time)
         tx.out.tensor_op("call_function", operator.setitem, [self, key, value], {})
 
     def reconstruct(self, cg) -> str:
@@ -191,31 +191,6 @@ def _type_target(target: object, device: torch.device) -> tuple[torch.dtype, tor
     if where.type == device.type:
         where = device  # the same device keeps its index
     return by_name[parts[-1]], where
-
-
-def _uniform_masked_write(x: TensorVar, key: Var, value: Var) -> bool:
-    """``x[mask] = value`` where every selected element (or row) gets the same value
-    (``kiln_shapes.indexing.uniform_masked_write``; a Python number too): its shape does
-    not depend on the mask's values (kiln-aot traces it as ``where``); per-row values do,
-    and break as other masks do."""
-    from kiln_shapes.indexing import uniform_masked_write
-
-    if not isinstance(key, TensorVar) or key.meta.dtype != torch.bool:
-        return False
-    if not isinstance(value, TensorVar):
-        number = value.is_const() and isinstance(value.as_const(), (int, float, bool))
-        return number and uniform_masked_write(x.meta.shape, key.meta.shape, ()) is not None
-    return uniform_masked_write(x.meta.shape, key.meta.shape, value.meta.shape) is not None
-
-
-def check_index(key: Var) -> None:
-    """Writes through a boolean mask whose values differ per element (``x[mask] = v`` with
-    ``v`` one per selected element) break; reads (``x[mask]``) are tensors sized by an
-    unbacked symbol."""
-    items = key.children() if not isinstance(key, TensorVar) else [key]
-    for k in items:
-        if isinstance(k, TensorVar) and k.meta.dtype in (torch.bool, torch.uint8):
-            raise Unsupported(breaks.DATA_DEPENDENT, "a write through a boolean mask")
 
 
 def _item_is(t: TensorVar, name: str) -> bool:
