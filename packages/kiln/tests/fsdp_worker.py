@@ -229,6 +229,17 @@ def check_unchanged(rank: int, world: int) -> None:
         for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
             _assert_shard_close(q, p, 1e-5, f"unchanged ac={ac}: {pname}")
         del alone
+        # a second kiln.compile with other options compiles the units with those
+        seen: list = []
+
+        def recording(gm, example_inputs, seen=seen):
+            seen.append(gm)
+            return gm.forward
+
+        x, target = _batch("mlp", g)
+        _loss("mlp", kiln.compile(mine, backend=recording)(x), target).backward()
+        assert len(seen) >= len(mine.blocks), f"the second compile's backend saw {len(seen)}"
+        assert _snapshot(mine) == before
         print(f"[rank {rank}] fsdp modules unchanged (ac={ac})", flush=True)
 
 

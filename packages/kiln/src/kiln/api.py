@@ -87,12 +87,12 @@ def compile(
         # fully_shard units: each unit's forward is a region of its own, between FSDP's
         # hooks (kiln/fsdp.py), in place only while the compiled object's call (and its
         # backward) runs: the user's modules are left as they are
-        group = fsdp.compile_units(model, optimize)
+        regions = fsdp.compile_units(model, optimize)
         if fsdp.is_unit(model):
             call = functools.partial(torch.nn.Module.__call__, model)
         else:
             call = optimize(model).forward
-        return _compiled_module(model, fsdp.scoped(group, call))
+        return _compiled_module(model, fsdp.scoped(regions, call))
     if isinstance(model, torch.nn.Module):
         return _compiled_module(model, optimize(model))
     return optimize(model)

@@ -28,8 +28,8 @@ compiled region) and the parent's next graph resumes. Region boundaries are coun
 off (``kiln_capture.disable``): they are Python around the regions, not code to capture.
 
 ``kiln.compile(model)`` on a model holding units compiles every unit's forward this way
-(``kiln.compile`` on one block or on the root: the same regions), and ``model``'s own
-forward too when ``model`` is not a unit itself. Activation checkpointing inside a unit's
+(each ``kiln.compile`` call with regions of its own, compiled with its options), and
+``model``'s own forward too when ``model`` is not a unit itself. Activation checkpointing inside a unit's
 forward (``checkpoint`` of the block's body, or ``checkpoint_wrapper`` applied before
 ``fully_shard``) is captured into the region as for any module; a checkpoint *around* a
 unit (``checkpoint(block, x)`` in the parent, ``checkpoint_wrapper`` after
@@ -88,19 +88,17 @@ def is_unit(module: object) -> bool:
     return cls is not None and isinstance(module, cls)
 
 
-def compile_units(model: torch.nn.Module, optimize: Optimize) -> list[torch.nn.Module]:
-    """Make a region (``optimize`` of its class's forward) for each unit under ``model``
-    that has none yet (a unit compiled already keeps its region); the user's modules are
-    left as they are. Returns the units, for ``scoped``."""
-    found = units(model)
-    for unit in found:
-        if unit not in _REGIONS:
-            _REGIONS[unit] = _region(optimize(_own_copy(type(unit).forward)), unit)
-    return found
+def compile_units(model: torch.nn.Module, optimize: Optimize) -> list[tuple[Any, Callable]]:
+    """A region (``optimize`` of its class's forward) for each unit under ``model``, for
+    ``scoped``; the user's modules are left as they are. Each ``kiln.compile`` call makes
+    its own regions, so its options (backend, mode, fullgraph) hold for its units."""
+    return [
+        (weakref.ref(unit), _region(optimize(_own_copy(type(unit).forward)), unit))
+        for unit in units(model)
+    ]
 
 
-# unit -> its region; unit -> [scopes holding it, forward attribute and hooks it had]
-_REGIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# unit -> [scopes holding it, forward attribute and hooks it had]
 _HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ABSENT = object()
 # unit -> {(hook table, key): (FSDP's hook, its kiln_capture.disable wrapper)}
@@ -110,21 +108,21 @@ _DISABLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 class _Scope:
     """The units of one ``kiln.compile`` call; ``enter``/``leave`` nest."""
 
-    def __init__(self, group: list[torch.nn.Module]) -> None:
-        self.units = [weakref.ref(u) for u in group]
+    def __init__(self, regions: list[tuple[Any, Callable]]) -> None:
+        self.regions = regions
         self.depth = 0
 
     def enter(self) -> None:
         self.depth += 1
         if self.depth == 1:
-            for ref in self.units:
+            for ref, region in self.regions:
                 if (unit := ref()) is not None:
-                    _hold(unit)
+                    _hold(unit, region)
 
     def leave(self) -> None:
         self.depth -= 1
         if self.depth == 0:
-            for ref in self.units:
+            for ref, _ in self.regions:
                 if (unit := ref()) is not None:
                     _release(unit)
 
@@ -135,7 +133,9 @@ class _Scope:
         torch.autograd.Variable._execution_engine.queue_callback(self.leave)
 
 
-def _hold(unit: torch.nn.Module) -> None:
+def _hold(unit: torch.nn.Module, region: Callable) -> None:
+    """Put ``region`` in place as ``unit``'s forward, unless a scope holds it already (a
+    compiled block called by a compiled root: the outer scope's region runs)."""
     held = _HELD.get(unit)
     if held is not None:
         held[0] += 1
@@ -143,7 +143,7 @@ def _hold(unit: torch.nn.Module) -> None:
     d = unit.__dict__
     hooks = _hooks_without_capture(unit)
     _HELD[unit] = [1, d.get("forward", _ABSENT), hooks]
-    d["forward"] = _REGIONS[unit]
+    d["forward"] = region
 
 
 def _release(unit: torch.nn.Module) -> None:
@@ -163,10 +163,10 @@ def _release(unit: torch.nn.Module) -> None:
             hooks[key] = hook
 
 
-def scoped(group: list[torch.nn.Module], call: Callable) -> Callable:
-    """``call`` with the regions of ``group``'s units in place while it runs and while a
-    backward through its outputs runs (see "The user's modules stay as they were")."""
-    scope = _Scope(group)
+def scoped(regions: list[tuple[Any, Callable]], call: Callable) -> Callable:
+    """``call`` with ``regions`` (from ``compile_units``) in place while it runs and while
+    a backward through its outputs runs (see "The user's modules stay as they were")."""
+    scope = _Scope(regions)
 
     def in_scope(*args: Any, **kwargs: Any) -> Any:
         scope.enter()
@@ -211,7 +211,7 @@ def _own_copy(fn: Callable) -> Callable:
 
 def _region(compiled: Callable, unit: torch.nn.Module) -> Callable:
     """The forward a unit runs in a scope: ``compiled(unit, ...)``. It holds the unit
-    weakly (``_REGIONS`` holds it as a value of the unit's own entry)."""
+    weakly, as the scope does: compiling a model keeps none of its modules alive."""
     ref = weakref.ref(unit)
 
     def region(*args: Any, **kwargs: Any) -> Any:
