@@ -181,3 +181,22 @@ def test_fullgraph_error_carries_the_same_report():
     message = str(info.value)
     assert f"{__file__}:{_marked_line('B004')}" in message
     assert f"fix: {breaks.TENSOR_TO_PYTHON.hint}" in message
+
+
+def iterates_an_unmodeled_value(x):
+    for byte in _BUFFER:  # <- eager
+        x = x + byte
+    return x
+
+
+def test_frame_run_eagerly_warns_with_the_breaks_line_and_fix():
+    """A break with no continuation runs the rest of the frame eagerly: its warning (and
+    explain's eager_frames) names the break's own line and the hint, not only the frame."""
+    x = torch.randn(2)
+    with pytest.warns(RuntimeWarning) as caught:
+        report = kiln_capture.explain(iterates_an_unmodeled_value)(x)
+    torch.testing.assert_close(report.result, iterates_an_unmodeled_value(x))
+    (frame,) = report.eager_frames
+    where = f"{__file__}:{_marked_line('eager')}"
+    assert where in frame and "fix: " in frame
+    assert any(where in str(w.message) for w in caught)

@@ -1,5 +1,6 @@
-"""A tensor operation that raises inside ``try:`` (issue #16): the operation is a graph
-break (its error comes from eager's kernel), the frame stays compiled around it, and the
+"""A tensor operation that raises inside ``try:`` (issue #16): the operation (or attribute
+read) is a graph break (its error comes from eager's kernel), the frame stays compiled
+around it, and the
 ``except`` branch runs with eager's exception, captured in a graph of its own (the
 re-raising continuation; variables/exceptions.py, ``RaisingVar``).
 
@@ -48,6 +49,24 @@ def compare_caught(x, y):
     return z.float() * x
 
 
+def attribute_error_caught(x, y):
+    x = x * 2
+    try:
+        z = x.no_such_attribute  # a tensor may carry Python attributes: read eagerly
+    except AttributeError as e:
+        z = x + y.sum() + len(e.args)
+    return z * 3
+
+
+def method_error_caught(x, y):
+    x = x * 2
+    try:
+        z = x.no_such_method(y)
+    except AttributeError:
+        z = x - y.sum()
+    return z * 3
+
+
 def not_caught_here(x, y):
     try:
         z = x @ y
@@ -77,6 +96,8 @@ _BAD = [
     (matmul_caught_reads_message, lambda: (torch.randn(4, 4), torch.randn(3, 3)), 1, 1),
     (inplace_add_caught, lambda: (torch.randn(4, 4), torch.randn(3, 3)), 2, 1),
     (compare_caught, lambda: (torch.randn(4, 4), torch.randn(3, 3)), 1, 1),
+    (attribute_error_caught, lambda: (torch.randn(4, 4), torch.randn(3, 3)), 2, 1),
+    (method_error_caught, lambda: (torch.randn(4, 4), torch.randn(3, 3)), 2, 1),
 ]
 
 

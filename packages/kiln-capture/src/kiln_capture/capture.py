@@ -19,6 +19,7 @@ handlers see the exception at the right place (that path then runs eagerly).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import types
 from dataclasses import dataclass, field
@@ -284,7 +285,9 @@ def _finish_break(
     def skip(reason: str) -> SkipFrame:
         b = dataclasses.replace(brk, detail=f"{brk.detail}; {reason}", resumed=False)
         _record_break(ctx, b)
-        return SkipFrame(reason, b)
+        # the eager frame's warning names the break's line and what to change, too
+        where = f"[{brk.kind.id}] {brk.detail} at {brk.filename}:{brk.lineno}"
+        return SkipFrame(f"{reason} ({where}; fix: {brk.kind.hint})", b)
 
     handlers = covering_handlers(code, ins.offset)
     entered_here = {id(w[1]) for w in root.generic_withs}
@@ -308,6 +311,11 @@ def _finish_break(
         base = len(stack) - 1
         targets = [(root.instructions[idx + 1].offset, base, True)]
         pushes = [True, True]
+    elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):  # read in Python (it may raise)
+        base = len(stack) - 1
+        targets = [(root.instructions[idx + 1].offset, base, True)]
+        if ins.opname == "LOAD_METHOD" or (sys.version_info >= (3, 12) and ins.arg & 1):
+            pushes = [False, True]  # NULL, then the bound attribute (as the trace models it)
     elif ins.opname in _STEP_JUMPS or ins.opname in _STEP_JUMP_OR_POP:
         base = len(stack) - 1
         nxt = root.instructions[idx + 1].offset
@@ -374,7 +382,7 @@ def _finish_break(
             keep_top = ins.opname in _STEP_JUMP_OR_POP and j == 0
             presence = presence_below + (pushes if pushes_result or keep_top else [])
             fexpr = continuation(str(j), off, presence)
-            top = ["__k_x", "__k_r"] if len(pushes) == 2 else ["__k_r"]
+            top = [n for n, p in zip(["__k_x", "__k_r"][-len(pushes) :], pushes) if p]
             if not pushes_result:
                 top = [f"__k_t{len(stack) - 1}"] if keep_top else []
             calls.append(call_with(fexpr, [*below, *top]))
@@ -486,6 +494,8 @@ def _step_lines(
         tail = [f"return {calls[0]}"]
     elif ins.opname == "BEFORE_WITH":
         step, tail = f"__k_x, __k_r = __k_enter_with({t[-1]})", [f"return {calls[0]}"]
+    elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+        step, tail = f"__k_r = getattr({t[-1]}, {ins.argval!r})", [f"return {calls[0]}"]
     else:
         jump_when = _STEP_JUMPS.get(ins.opname, _STEP_JUMP_OR_POP.get(ins.opname))
         step = f"__k_c = {'bool' if jump_when else 'not '}({t[-1]})"

@@ -143,27 +143,28 @@ class ExcVar(Var):
 
 class Reraise:
     """Stands in for a step's callable/value in a re-raising continuation (capture.py):
-    any use raises the exception the eager step raised."""
+    any use raises the exception the eager step raised (an attribute read too: its own
+    names are ``_kiln_``-prefixed)."""
 
     def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+        self._kiln_exc = exc
 
-    def _raise(self, *args, **kwargs):
-        raise self.exc
+    def _kiln_raise(self, *args, **kwargs):
+        raise self._kiln_exc
 
-    __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _raise
-    __enter__ = __exit__ = __contains__ = _raise
-    __lt__ = __le__ = __eq__ = __ne__ = __gt__ = __ge__ = _raise
+    __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _kiln_raise
+    __enter__ = __exit__ = __contains__ = __getattr__ = _kiln_raise
+    __lt__ = __le__ = __eq__ = __ne__ = __gt__ = __ge__ = _kiln_raise
     __hash__ = None  # type: ignore[assignment]
 
 
 # the left operand of a binary operation that raised: each operator (and a += b) raises
 for _op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "lshift"):
-    setattr(Reraise, f"__{_op}__", Reraise._raise)
-    setattr(Reraise, f"__i{_op}__", Reraise._raise)
+    setattr(Reraise, f"__{_op}__", Reraise._kiln_raise)
+    setattr(Reraise, f"__i{_op}__", Reraise._kiln_raise)
 for _op in ("rshift", "and", "or", "xor"):
-    setattr(Reraise, f"__{_op}__", Reraise._raise)
-    setattr(Reraise, f"__i{_op}__", Reraise._raise)
+    setattr(Reraise, f"__{_op}__", Reraise._kiln_raise)
+    setattr(Reraise, f"__i{_op}__", Reraise._kiln_raise)
 
 
 class RaisingVar(Var):
@@ -199,7 +200,7 @@ def wrap_reraise(out, value: Reraise, source) -> RaisingVar:
     from kiln_capture.sources import AttrSource
     from kiln_capture.variables.constants import is_constant_value
 
-    e = value.exc
+    e = value._kiln_exc
     cls = type(e)
     plain = not getattr(e, "__dict__", None) and not any(
         _python_defined(cls, n) for n in ("__init__", "__new__", "__str__", "__getattr__")
@@ -208,10 +209,11 @@ def wrap_reraise(out, value: Reraise, source) -> RaisingVar:
         raise Unsupported(breaks.EXCEPTION, f"re-raising a {cls.__name__} kiln cannot model")
     g, src = out.guards, source.expr()
     g.add(f"type({src}) is {g.const(Reraise)}", f"{src} re-raises")
-    g.add(f"type({src}.exc) is {g.const(cls)}", f"{src} re-raises a {cls.__name__}")
-    g.add(f"{src}.exc.args == {g.const(e.args)}", f"{src} re-raises with args {e.args!r}")
+    exc_src = AttrSource(source, "_kiln_exc")
+    g.add(f"type({exc_src.expr()}) is {g.const(cls)}", f"{src} re-raises a {cls.__name__}")
+    g.add(f"{exc_src.expr()}.args == {g.const(e.args)}", f"{src} re-raises with {e.args!r}")
     exc = ExcVar(cls, [ConstVar(a) for a in e.args])
-    exc.source = AttrSource(source, "exc")
+    exc.source = exc_src
     return RaisingVar(exc, source)
 
 
