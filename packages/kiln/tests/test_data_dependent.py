@@ -214,3 +214,38 @@ def test_the_run_time_check_raises_where_eager_takes_the_other_side():
         f(x, bad)
     with pytest.raises(RuntimeError, match="kiln: compiled assuming"):
         compiled(x, bad)
+
+
+def test_symbolic_input_sizes_and_values_of_the_data_together():
+    """dynamic=True: input sizes are backed symbols, counts of the data unbacked ones; the
+    shape guards read only the former."""
+
+    def f(x):
+        y = x[x > 0] * 2 + 1
+        return y.sum() / x.numel(), torch.nonzero(x > 0.5).float().mean(0), x * x[0, 0].item()
+
+    kiln.reset()
+    compiled = kiln.compile(f, dynamic=True)
+    for seed, shape in enumerate([(5, 4), (7, 3), (9, 6)]):
+        x = _data(20 + seed, *shape)
+        torch.testing.assert_close(compiled(x), f(x))
+    stats = kiln.stats()
+    assert stats["graphs"] == 1 and stats["recompiles"] == 0 and stats["eager_frames"] == 0
+    assert stats["fallbacks"] == 0, stats
+
+
+def test_ctc_loss_with_tensor_lengths(aten_graphs):
+    g = torch.Generator().manual_seed(30)
+    log_probs = torch.randn(12, 3, 6, generator=g).log_softmax(2)
+    targets = torch.randint(1, 6, (3, 5), generator=g)
+    lengths = torch.tensor([12, 10, 11])
+
+    def f(lp, t, il, tl):
+        return torch.nn.functional.ctc_loss(lp, t, il, tl)
+
+    compiled = _check(f, log_probs, targets, lengths, torch.tensor([5, 3, 4]))
+    other = torch.tensor([2, 5, 1])  # another longest target: another log_alpha width
+    torch.testing.assert_close(
+        compiled(log_probs, targets, lengths, other), f(log_probs, targets, lengths, other)
+    )
+    assert kiln.stats()["recompiles"] == 0

@@ -134,6 +134,8 @@ class ShapeGuards:
                 lines.append(f"{s} = __i{j}")
                 bound[s] = expr
         for s, info in self.env.symbols.items():
+            if info.unbacked:  # a value of the data: the compiled code binds it, no guard
+                continue
             declared = " (declared with mark_dynamic)" if info.declared else ""
             hi = "inf" if info.hi == math.inf else info.hi
             cond = f"{s} >= {info.lo}" + (f" and {s} <= {info.hi}" if info.hi != math.inf else "")
@@ -217,7 +219,7 @@ class ShapeGuards:
                 return None
             specs.append((t.example, sizes, strides))
         ints = [dim(s) for _, s, _ in self.ints]
-        symbols = set(self.env.symbols)
+        symbols = {s for s, info in self.env.symbols.items() if not info.unbacked}
         if None in ints or any(d[1] < 0 for d in ints) or {find(s) for s in symbols} - set(slots):
             return None
         binder = ShapeBinder(len(slots))
@@ -227,6 +229,8 @@ class ShapeGuards:
             binder.add_int(slot, first)
         ranges: dict[int, tuple[float, float]] = {}
         for s, info in self.env.symbols.items():
+            if info.unbacked:
+                continue
             lo, hi = ranges.get(slots[find(s)], (0, math.inf))
             ranges[slots[find(s)]] = (max(lo, info.lo), min(hi, info.hi))
         for slot, (lo, hi) in ranges.items():

@@ -167,12 +167,26 @@ def _histogramdd_from_bin_tensors(env, x, bins, *, weight=None, density=False):
     return _empty([b.shape[0] - 1 for b in bins], x.dtype)
 
 
+def _ctc_loss_tensor(
+    env, log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False
+):
+    """``ctc_loss`` with lengths as tensors: ``log_alpha``'s last size is
+    ``2 * max(target_lengths) + 1``, a value of the data."""
+    batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
+    width = env.unbacked_value(_where("ctc_loss"), int, lo=1)
+    return (
+        _empty([batch], log_probs.dtype),
+        _empty([batch, log_probs.shape[0], width], log_probs.dtype),
+    )
+
+
 RULES: dict[Any, Callable] = {
     # ops torch has no meta kernel for, whose shapes the arguments give
     aten._histogramdd_bin_edges.default: _histogramdd_bin_edges,
     aten._histogramdd_from_bin_cts.default: _histogramdd_from_bin_cts,
     aten._histogramdd_from_bin_tensors.default: _histogramdd_from_bin_tensors,
     # data-dependent ops
+    aten._ctc_loss.Tensor: _ctc_loss_tensor,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.nonzero.default: _nonzero,
     aten.masked_select.default: _masked_select,
