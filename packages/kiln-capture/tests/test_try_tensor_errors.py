@@ -176,3 +176,49 @@ def test_the_propagating_exception_is_eagers_object():
     ]
     # the frame's code, the re-raising continuation's code, and the step that raised
     assert len(steps) == 3, steps
+
+
+def reads_the_traceback(x, y):
+    try:
+        return x @ y
+    except RuntimeError as e:
+        return x + (e.__traceback__ is not None)
+
+
+def raise_from_none(x, y):
+    try:
+        return x @ y
+    except RuntimeError as e:
+        raise e from None
+
+
+def wrap_in_another(x, y):
+    try:
+        return x @ y
+    except RuntimeError as e:
+        raise ValueError("bad shapes") from e
+
+
+def test_the_eager_exceptions_own_state_is_not_invented():
+    """Its traceback is the real object's: reading it breaks (the trace has none), it is
+    never a made-up None."""
+    x, y = torch.randn(4, 4), torch.randn(3, 3)
+    report = kiln_capture.explain(reads_the_traceback)(x, y)
+    assert_same(report.result, reads_the_traceback(x, y))
+    assert [b.kind.id for b in report.breaks] == ["B010", "B009"]
+
+
+@pytest.mark.parametrize("fn", [raise_from_none, wrap_in_another])
+def test_raise_from_in_the_handler_as_eager(fn):
+    def outcome(f):
+        try:
+            f(torch.randn(4, 4), torch.randn(3, 3))
+        except Exception as e:
+            cause = e.__cause__
+            return type(e), str(e), type(cause), e.__suppress_context__
+        return None
+
+    want = outcome(fn)
+    compiled = kiln_capture.optimize(CountingBackend())(fn)
+    assert outcome(compiled) == want and outcome(compiled) == want
+    assert kiln_capture.stats()["eager_frames"] == 0

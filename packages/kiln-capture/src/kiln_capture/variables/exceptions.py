@@ -85,6 +85,10 @@ class ExcVar(Var):
     def getattr(self, tx, name: str) -> Var:
         if name in self.attrs:
             return self.attrs[name]
+        if self.source is not None and name in _REAL_STATE:
+            # eager's exception (a re-raising continuation's): its traceback and chain
+            # are the real object's, which the trace does not hold
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{name} of an exception eager code raised")
         if name == "args":
             return TupleVar(list(self.args))
         if name in _DEFAULTS:
@@ -127,8 +131,11 @@ class ExcVar(Var):
         """An equal exception made by ``build_exception``: its state is its ``args`` and
         attributes (a Python ``__init__`` already ran in the trace). One read from the
         frame (a re-raised eager exception) is that object."""
-        if self.source is not None:
+        if self.source is not None and not self.attrs:
             return self.source.expr()
+        if self.source is not None:  # ``raise e from None`` of eager's exception
+            attrs = ", ".join(f"{k!r}: {cg.rebuild(v)}" for k, v in self.attrs.items())
+            return f"{cg.const(set_exception_attrs)}({self.source.expr()}, {{{attrs}}})"
         if _python_defined(self.cls, "__new__"):
             raise Unsupported(
                 breaks.UNSUPPORTED_VALUE, f"rebuilding a {self.cls.__name__} outside the trace"
@@ -215,6 +222,18 @@ def wrap_reraise(out, value: Reraise, source) -> RaisingVar:
     exc = ExcVar(cls, [ConstVar(a) for a in e.args])
     exc.source = exc_src
     return RaisingVar(exc, source)
+
+
+_REAL_STATE = frozenset(
+    {"__traceback__", "__context__", "__cause__", "__suppress_context__", "__notes__"}
+)
+
+
+def set_exception_attrs(e: BaseException, attrs: dict) -> BaseException:
+    """Eager's exception with the attributes the trace set on it (``raise e from x``)."""
+    for k, v in attrs.items():
+        setattr(e, k, v)
+    return e
 
 
 def build_exception(cls: type, args: tuple, attrs: dict) -> BaseException:
