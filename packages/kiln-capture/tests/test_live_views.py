@@ -190,6 +190,29 @@ def list_loop_sees_appends_across_a_break(x):
 
 
 @program(graphs=3, breaks=3)
+def enumerate_list_changed_across_a_break(x):
+    items = [1, 2, 3, 4]
+    out = []
+    for i, v in enumerate(items, start=10):
+        out.append(_eager_step(x) * v + i)  # a break each iteration
+        if v == 2:
+            items.remove(3)  # the enumerate reads the list as it is now
+    return out, items
+
+
+@program(graphs=2, breaks=2)
+def zip_of_lists_growing_across_a_break(x):
+    a, b = [x], [1.0]
+    out = []
+    for t, k in zip(a, b):
+        out.append(_eager_step(t) * k)
+        if len(a) < 2:
+            a.append(t * 2)
+            b.append(3.0)
+    return out
+
+
+@program(graphs=3, breaks=3)
 def input_dict_grows_then_loop_breaks(x, d):
     # written back after each graph: the iterator handed on must not see that as a change
     d["new"] = 5

@@ -33,6 +33,8 @@ _MUTABLE_NEW = frozenset(
         "CounterVar",
         "DequeVar",
         "DequeIteratorVar",
+        "EnumerateVar",
+        "ZipVar",
         "GeneratorVar",
         "PullIteratorVar",
     }

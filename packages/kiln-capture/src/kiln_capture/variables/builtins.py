@@ -20,6 +20,7 @@ from kiln_capture.variables.containers import (
     DictIteratorVar,
     DictVar,
     DictViewVar,
+    EnumerateVar,
     IteratorVar,
     ListIteratorVar,
     ListVar,
@@ -27,6 +28,7 @@ from kiln_capture.variables.containers import (
     SequenceVar,
     SetVar,
     TupleVar,
+    ZipVar,
     counter_binary,
     iterate,
     make_set,
@@ -455,8 +457,14 @@ def _items(tx, x: Var) -> list[Var]:
     return x.unpack(tx)
 
 
+def _reads_a_generator(iters: list[IteratorVar]) -> bool:
+    return any(isinstance(s, LazyIteratorVar) and not s.drained for s in iters)
+
+
 def _enumerate(tx, it, start=None) -> Var:
     it = _as_iter(tx, it)
+    if not _reads_a_generator([it]):  # read on demand, rebuilt as a real enumerate
+        return EnumerateVar(it, start.as_const() if start is not None else 0)
     n = itertools.count(start.as_const() if start is not None else 0)
 
     def step() -> Var | None:
@@ -470,6 +478,8 @@ def _zip(tx, *its, strict=None) -> Var:
     """Rows are read as CPython reads them: one item of each in turn, stopping at the
     first exhausted one (so an endless generator zipped with a list ends)."""
     iters = [_as_iter(tx, i) for i in its]
+    if not _reads_a_generator(iters) and not (strict is not None and strict.truth(tx)):
+        return ZipVar(iters)  # read on demand, rebuilt as a real zip
 
     def step() -> Var | None:
         row = _next_row(iters)

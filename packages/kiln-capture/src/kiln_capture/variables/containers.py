@@ -1229,7 +1229,7 @@ def known_index(key: Var) -> int | None:
 
 
 def wrap_collection(out, value: object, source, rooted: bool) -> Var | None:
-    """A Counter or deque read from ``source`` (an argument, a global, a closure): its
+    """A Counter, deque, enumerate or zip object read from ``source`` (an argument, a global, a closure): its
     type, length (a Counter's keys) and maxlen guarded, its items wrapped from their own
     sources; its changes are written back after the graph like a list's. None for other
     values."""
@@ -1250,4 +1250,112 @@ def wrap_collection(out, value: object, source, rooted: bool) -> Var | None:
             g.add(f"{e}.maxlen == {value.maxlen!r}", f"{e}.maxlen == {value.maxlen!r}")
         items = [out.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
         return DequeVar(items, value.maxlen, source)
+    if type(value) in (enumerate, zip) and rooted:  # a continuation's loop iterator
+        return _wrap_enumerate_zip(out, value, source)
     return None
+
+
+# -- enumerate and zip over iterators the trace reads on demand ------------------------------
+
+
+class EnumerateVar(IteratorVar):
+    """``enumerate(it, start)``: reads ``it`` one item at a time (live over a list the loop
+    body changes). Rebuilt at a break as a real ``enumerate`` over the rebuilt iterator
+    and the next count, so the continuation still reads the list live; one handed to a
+    continuation is read the same way (``wrap_collection``)."""
+
+    def __init__(self, it: IteratorVar, count: int, source=None) -> None:
+        super().__init__([])
+        self.it, self.count, self.source = it, count, source
+
+    def __repr__(self) -> str:
+        return f"Enumerate({self.it!r} from {self.count})"
+
+    def python_type(self) -> type:
+        return enumerate
+
+    def next(self) -> Var | None:
+        v = self.it.next()
+        if v is None:
+            return None
+        self.count += 1
+        return TupleVar([ConstVar(self.count - 1), v])
+
+    def unpack(self, tx) -> list[Var]:
+        out = []
+        while (v := self.next()) is not None:
+            out.append(v)
+        return out
+
+    def children(self) -> list[Var]:
+        return [self.it]
+
+    def reconstruct(self, cg) -> str:  # never the real object read: its count moved on
+        return f"enumerate({cg.rebuild(self.it)}, {self.count})"
+
+
+class ZipVar(IteratorVar):
+    """``zip(*iterators)`` (not strict): one item of each in turn, stopping at the first
+    exhausted one, as CPython reads them; rebuilt at a break as a real ``zip``."""
+
+    def __init__(self, iters: list[IteratorVar], source=None) -> None:
+        super().__init__([])
+        self.iters, self.source = list(iters), source
+        self.done = False
+
+    def __repr__(self) -> str:
+        return f"Zip({self.iters!r})"
+
+    def python_type(self) -> type:
+        return zip
+
+    def next(self) -> Var | None:
+        if self.done or not self.iters:
+            return None
+        row = []
+        for it in self.iters:
+            v = it.next()
+            if v is None:
+                self.done = True
+                return None
+            row.append(v)
+        return TupleVar(row)
+
+    def unpack(self, tx) -> list[Var]:
+        out = []
+        while (v := self.next()) is not None:
+            out.append(v)
+        return out
+
+    def children(self) -> list[Var]:
+        return list(self.iters)
+
+    def reconstruct(self, cg) -> str:
+        if self.done:
+            return "iter([])"
+        return "zip(" + "".join(cg.rebuild(i) + ", " for i in self.iters) + ")"
+
+
+def reduce_arg(obj, i: int):
+    """``obj.__reduce__()[1][i]``: the iterator an enumerate or zip object reads."""
+    return obj.__reduce__()[1][i]
+
+
+def _wrap_enumerate_zip(out, value: object, source) -> Var | None:
+    from kiln_capture.sources import CallSource
+
+    r = value.__reduce__()
+    if type(value) is zip and len(r) > 2:
+        return None  # strict=True
+    ref = out.const_ref(reduce_arg)
+    n = len(r[1]) if type(value) is zip else 1
+    inner = [out.wrap(r[1][i], CallSource(ref, source, (i,))) for i in range(n)]
+    if not all(isinstance(i, IteratorVar) for i in inner):
+        return None
+    out.guards.type_is(source, value)
+    if type(value) is zip:
+        return ZipVar(inner, source)
+    count = r[1][1]
+    e = CallSource(ref, source, (1,)).expr()
+    out.guards.add(f"{e} == {count!r}", f"{source.expr()} counts from {count}")
+    return EnumerateVar(inner[0], count, source)
