@@ -84,9 +84,11 @@ class SymEmitter:
         vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
         if all(v is not None for v in vals):
             try:  # its value over the symbols (an intermediate of a folded expression)
-                node.meta["val"] = fn(*vals)
+                val = fn(*vals)
             except Exception:
-                pass
+                val = None
+            if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                node.meta["val"] = val
         return node
 
     def _fold(self, fn: Any, args: Any) -> Any:
