@@ -251,3 +251,14 @@ def test_ctc_loss_with_tensor_lengths(aten_graphs):
         compiled(log_probs, targets, lengths, other), f(log_probs, targets, lengths, other)
     )
     assert kiln.stats()["recompiles"] == 0
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy"])
+def test_lstsq_outputs_by_driver(driver):
+    """linalg.lstsq has no meta kernel in torch: kiln-shapes gives its outputs' shapes."""
+
+    def f(a, b):
+        out = torch.linalg.lstsq(a, b, driver=driver)
+        return out.solution * 2, out.residuals, out.rank
+
+    _check(f, _data(40, 6, 3), _data(41, 6, 2))

@@ -180,7 +180,34 @@ def _ctc_loss_tensor(
     )
 
 
+def _linalg_lstsq(env, a, b, rcond=None, *, driver=None):
+    """``linalg.lstsq``'s outputs by driver (its documented shapes). Residuals of gelsd and
+    gelss exist only where every matrix has full rank, a fact of the data: not modeled
+    (NotImplementedError: the capture breaks there)."""
+    driver = driver or ("gelsy" if a.device.type in ("cpu", "meta") else "gels")
+    *batch, m, n = a.shape
+    vector = b.dim() == a.dim() - 1
+    k = 1 if vector else b.shape[-1]
+    batch = list(
+        torch.broadcast_shapes(tuple(batch), tuple(b.shape[: b.dim() - (1 if vector else 2)]))
+    )
+    solution = _empty([*batch, n] if vector else [*batch, n, k], a.dtype)
+    if driver in ("gelsd", "gelss") and m > n:
+        raise NotImplementedError("kiln: lstsq's residuals with gelsd/gelss depend on the rank")
+    residuals = [*batch, k] if driver == "gels" and m > n else [0]
+    rank = [0] if driver == "gels" else batch
+    values = [*batch, min(m, n)] if driver in ("gelsd", "gelss") else [0]
+    real = a.dtype.to_real() if a.dtype.is_complex else a.dtype
+    return (
+        solution,
+        _empty(residuals, real),
+        _empty(rank, torch.int64),
+        _empty(values, real),
+    )
+
+
 RULES: dict[Any, Callable] = {
+    aten.linalg_lstsq.default: _linalg_lstsq,
     # ops torch has no meta kernel for, whose shapes the arguments give
     aten._histogramdd_bin_edges.default: _histogramdd_bin_edges,
     aten._histogramdd_from_bin_cts.default: _histogramdd_from_bin_cts,
