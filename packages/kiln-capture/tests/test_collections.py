@@ -51,7 +51,17 @@ def counter_update_subtract_and_ties(x):
 def counter_arithmetic(x):
     p = collections.Counter(a=3, b=1, c=0)
     q = collections.Counter(a=1, b=2, d=4)
-    return x * len(p + q), p + q, p - q, p | q, p & q, p == collections.Counter(a=3, b=1)
+    n = collections.Counter(a=-2, b=4)
+    return (
+        x * len(p + q),
+        p + q,
+        p - q,
+        p | q,
+        p & q,
+        p == collections.Counter(a=3, b=1),
+        +n,
+        -n,
+    )
 
 
 @program()

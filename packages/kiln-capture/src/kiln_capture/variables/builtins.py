@@ -183,7 +183,7 @@ def _view_binary(tx, fn, a: Var, b: Var) -> Var:
             )
     result = fold(fn, *real)
     if isinstance(result, set | frozenset):
-        return SetVar(result)
+        return SetVar(result, kind=type(result))
     return tx.out.wrap_value(result)
 
 
@@ -283,6 +283,8 @@ def unary(tx, fn, a: Var) -> Var:
         return sizes.unary(tx, fn, a)
     if fn is operator.not_:
         return ConstVar(not a.truth(tx))
+    if isinstance(a, CounterVar):  # +c, -c: the positive / negated counts
+        return CounterVar({k: ConstVar(n) for k, n in fold(fn, a.counts()).items()})
     return tx.out.wrap_value(fold(fn, a.as_const()))
 
 
