@@ -41,10 +41,10 @@ from kiln_capture.guards import GuardSet, hoist_args
 from kiln_capture.log import log
 from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import NullVar, Var
-from kiln_capture.variables.containers import IteratorVar
 from kiln_capture.variables.contexts import ContextMethodVar
 from kiln_capture.variables.exceptions import Reraise
 from kiln_capture.variables.generators import drain_generators
+from kiln_capture.variables.iterators import IteratorVar
 from kiln_capture.variables.sizes import SymIntVar
 
 MAX_RESTARTS = 32

@@ -46,11 +46,9 @@ from kiln_capture.variables.containers import (
     CounterVar,
     DequeVar,
     DictVar,
-    IteratorVar,
     ListVar,
     SliceVar,
     TupleVar,
-    iterate,
     known_index,
     make_set,
 )
@@ -67,6 +65,10 @@ from kiln_capture.variables.exceptions import (
 )
 from kiln_capture.variables.functions import NestedFunctionVar
 from kiln_capture.variables.generators import GeneratorVar, Yield
+from kiln_capture.variables.iterators import (
+    IteratorVar,
+    iterate,
+)
 from kiln_capture.variables.objects import SuperVar
 from kiln_capture.variables.sizes import SymIntVar
 

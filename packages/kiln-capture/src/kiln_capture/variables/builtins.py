@@ -17,25 +17,27 @@ from kiln_capture.variables.base import Var
 from kiln_capture.variables.constants import ConstVar, fold
 from kiln_capture.variables.containers import (
     CounterVar,
-    DictIteratorVar,
     DictVar,
     DictViewVar,
-    EnumerateVar,
-    IteratorVar,
-    ListIteratorVar,
     ListVar,
     NamedTupleVar,
     SequenceVar,
     SetVar,
     TupleVar,
-    ZipVar,
     counter_binary,
-    iterate,
     make_set,
     sort_items,
 )
 from kiln_capture.variables.exceptions import ExcVar, RaisingVar, attribute_error, raised
 from kiln_capture.variables.generators import LazyIteratorVar, PullIteratorVar
+from kiln_capture.variables.iterators import (
+    DictIteratorVar,
+    EnumerateVar,
+    IteratorVar,
+    ListIteratorVar,
+    ZipVar,
+    iterate,
+)
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 

@@ -36,8 +36,8 @@ from kiln_capture.bytecode.rewrite import parse_exception_table
 from kiln_capture.errors import Raised, Unsupported
 from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar
-from kiln_capture.variables.containers import IteratorVar
 from kiln_capture.variables.exceptions import ExcVar, raised, stop_iteration_error
+from kiln_capture.variables.iterators import IteratorVar
 
 # the code of every function @contextlib.contextmanager returns
 CONTEXTMANAGER_HELPER = contextlib.contextmanager(lambda: iter(())).__code__

@@ -25,10 +25,12 @@ from kiln_capture.variables.containers import (
     DictVar,
     NamedTupleVar,
     TupleVar,
-    iterate,
     make_counter,
 )
 from kiln_capture.variables.contexts import GRAD_MODE_CLASSES, AutocastVar, GradModeVar
+from kiln_capture.variables.iterators import (
+    iterate,
+)
 from kiln_capture.variables.modules import lookup_class_attr
 from kiln_capture.variables.records import (
     _RECORD_DICT_READS,
