@@ -214,6 +214,14 @@ class AotCompiled:
         )
         info: TraceInfo = gm.meta["kiln_aot"]
         gm = drop_alias_outputs(gm, info)
+        if info.mutated_inputs:
+            # the new values of written inputs are the last outputs: the compiler may
+            # compute each in its input's storage (contract 3's recorded aliasing)
+            n_out = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+            first = n_out - len(info.mutated_inputs)
+            gm.meta["kiln_input_writes"] = tuple(
+                (first + j, i) for j, i in enumerate(info.mutated_inputs)
+            )
         log("graphs", f"aot inference graph:\n{gm.code}")
         DebugDump().graph("aot.inference", gm)
         compiled = self.fw_compiler(gm, list(flat_args))
@@ -229,6 +237,12 @@ class AotCompiled:
             decompositions=self.decompositions,
             symbolic=self.symbolic,
         )
+        if not info.differentiable:
+            # nothing the program returns or writes has a gradient (an optimizer step, a
+            # body under no_grad): no backward, and written inputs may be computed in place
+            plan = self._compile_inference(flat_args)
+            plan.under_grad = True
+            return plan
         log("graphs", f"aot joint graph:\n{joint.code}")
         fw_gm, bw_gm = self.partition_fn(
             joint, list(flat_args), num_fwd_outputs=info.num_fwd_outputs
@@ -290,7 +304,7 @@ def guarded_call(
     if plan is None:
         return None
     any_requires_grad = any(a.requires_grad for a in examples)
-    need_grad = isinstance(plan, TrainingPlan)
+    need_grad = isinstance(plan, TrainingPlan) or plan.under_grad
     aliases = tuple(
         (o.input_index, examples[o.input_index].storage_offset())
         for o in plan.info.outputs

@@ -43,6 +43,18 @@ def _alias(inp: torch.Tensor, info: OutputInfo) -> torch.Tensor:
     return inp.as_strided(info.size, info.stride, info.storage_offset)
 
 
+def _same_memory(value: torch.Tensor, target: torch.Tensor) -> bool:
+    """``value`` is ``target``'s memory read the same way (a graph that wrote an input's
+    new value in place returns the input, or a view of it over the same elements)."""
+    return value is target or (
+        value.data_ptr() == target.data_ptr()
+        and value.shape == target.shape
+        and value.stride() == target.stride()
+        and value.dtype == target.dtype
+        and value.device == target.device
+    )
+
+
 def finish(
     info: TraceInfo,
     flat_args: Sequence[Any],
@@ -53,6 +65,9 @@ def finish(
     user output of kind ``"tensor"``, in order."""
     for index, value in zip(info.mutated_inputs, mutation_values):
         target = flat_args[index]
+        if _same_memory(value, target):  # computed in the input's storage by the graph
+            torch.autograd.graph.increment_version(target)
+            continue
         if value.requires_grad:
             # written with grad: the input's history continues through the graph (and
             # autograd refuses it on a leaf, as eager does)
@@ -98,6 +113,9 @@ class InferencePlan:
     compiled: Callable
     info: TraceInfo
     num_user: int  # graph outputs before the mutated inputs' values
+    # compiled for a call with grad enabled and inputs that require grad whose outputs
+    # and writes have no gradient (an optimizer step): guarded calls expect that mode
+    under_grad: bool = False
 
     def __post_init__(self) -> None:
         self.plain = returns_graph_outputs(self.info)  # read on every call

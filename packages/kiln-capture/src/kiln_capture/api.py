@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,7 @@ from torch import fx, nn
 
 from kiln_capture import _C
 from kiln_capture.breaks import GraphBreak
-from kiln_capture.hook import Context, Recorder, context_stack, reset
+from kiln_capture.hook import Context, Recorder, context_stack, force_capture, reset
 
 
 class _Enabled:
@@ -71,6 +72,10 @@ def optimize(backend, fullgraph: bool = False, dynamic: bool | None = None):
     def wrap(obj):
         if isinstance(obj, nn.Module):
             return OptimizedModule(obj, ctx)
+
+        code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+        if isinstance(code, types.CodeType):
+            force_capture(code)
 
         @functools.wraps(obj)
         def optimized(*args, **kwargs):

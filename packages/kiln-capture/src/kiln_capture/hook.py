@@ -76,6 +76,22 @@ _SKIP_PACKAGES = ("_pytest", "pytest", "pluggy", "pybind11", "typing_extensions"
 _SKIP_GENERATED = ("<kiln", "<frozen", "<__array_function__")
 
 
+# code objects the user compiled directly (``optimize(backend)(fn)`` of a function in a
+# skipped file, such as ``kiln.compile(optimizer.step)``): captured all the same, as
+# anything they call is traced inline
+_forced: set[types.CodeType] = set()
+
+
+def force_capture(code: types.CodeType) -> None:
+    """Capture frames of ``code`` although its file is skipped (kiln's own code aside:
+    its wrappers, such as ``disable``'s, must stay as they are)."""
+    path = os.path.realpath(code.co_filename)
+    if not skipped_file(code.co_filename) or path.startswith((_KILN_DIR, *_KILN_SIBLING_DIRS)):
+        return
+    _forced.add(code)
+    _skip.discard(code)
+
+
 def skipped_file(filename: str) -> bool:
     """True when frames of ``filename`` are never captured (see the module docstring)."""
     if filename.startswith("<"):
@@ -156,7 +172,7 @@ def _callback(code: types.CodeType, func, args: tuple):
         return RUN_DEFAULT
     if (
         code in EAGER_RESUME_CODES
-        or skipped_file(code.co_filename)
+        or (skipped_file(code.co_filename) and code not in _forced)
         or (code.co_name.startswith("<") and code.co_name != "<lambda>")  # <module>, <genexpr>
         or _torch_module_constructor(code)
     ):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from .backend import KernelSource, get_backend
 from .config import read_config
 from .errors import AotUnavailableError
 from .graph import GraphLowering
+from .ir.nodes import ComputedBuffer, InputBuffer, StorageView
 from .ir.printer import print_ir
 from .ir.symbols import shape_env
 from .runtime.layout_copies import record_layout_copy
@@ -143,6 +145,32 @@ def is_aten_graph(gm: torch.fx.GraphModule) -> bool:
     )
 
 
+def _donated_inputs(gm: torch.fx.GraphModule, ir: Any) -> dict[str, str]:
+    """Output buffer -> the graph input it may be written into: the graph's outputs that
+    are new values of inputs its caller writes back (``gm.meta["kiln_input_writes"]``,
+    pairs of output and input positions, from kiln-aot), where the output is a whole
+    buffer of the input's layout that no other output returns."""
+    pairs = gm.meta.get("kiln_input_writes", ())
+    if not pairs:
+        return {}
+    names = Counter(o.buffer.name for o in ir.outputs if isinstance(o, StorageView))
+    donated: dict[str, str] = {}
+    for out_pos, in_pos in pairs:
+        out = ir.outputs[out_pos] if out_pos < len(ir.outputs) else None
+        inp = ir.inputs[in_pos] if in_pos < len(ir.inputs) else None
+        if not isinstance(out, StorageView) or not isinstance(inp, InputBuffer):
+            continue
+        buf = out.buffer
+        if (
+            isinstance(buf, ComputedBuffer)
+            and names[buf.name] == 1
+            and out.layout == buf.layout == inp.layout
+            and inp.name not in donated.values()
+        ):
+            donated[buf.name] = inp.name
+    return donated
+
+
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
     """Compile an ATen-level FX graph (DESIGN.md contract 3) into a callable."""
     cfg = read_config()
@@ -181,7 +209,7 @@ def _compile_lowered(
         groups = [s for s in steps if isinstance(s, FusedGroup)]
     if cfg.verify:
         verify_schedule(ir, steps)
-    plan = plan_memory(steps, ir)
+    plan = plan_memory(steps, ir, _donated_inputs(gm, ir))
     _dump(debug, "sched", _format_schedule(steps))
     t1 = time.perf_counter()
     sources = [backend.codegen_kernel(g, ir.buffers) for g in groups] if backend else []

@@ -480,6 +480,32 @@ def _record_index_value(made: Var, fn, consts: list, probe) -> None:
         made.index_value = data
 
 
+_HAS_TORCH_FUNCTION = (
+    torch._C._has_torch_function,
+    torch._C._has_torch_function_unary,
+    torch._C._has_torch_function_variadic,
+)
+
+
+def _has_torch_function(tx, fn, args: list[Var]) -> bool:
+    """``has_torch_function*`` of the traced values (torch's functions ask it first, which
+    a frame compiled directly from torch's code evaluates): False for the tensors the trace
+    holds (plain tensors and parameters, whose override is disabled), the real answer for
+    known Python values."""
+    values = args[0].unpack(tx) if fn is torch._C._has_torch_function and args else args
+    for v in values:
+        if isinstance(v, TensorVar):
+            if v.python_type() not in (torch.Tensor, torch.nn.Parameter):
+                raise Unsupported(breaks.UNKNOWN_CALLABLE, "a tensor subclass's __torch_function__")
+            continue
+        value = python_value(v)
+        if value is _NO_VALUE:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"has_torch_function of {v!r}")
+        if torch._C._has_torch_function_unary(value):
+            return True
+    return False
+
+
 class TorchFnVar(Var):
     """A function of the torch namespace, torch.nn.functional or a Tensor method descriptor."""
 
@@ -512,6 +538,8 @@ class TorchFnVar(Var):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:
             return ConstVar(tx.out.grad_enabled)
+        if fn in _HAS_TORCH_FUNCTION:
+            return ConstVar(_has_torch_function(tx, fn, args))
         if fn is torch.is_inference_mode_enabled:  # the real mode, which the trace keeps
             value = fn()
             f = tx.out.guards.const(fn)

@@ -9,6 +9,13 @@ step that reads it; graph outputs never die. A kernel may write its output in pl
 input it is the last reader of when every read of that input is at the very index it
 writes (a pointwise output written over a dead input). A scatter always writes over its
 base (the copy of the tensor it updates, which only it reads).
+
+``donated`` (output buffer -> graph input) names graph inputs whose caller wants them
+overwritten by that output (kiln-aot's inference graphs: the new value of an input the
+program writes in place, such as an optimizer's parameters and states): the kernel that
+computes the output writes it into the input's storage when the input is read nowhere
+after that kernel and only at the very index written (as for a dead input), so the write
+back after the graph has nothing left to copy.
 """
 
 from __future__ import annotations
@@ -36,8 +43,11 @@ def _reads(step: Step) -> list[str]:
     return list(step.inputs)
 
 
-def plan_memory(steps: list[Step], ir: GraphIR) -> MemoryPlan:
+def plan_memory(
+    steps: list[Step], ir: GraphIR, donated: dict[str, str] | None = None
+) -> MemoryPlan:
     plan = MemoryPlan()
+    donated = donated or {}
     last_use: dict[str, int] = {}
     for k, step in enumerate(steps):
         for b in _reads(step):
@@ -85,6 +95,13 @@ def plan_memory(steps: list[Step], ir: GraphIR) -> MemoryPlan:
                     step.aliases.update((base, name))
                     allocs.append((name, base, "inplace"))
                     owned.add(name)
+                    plan.reused += 1
+                    continue
+                given = donated.get(name)
+                if given is not None and _in_place(step, name, k, last_use, {given}, ir) == given:
+                    step.aliases.add(given)
+                    step.aliases.add(name)
+                    allocs.append((name, given, "inplace"))
                     plan.reused += 1
                     continue
                 reuse = _pick(pool, buf, ir)
