@@ -47,6 +47,7 @@ from kiln_capture.variables.containers import (
     DequeVar,
     DictVar,
     ListVar,
+    SetVar,
     SliceVar,
     TupleVar,
     known_index,
@@ -608,6 +609,13 @@ class Frame:
     def SET_UPDATE(self, ins):
         v = self.pop()
         target = self.stack[-ins.arg]
+        if (
+            isinstance(target, SetVar)
+            and v.is_const()
+            and isinstance(v.as_const(), set | frozenset)
+        ):  # a display's constant frozenset: merged as CPython merges it, in its slot order
+            target.values.update(v.as_const())
+            return
         for x in v.unpack(self):
             target.add(self, x)
 
