@@ -262,3 +262,18 @@ def test_lstsq_outputs_by_driver(driver):
         return out.solution * 2, out.residuals, out.rank
 
     _check(f, _data(40, 6, 3), _data(41, 6, 2))
+
+
+def test_linear_cross_entropy_with_frozen_options():
+    """A frozen dataclass of constants handed to a torch function (chunking options) is a
+    constant argument guarded by identity; the chunked path compiles."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    options = LinearCrossEntropyOptions(batch_chunk_size=2)
+
+    def f(x, w, t):
+        return torch.nn.functional.linear_cross_entropy(x, w, t, options=options)
+
+    g = torch.Generator().manual_seed(50)
+    x, w = torch.randn(6, 3, generator=g), torch.randn(4, 3, generator=g)
+    _check(f, x, w, torch.randint(0, 4, (6,), generator=g))

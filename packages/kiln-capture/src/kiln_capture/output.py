@@ -563,6 +563,8 @@ class OutputGraph:
     # -- tensor operations ---------------------------------------------------------------
 
     def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        args = [self._frozen_const(a) for a in args]
+        kwargs = {k: self._frozen_const(v) for k, v in kwargs.items()}
         rewritten = _truth_op(self, kind, target, args, kwargs)
         if rewritten is not None:
             return rewritten
@@ -662,6 +664,23 @@ class OutputGraph:
             node.meta["stack_trace"] = self.frame.stack_trace()
         self.ops += 1
         return self._wrap_result(node, result, device)
+
+    def _frozen_const(self, v: Var) -> Var:
+        """An instance of a frozen dataclass read from the frame (``LinearCrossEntropyOptions``
+        handed to ``F.linear_cross_entropy``) is a constant argument of the op, guarded by
+        identity: its fields cannot change."""
+        value = getattr(v, "value", None)
+        source = getattr(v, "source", None)
+        params = getattr(type(value), "__dataclass_params__", None)
+        if params is None or not params.frozen or source is None or isinstance(value, type):
+            return v
+        if type(v).__name__ != "ObjectVar":
+            return v
+        fields = [getattr(value, f.name) for f in dataclasses.fields(value)]
+        if not all(is_constant_value(f) or isinstance(f, torch.dtype) for f in fields):
+            return v  # a field that could change inside (a list): not a constant
+        self.guards.id_is(source, value)
+        return ConstVar(value)
 
     def _symbolic_meta_mode(self, force: bool = False):
         if not self.shape_env.symbols and not force:
