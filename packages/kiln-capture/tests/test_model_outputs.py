@@ -180,3 +180,25 @@ def test_forward_returning_model_output_has_no_eager_frame_and_no_break(name):
     assert report.eager_frames == []
     assert kiln_capture.stats()["eager_frames"] == 0
     assert not [w for w in caught if "kiln" in str(w.message)]
+
+
+def reads_a_record_passed_in(x, out):
+    attrs = out.__dict__
+    return x * out.last_hidden_state, list(attrs), attrs.get("extra"), list(out.keys()), out[0]
+
+
+def test_record_passed_in_is_read_as_it_is():
+    """Its attributes (one set outside the fields too) and entries, in their order, are
+    the object's own, guarded: another set of attribute names recompiles."""
+    t = torch.randn(3)
+    out = BaseModelOutput(last_hidden_state=t)
+    out.extra = 5
+    plain = BaseModelOutput(last_hidden_state=t)
+    compiled = kiln_capture.optimize(CountingBackend())(reads_a_record_passed_in)
+    for arg in (out, plain, out):
+        expected = reads_a_record_passed_in(t, arg)
+        report = kiln_capture.explain(reads_a_record_passed_in)(t, arg)
+        compare(report.result, expected)
+        assert (report.graph_count, report.break_count) == (1, 0), str(report)
+        compare(compiled(t, arg), expected)
+    assert kiln_capture.stats()["eager_frames"] == 0

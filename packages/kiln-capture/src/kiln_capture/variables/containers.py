@@ -900,7 +900,8 @@ def known_index(key: Var) -> int | None:
 
 
 def wrap_collection(out, value: object, source, rooted: bool) -> Var | None:
-    """A Counter, deque, enumerate or zip object read from ``source`` (an argument, a global, a closure): its
+    """A Counter, deque, ModelOutput-style record, enumerate or zip object read from
+    ``source`` (an argument, a global, a closure): its
     type, length (a Counter's keys) and maxlen guarded, its items wrapped from their own
     sources; its changes are written back after the graph like a list's. None for other
     values."""
@@ -921,6 +922,10 @@ def wrap_collection(out, value: object, source, rooted: bool) -> Var | None:
             g.add(f"{e}.maxlen == {value.maxlen!r}", f"{e}.maxlen == {value.maxlen!r}")
         items = [out.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
         return DequeVar(items, value.maxlen, source)
+    if rooted and isinstance(value, dict) and hasattr(value, "__dataclass_fields__"):
+        from kiln_capture.variables.records import wrap_record  # a ModelOutput
+
+        return wrap_record(out, value, source)
     if type(value) in (enumerate, zip) and rooted:  # a continuation's loop iterator
         from kiln_capture.variables.iterators import wrap_enumerate_zip
 

@@ -299,3 +299,30 @@ class _RecordDelitemVar(Var):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "dict.__delitem__ arguments")
         self.record.raw_delitem(tx, args[0])
         return ConstVar(None)
+
+
+def wrap_record(out, value: object, source) -> RecordVar | None:
+    """A record read from ``source`` (a ModelOutput handed in, or the ``self`` of its
+    ``__init__``/``__post_init__`` captured as a frame of its own): its entries and its
+    attributes as the real object holds them, in their order, each guarded (its keys, its
+    attribute names), so ``self.__dict__`` and ``keys()`` are the object's own. None for
+    other values."""
+    from kiln_capture.sources import ItemSource
+
+    attrs = getattr(value, "__dict__", None)
+    if (
+        not is_record_type(type(value))
+        or not all(isinstance(k, str) for k in value)
+        or not isinstance(attrs, dict)
+    ):
+        return None
+    g, src = out.guards, source.expr()
+    g.type_is(source, value)
+    g.dict_keys(source, tuple(value))
+    g.add(f"tuple(vars({src})) == {tuple(attrs)!r}", f"attributes of {src}: {tuple(attrs)!r}")
+    entries = {k: out.wrap(v, ItemSource(source, k)) for k, v in value.items()}
+    values = {
+        k: entries[k] if k in entries and v is value[k] else out.wrap(v, AttrSource(source, k))
+        for k, v in attrs.items()
+    }
+    return RecordVar(type(value), values, source=source, entries=entries)
