@@ -9,6 +9,7 @@ PYTEST_DONT_REWRITE"""
 import contextlib
 import io
 import re
+import zlib
 
 import pytest
 import torch
@@ -200,3 +201,19 @@ def test_frame_run_eagerly_warns_with_the_breaks_line_and_fix():
     where = f"{__file__}:{_marked_line('eager')}"
     assert where in frame and "fix: " in frame
     assert any(where in str(w.message) for w in caught)
+
+
+_CHECKSUM = zlib.crc32  # a C function kiln does not model
+
+
+def calls_a_c_function(x):
+    return x + _CHECKSUM(b"kiln") % 3  # <- named
+
+
+def test_unknown_callable_is_named():
+    x = torch.randn(2)
+    report = kiln_capture.explain(calls_a_c_function)(x)
+    torch.testing.assert_close(report.result, calls_a_c_function(x))
+    (brk,) = report.breaks
+    assert brk.kind is breaks.UNKNOWN_CALLABLE and "zlib.crc32" in brk.detail
+    assert (brk.filename, brk.lineno) == (__file__, _marked_line("named"))

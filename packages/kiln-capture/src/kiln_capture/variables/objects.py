@@ -246,7 +246,14 @@ class ObjectVar(Var):
                 for k, a in v.keywords.items()
             }
             return fn.call(tx, [*given, *args], {**keywords, **kwargs})
-        raise Unsupported(breaks.UNKNOWN_CALLABLE, f"call of a {type(v).__name__} object")
+        name = getattr(v, "__qualname__", None) or getattr(v, "__name__", None)
+        module = getattr(v, "__module__", None)
+        what = f"{module}.{name}" if name and module else (name or "")
+        # the report names the callable (``_C.set_enabled``), not only its type
+        raise Unsupported(
+            breaks.UNKNOWN_CALLABLE,
+            f"call of {what} ({type(v).__name__})" if what else f"call of a {type(v).__name__}",
+        )
 
     def getitem(self, tx, key):
         gi = inspect.getattr_static(type(self.value), "__getitem__", None)
