@@ -81,6 +81,14 @@ def counter_passed_in_is_updated(x, c):
 
 
 @program()
+def counter_of_tensors_updated(x):
+    c = collections.Counter(w=x)
+    c.update({"w": x * 2, "v": x})  # counts are added in the graph
+    c.subtract(w=x)
+    return c["w"], c["v"], list(c)
+
+
+@program()
 def counter_of_tensors_as_values(x):
     c = collections.Counter({"w": x})  # a mapping's values are taken as they are
     return c["w"] * 2, c["none"]
@@ -230,3 +238,27 @@ def test_deque_passed_in_changes_reach_the_caller_each_call():
         mine, theirs = collections.deque([1, 2], maxlen=3), collections.deque([1, 2], maxlen=3)
         assert_same(compiled(x, mine), deque_passed_in_is_changed(x, theirs))
         assert mine == theirs and mine.maxlen == theirs.maxlen
+
+
+class _Tracker:
+    def __init__(self):
+        self.counts = collections.Counter()
+
+
+def _count_calls(x, tracker):
+    tracker.counts["calls"] += 1
+    tracker.counts.update(["x", "y"])
+    return x + tracker.counts["calls"]
+
+
+def test_counter_on_an_object_counts_every_call():
+    """Counts that change each call become symbolic sizes after a recompile: update and
+    subtract still run in the trace (no break), the object's counter ends as eager's."""
+    mine, theirs = _Tracker(), _Tracker()
+    compiled = kiln_capture.optimize(CountingBackend())(_count_calls)
+    for _ in range(4):
+        x = torch.randn(2)
+        assert_same(compiled(x, mine), _count_calls(x, theirs))
+        assert mine.counts == theirs.counts and list(mine.counts) == list(theirs.counts)
+    assert kiln_capture.stats()["breaks"] == 0
+    assert kiln_capture.stats()["eager_frames"] == 0

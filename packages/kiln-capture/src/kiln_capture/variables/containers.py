@@ -625,19 +625,36 @@ class CounterVar(DictVar):
     def is_const(self) -> bool:
         return False
 
-    def _set_counts(self, tx, real: collections.Counter) -> None:
-        self.items.clear()  # in place: live iterators hold this dict
-        self.items.update({k: ConstVar(v) for k, v in real.items()})
-        tx.out.side_effects.mutated(self)
+    def _count(self, tx, name: str, arg: Var) -> None:
+        """``update``/``subtract`` by one argument, as Counter's Python code computes it
+        (counts may be sizes or tensors): a mapping's counts are added (or copied into an
+        empty counter), an iterable's elements counted one by one."""
+        from kiln_capture.variables.builtins import binary
+
+        sign = operator.add if name == "update" else operator.sub
+        if isinstance(arg, DictVar):
+            if name == "update" and not self.items:
+                self.items.update(arg.items)  # dict.update into an empty Counter
+                return
+            for k, count in list(arg.items.items()):
+                have = self.items.get(k, ConstVar(0))
+                self.items[k] = (
+                    binary(tx, operator.add, count, have)
+                    if name == "update"
+                    else binary(tx, sign, have, count)
+                )
+            return
+        for element in counter_argument(tx, arg):
+            have = self.items.get(element, ConstVar(0))
+            self.items[element] = binary(tx, sign, have, ConstVar(1))
 
     def call_method(self, tx, name, args, kwargs) -> Var:
         if name == "__getitem__":
             return self.getitem(tx, args[0])
         if name in ("update", "subtract"):
-            real = self.counts()
-            source = counter_argument(tx, args[0]) if args else {}
-            getattr(real, name)(source, **{k: v.as_const() for k, v in kwargs.items()})
-            self._set_counts(tx, real)
+            for arg in [*args[:1], *([DictVar(kwargs)] if kwargs else [])]:
+                self._count(tx, name, arg)
+            tx.out.side_effects.mutated(self)
             return ConstVar(None)
         if name == "most_common":
             n = args[0].as_const() if args else kwargs.get("n", ConstVar(None)).as_const()
@@ -689,8 +706,8 @@ def counter_binary(tx, fn, a: Var, b: Var) -> Var | None:
 
 
 def counter_argument(tx, arg: Var) -> object:
-    """What ``Counter(arg)``/``update(arg)`` counts, as a real value: a mapping of
-    constant counts, or an iterable of constant elements."""
+    """What ``Counter(arg)`` counts, as a real value: a mapping of constant counts, or an
+    iterable of constant elements."""
     if isinstance(arg, CounterVar):
         return arg.counts()
     if isinstance(arg, DictVar):
@@ -708,22 +725,13 @@ def counter_argument(tx, arg: Var) -> object:
 
 
 def make_counter(tx, args: list[Var], kwargs: dict[str, Var]) -> CounterVar:
-    """``Counter(iterable_or_mapping, **kwargs)``: a mapping's values are taken as they
-    are (Counter copies them into an empty counter), elements are counted."""
+    """``Counter(iterable_or_mapping, **kwargs)``: ``update`` of an empty counter (a
+    mapping's values are taken as they are, elements are counted)."""
     if len(args) > 1:
         raise _raised(TypeError, f"expected at most 1 argument, got {len(args)}")
     made = CounterVar({})
-    if args and isinstance(args[0], DictVar) and not isinstance(args[0], CounterVar):
-        made.items.update(args[0].items)
-        args = []
-    if not args and not kwargs:
-        return made
-    real = made.counts()
-    if args:
-        real.update(counter_argument(tx, args[0]))
-    real.update({k: v.as_const() for k, v in kwargs.items()})
-    made.items.clear()
-    made.items.update({k: ConstVar(v) for k, v in real.items()})
+    for arg in [*args, *([DictVar(kwargs)] if kwargs else [])]:
+        made._count(tx, "update", arg)
     return made
 
 
