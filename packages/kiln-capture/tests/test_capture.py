@@ -136,5 +136,6 @@ def test_tensor_branch_inside_try():
     expected = tensor_branch_in_try(x)
     out = kiln_capture.explain(tensor_branch_in_try)(x)
     assert_same(out.result, expected)
-    assert (out.graph_count, out.break_count) == (3, 2)
+    # the branch breaks; float(...) of the sum is a graph value (issue #17), no break
+    assert (out.graph_count, out.break_count) == (2, 1)
     assert all(b.resumed for b in out.breaks)

@@ -50,6 +50,8 @@ FAMILIES = {
     "item": lambda x: x.amax().item(),
     "item_times_tensor": lambda x: x * x[0, 0].item(),
     "item_of_input": lambda x: x[1:2, 1:2].contiguous().item(),
+    "float_of_tensor": lambda x: x + float(x.max()),
+    "int_of_tensor": lambda x: x * int(x.argmax()),
     "nonzero": lambda x: torch.nonzero(x > 0) * 2,
     "argwhere": lambda x: torch.argwhere(x > 0.5) + 1,
     "masked_select": lambda x: torch.masked_select(x, x < 0).exp(),

@@ -370,6 +370,9 @@ class BuiltinVar(Var):
             if isinstance(cls, type):  # str(type(x)): "<class 'torch.Tensor'>"
                 return ConstVar(fn(cls))
         if any(isinstance(a, TensorVar) for a in args):
+            if fn in (int, float) and len(args) == 1 and not kwargs:
+                # float(t) of a one-element float tensor is t.item(): a graph value (tensors.py)
+                return args[0].call_method(tx, f"__{fn.__name__}__", [], {})
             if getattr(fn, "__module__", None) == "math" or fn in (
                 int,
                 float,
