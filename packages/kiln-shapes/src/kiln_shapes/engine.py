@@ -192,6 +192,7 @@ class ShapeEnv:
         # the Python stack) sets this to return the line it is evaluating
         self.locate: Callable[[], str | None] | None = None
         self._by_hint: dict[int, sympy.Symbol] = {}
+        self.has_unbacked = False  # whether create_unbacked made a symbol here
         # facts about unbacked values the code asserted (torch._check), or that a
         # speculation took (``speculating``): not guards
         self.assumptions: list[sympy.Basic] = []
@@ -275,6 +276,7 @@ class ShapeEnv:
         self.symbols[s] = SymbolInfo(
             s, int(fallback), lo_v, hi_v, [source], unbacked=True, pytype=pytype
         )
+        self.has_unbacked = True
         return s
 
     def unbacked_value(self, source: str, pytype: type, **range_: Any) -> Any:
@@ -292,6 +294,8 @@ class ShapeEnv:
 
     def unbacked_in(self, expr: Any) -> set[sympy.Symbol]:
         """The unbacked symbols ``expr`` depends on (after replacements)."""
+        if not self.has_unbacked:  # the common case: no data-dependent value in this env
+            return set()
         free = getattr(sympy.sympify(expr), "free_symbols", set())
         return {s for s in free if self.is_unbacked(s)}
 
@@ -854,7 +858,7 @@ class SymNode:
         return bool(self.expr.is_Number) or self.expr in (sympy.true, sympy.false)
 
     def has_hint(self) -> bool:
-        return not self.env.unbacked_in(self.env.simplify(self.expr))
+        return not (self.env.has_unbacked and self.env.unbacked_in(self.env.simplify(self.expr)))
 
     @property
     def hint(self) -> Any:
@@ -874,7 +878,7 @@ class SymNode:
         """Only for a value that depends on unbacked symbols: torch's ``guard_or_false`` /
         ``guard_or_true`` ask it for an answer with a default (their fast path when
         provable); every other node has none (AttributeError: torch asks the node)."""
-        if not self.env.unbacked_in(self.env.simplify(self.expr)):
+        if not self.env.has_unbacked or not self.env.unbacked_in(self.env.simplify(self.expr)):
             raise AttributeError("shape_env")
         return _UnbackedQuestions(self.env)
 
@@ -923,8 +927,9 @@ class SymNode:
     def expect_true(self, file: str = "", line: int = 0) -> bool:
         """``torch._check(cond)``: a fact the code asserts. About unbacked values it is
         assumed (the op that computes them checks it at run time) and narrows a range."""
-        known = self.env.statically_known(self.expr)
-        if known is not None or not self.env.unbacked_in(self.env.simplify(self.expr)):
+        if not self.env.unbacked_in(self.env.simplify(self.expr)):
+            return self.guard_bool(file, line)
+        if self.env.statically_known(self.expr) is not None:
             return self.guard_bool(file, line)
         self.env.assume(self.expr)
         if self.env.on_assume is not None:  # checked when the graph runs (kiln-aot)
@@ -952,7 +957,7 @@ class SymNode:
     def _guard_or(self, default: bool, file: str, line: int) -> bool:
         """A fast path's question (metadata, contiguity): about unbacked values the ranges
         answer it, else ``default`` (never a speculation, never an error)."""
-        if self.env.unbacked_in(self.env.simplify(self.expr)):
+        if self.env.has_unbacked and self.env.unbacked_in(self.env.simplify(self.expr)):
             known = self.env.statically_known(self.expr)
             return default if known is None else known
         return self.guard_bool(file, line)
