@@ -207,17 +207,34 @@ def test_a_branch_inside_an_op_compiles_with_a_run_time_check(name, aten_graphs)
     assert aten_graphs and all(k > 0 and set(f) <= library for k, f in aten_graphs), aten_graphs
 
 
-def test_the_run_time_check_raises_where_eager_takes_the_other_side():
+def test_the_other_side_of_a_compiled_branch_runs_the_graph_eagerly():
+    """A call whose data takes the side the graph did not assume runs the captured graph
+    eagerly (warned, counted): eager's own error for cov's negative weights, eager's result
+    for narrow's negative tensor start; the next call with ordinary data is compiled."""
+
     def f(x, w):
         return torch.cov(x, aweights=w)
 
     x, w = _data(14, 3, 5), _data(15, 5).abs() + 0.1
     compiled = _check(f, x, w)
-    bad = -w  # eager raises "aweights cannot be negative"
+    bad = -w
     with pytest.raises(RuntimeError, match="aweights cannot be negative"):
         f(x, bad)
-    with pytest.raises(RuntimeError, match="kiln: compiled assuming"):
-        compiled(x, bad)
+    with pytest.warns(UserWarning, match="kiln: compiled assuming"):
+        with pytest.raises(RuntimeError, match="aweights cannot be negative"):
+            compiled(x, bad)
+    assert kiln.stats()["eager_frames"] == 1
+
+    def g(x, start):
+        return x.narrow(0, start, 2) * 2
+
+    x = _data(16, 6, 3)
+    compiled = _check(g, x, torch.tensor(1))
+    with pytest.warns(UserWarning, match="ran eagerly"):
+        torch.testing.assert_close(compiled(x, torch.tensor(-3)), g(x, torch.tensor(-3)))
+    torch.testing.assert_close(compiled(x, torch.tensor(3)), g(x, torch.tensor(3)))
+    stats = kiln.stats()
+    assert stats["eager_frames"] == 1 and stats["graphs"] == 1 and stats["recompiles"] == 0
 
 
 def test_symbolic_input_sizes_and_values_of_the_data_together():

@@ -457,8 +457,7 @@ class Tracer:
         where = self.source or user_source_line() or "an op of the graph"
         msg = (
             f"kiln: compiled assuming {kiln_shapes.python_expr(fact)} (a branch on tensor "
-            f"data inside the op at {where}); this call's data takes the other side, which "
-            "eager runs (it may raise there). Run this code eagerly (kiln.disable) for such data."
+            f"data inside the op at {where}); this call's data takes the other side"
         )
         node = self.graph.call_function(aten._assert_scalar.default, (cond, msg))
         node.meta["val"] = None

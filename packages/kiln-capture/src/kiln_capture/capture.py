@@ -184,6 +184,9 @@ def _compile_graph(
     examples = [out.example_inputs[list(out.input_sources).index(n)] for n in kept]
     gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnCaptured")
     gm.meta["shape_env"] = out.shape_env  # the symbols of its inputs' sizes (kiln-shapes)
+    # values of the data were compiled speculating inside some op: a copy runs eagerly
+    # for a call whose data takes the other side (_eager_when_assumption_fails)
+    eager = _graph_copy(gm) if out.shape_env.has_unbacked else None
     log("graphs", f"captured graph {len(ctx.graphs)} ({out.ops} ops)\n{gm.code}")
     start = time.perf_counter()
     try:
@@ -200,11 +203,44 @@ def _compile_graph(
         # the graph runs: the backend may skip its own checks of them (kiln_aot.api,
         # "Guarded calls")
         compiled = fast
+    if eager is not None:
+        compiled = _eager_when_assumption_fails(compiled, eager, len(ctx.graphs))
     counters.bump("graphs")
     ctx.graphs.append(gm)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
     return compiled, gm, exprs
+
+
+def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return fx.GraphModule(gm, graph, class_name="KilnCapturedEager")
+
+
+def _eager_when_assumption_fails(compiled, eager: fx.GraphModule, index: int):
+    """``compiled``, running ``eager`` (the captured graph itself, eagerly) for a call whose
+    data takes the side of a branch inside an op that the compiled code did not assume
+    (kiln_shapes.AssumptionFailed): eager's result, or eager's own error. Warned once per
+    graph and counted as an eager frame."""
+    from kiln_shapes import AssumptionFailed
+
+    warned: list[bool] = []
+
+    def run(*args):
+        try:
+            return compiled(*args)
+        except AssumptionFailed as e:
+            counters.eager_frame("a value of the data took a branch the graph did not assume")
+            if not warned:
+                warned.append(True)
+                import warnings
+
+                warnings.warn(f"{e} (graph {index} ran eagerly for this call)", stacklevel=2)
+            return eager(*args)
+
+    return run
 
 
 def _graph_lines(compiled, inputs: list[str]) -> list[str]:

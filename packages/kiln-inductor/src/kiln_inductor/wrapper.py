@@ -281,6 +281,12 @@ class WrapperCodegen:
             )
 
     def _extern(self, step: ExternKernel) -> list[str]:
+        if step.op is torch.ops.aten._assert_scalar.default:
+            # what kiln-aot assumed about a value of the data inside an op: checked here,
+            # over the bound symbols; a failure makes the caller run the graph eagerly
+            self.globals["assumption_failed"] = _assumption_failed
+            cond, msg = (self._arg(a) for a in step.args[:2])
+            return [f"if not ({cond}): assumption_failed({msg})"]
         target = call_target(step.op)
         op = self._global("aten_", target)
         self.call_targets[op] = step.op
@@ -322,6 +328,12 @@ class WrapperCodegen:
                 lines.append(f"{o.name} = restride({o.name}, {_tuple(lay.stride)}, {site!r})")
         lines.append(f"del {step.name}")
         return lines
+
+
+def _assumption_failed(message: str) -> None:
+    from kiln_shapes import AssumptionFailed
+
+    raise AssumptionFailed(message)
 
 
 _copied: set[str] = set()  # restride sites already logged

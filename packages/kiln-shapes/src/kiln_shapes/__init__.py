@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from .engine import (
+    AssumptionFailed,
     DataDependentError,
     Guard,
     ShapeEnv,
@@ -30,6 +31,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "AssumptionFailed",
     "DataDependentError",
     "FloorDiv",
     "Guard",

@@ -56,6 +56,13 @@ class ShapeGuardError(RuntimeError):
     """A size fell outside a range declared with ``mark_dynamic(min=, max=)``."""
 
 
+class AssumptionFailed(RuntimeError):
+    """Raised by compiled code when a call's data takes the other side of a branch that was
+    compiled speculating (``ShapeEnv.speculating``: narrow's start assumed >= 0, cov's
+    weights assumed non-negative). A capture engine runs that call's graph eagerly instead
+    (kiln-capture: eager's result, or eager's own error)."""
+
+
 class DataDependentError(RuntimeError):
     """A question about a value known only at run time (an unbacked symbol: ``.item()``'s
     value, ``nonzero``'s length) that its range cannot answer. It has no example value to
