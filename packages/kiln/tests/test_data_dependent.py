@@ -296,3 +296,17 @@ def test_linear_cross_entropy_with_frozen_options():
     g = torch.Generator().manual_seed(50)
     x, w = torch.randn(6, 3, generator=g), torch.randn(4, 3, generator=g)
     _check(f, x, w, torch.randint(0, 4, (6,), generator=g))
+
+
+def test_arithmetic_on_item_values():
+    """t.item() * 2 and t.item() ** 2: numbers of the data computed by the wrapper; pow's
+    check of a negative base takes a side (a negative value runs that call eagerly)."""
+
+    def f(x, t):
+        return x * (t.item() * 2) + t.item() ** 2
+
+    x = _data(60, 4)
+    compiled = _check(f, x, torch.tensor(1.5))
+    torch.testing.assert_close(compiled(x, torch.tensor(0.25)), f(x, torch.tensor(0.25)))
+    with pytest.warns(UserWarning, match="ran eagerly"):
+        torch.testing.assert_close(compiled(x, torch.tensor(-0.5)), f(x, torch.tensor(-0.5)))

@@ -127,6 +127,8 @@ class SymEmitter:
             return self._call(torch.sym_ite, self.emit(cond), self.emit(a), self.emit(b))
         if isinstance(expr, sympy.Pow) and expr.exp == -1:  # 1 / x of a float
             return self._call(operator.truediv, 1.0, self.emit(expr.base))
+        if isinstance(expr, sympy.Pow) and expr.free_symbols:  # t.item() ** 2.0
+            return self._call(operator.pow, self.emit(expr.base), self.emit(expr.exp))
         if isinstance(expr, sympy.floor) and isinstance(expr.args[0], sympy.Mul):
             num, den = sympy.fraction(expr.args[0])
             if den != 1:
