@@ -200,6 +200,37 @@ def enumerate_list_changed_across_a_break(x):
     return out, items
 
 
+@program()
+def reversed_list_shrinking_in_loop(x):
+    items = [x, x + 1, x + 2, x + 3, x + 4]
+    out = []
+    for t in reversed(items):
+        out.append(t)
+        del items[-2:]  # the reverse iterator's index is past the end: it stops
+    return out, len(items)
+
+
+@program(graphs=4, breaks=4)
+def reversed_list_changed_across_a_break(x):
+    items = [1, 2, 3, 4]
+    out = []
+    for v in reversed(items):
+        out.append(_eager_step(x) * v)
+        if len(items) > 2:
+            items.pop()
+    return out, items
+
+
+@program(graphs=3, breaks=3)
+def dict_loop_with_a_break(x):
+    d = {"a": 1, "b": 2, "c": 3}
+    out = []
+    for k, v in d.items():  # handed on as its remaining items, read by the continuation
+        out.append(_eager_step(x) * v)
+        d[k] = v * 10  # same size: no error, as in eager code
+    return out, d
+
+
 @program(graphs=2, breaks=2)
 def zip_of_lists_growing_across_a_break(x):
     a, b = [x], [1.0]

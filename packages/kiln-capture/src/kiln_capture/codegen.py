@@ -33,6 +33,7 @@ _MUTABLE_NEW = frozenset(
         "CounterVar",
         "DequeVar",
         "DequeIteratorVar",
+        "ListReverseIteratorVar",
         "EnumerateVar",
         "ZipVar",
         "GeneratorVar",

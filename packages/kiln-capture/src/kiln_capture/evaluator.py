@@ -480,6 +480,12 @@ class Frame:
     def DELETE_SUBSCR(self, ins):
         key = self.pop()
         container = self.pop()
+        if (
+            isinstance(container, ListVar) and key.is_const() and isinstance(key.as_const(), slice)
+        ):  # del lst[i:j]
+            del container.items[key.as_const()]
+            self.out.side_effects.mutated(container)
+            return
         if isinstance(container, CounterVar | DequeVar):  # their own __delitem__
             container.call_method(self, "__delitem__", [key], {})
             return

@@ -35,13 +35,14 @@ from kiln_capture.variables.iterators import (
     EnumerateVar,
     IteratorVar,
     ListIteratorVar,
+    ListReverseIteratorVar,
     ZipVar,
     iterate,
 )
 from kiln_capture.variables.sizes import SymIntVar
 from kiln_capture.variables.tensors import SizeVar, TensorVar
 
-LIVE_ITERATORS = (ListIteratorVar, DictIteratorVar)
+LIVE_ITERATORS = (ListIteratorVar, ListReverseIteratorVar, DictIteratorVar)
 
 BINARY_OPS = {
     "+": operator.add,
@@ -507,6 +508,8 @@ def _next_row(iters: list[IteratorVar]) -> list[Var] | None:
 
 
 def _reversed(tx, it) -> Var:
+    if type(it) is ListVar:  # live, as CPython's list_reverseiterator
+        return ListReverseIteratorVar(it)
     return IteratorVar(list(reversed(_items(tx, it))))
 
 

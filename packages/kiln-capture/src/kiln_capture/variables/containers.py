@@ -744,6 +744,7 @@ class DequeVar(Var):
     def __init__(self, items: list[Var], maxlen: int | None = None, source=None) -> None:
         self.items: collections.deque = collections.deque(items, maxlen)
         self.source = source
+        self.changes = 0  # how many changes so far (an iterator started before one raises)
 
     def __repr__(self) -> str:
         return f"Deque({list(self.items)!r})"
@@ -786,6 +787,7 @@ class DequeVar(Var):
         self._mutated(tx)
 
     def _mutated(self, tx) -> None:
+        self.changes += 1
         tx.out.side_effects.mutated(self)
 
     def getattr(self, tx, name: str) -> Var:
@@ -934,6 +936,10 @@ def wrap_collection(out, value: object, source, rooted: bool) -> Var | None:
         from kiln_capture.variables.records import wrap_record  # a ModelOutput
 
         return wrap_record(out, value, source)
+    if type(value) is type(reversed([])) and rooted:  # a continuation's loop iterator
+        from kiln_capture.variables.iterators import wrap_reversed
+
+        return wrap_reversed(out, value, source)
     if type(value) in (enumerate, zip) and rooted:  # a continuation's loop iterator
         from kiln_capture.variables.iterators import wrap_enumerate_zip
 

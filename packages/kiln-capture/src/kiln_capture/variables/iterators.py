@@ -95,6 +95,95 @@ class ListIteratorVar(IteratorVar):
         return f"{cg.const(iter_advance)}(iter({cg.rebuild(self.seq)}), {self.pos})"
 
 
+class ListReverseIteratorVar(IteratorVar):
+    """``reversed(lst)`` of a list in the trace: live, as CPython's: it reads the item at
+    its index (counting down) while the index is inside the list, and once it is not, it
+    is exhausted for good. Rebuilt at a break as the real list's reverse iterator at the
+    same index; one handed to a continuation is read the same way (``wrap_collection``)."""
+
+    def __init__(self, seq: ListVar, index: int | None = None, source=None) -> None:
+        super().__init__([])
+        self.seq, self.source = seq, source
+        self.index = len(seq.items) - 1 if index is None else index
+
+    def __repr__(self) -> str:
+        return f"ListReverseIterator(at {self.index} of {self.seq!r})"
+
+    def python_type(self) -> type:
+        return type(reversed([]))
+
+    def next(self) -> Var | None:
+        if 0 <= self.index < len(self.seq.items):
+            self.index -= 1
+            return self.seq.items[self.index + 1]
+        self.index = -1
+        return None
+
+    def unpack(self, tx) -> list[Var]:
+        out = []
+        while (v := self.next()) is not None:
+            out.append(v)
+        return out
+
+    def children(self) -> list[Var]:
+        return [self.seq]
+
+    def reconstruct(self, cg) -> str:  # never the real object read: its index moved on
+        return f"{cg.const(reversed_at)}({cg.rebuild(self.seq)}, {self.index})"
+
+
+def reversed_at(lst: list, index: int):
+    """``reversed(lst)`` at ``index`` (-1: exhausted)."""
+    it = reversed(lst)
+    if index < 0:
+        for _ in it:
+            pass
+    else:
+        it.__setstate__(index)
+    return it
+
+
+def wrap_reversed(out, value: object, source) -> Var | None:
+    """A list's reverse iterator handed to a continuation: the list is the trace's (the
+    frame's own reference to it, identity guarded), the index guarded; the real iterator
+    is put at the trace's index after the list is written back."""
+    from kiln_capture.sources import CallSource
+
+    r = value.__reduce__()
+    index = CallSource(out.const_ref(reduce_index), source, ()).expr()
+    if len(r) < 3:  # exhausted for good
+        out.guards.type_is(source, value)
+        out.guards.add(f"{index} == -1", f"{source.expr()} is exhausted")
+        return IteratorVar([])
+    if type(r[1][0]) is not list:
+        return None
+    ref = out.const_ref(reduce_arg)
+    seq = out.wrap(r[1][0], CallSource(ref, source, (0,)))
+    if not isinstance(seq, ListVar):
+        return None
+    out.guards.type_is(source, value)
+    out.guards.add(f"{index} == {r[2]}", f"{source.expr()} is at item {r[2]}")
+    made = ListReverseIteratorVar(seq, r[2], source)
+    out.side_effects.mutated(seq)  # written back before the iterator is moved
+    out.side_effects.call_after(
+        lambda cg: f"{cg.const(set_reversed)}({source.expr()}, {made.index})"
+    )
+    return made
+
+
+def reduce_index(it) -> int:
+    r = it.__reduce__()
+    return r[2] if len(r) > 2 else -1
+
+
+def set_reversed(it, index: int) -> None:
+    if index < 0:
+        for _ in it:
+            pass
+    else:
+        it.__setstate__(index)
+
+
 _DICT_ITERATOR_TYPES = {k: type(iter(v)) for k, v in _VIEW_TYPES_OF_EMPTY.items()}
 
 
@@ -109,6 +198,7 @@ class DictIteratorVar(IteratorVar):
         super().__init__([])
         self.d, self.kind = d, kind
         self.real = iter(d.items)
+        self.size = len(d.items)  # CPython's iterator raises once the size differs
         self.done = False
 
     def __repr__(self) -> str:
@@ -142,13 +232,18 @@ class DictIteratorVar(IteratorVar):
         return [self.d]
 
     def reconstruct(self, cg) -> str:
+        """At a break: the items still to come, as an iterator over them (a list iterator
+        the continuation reads like any other), or, where the dict already changed size,
+        an iterator that raises as CPython's would on its next read. A real dict
+        iterator would tie the continuation to an object it cannot read."""
         if self.done:
-            return f"iter({{}}.{self.kind}())"
-        if _written_back(cg, self.d):  # a real iterator made now would see the write-back
-            rest = list(self.d.items)[self.pos :]  # as a change of size: hand on the rest
-            return "iter([" + "".join(cg.rebuild(self._item(k)) + ", " for k in rest) + "])"
-        view = f"{cg.rebuild(self.d)}.{self.kind}()"
-        return f"{cg.const(iter_advance)}(iter({view}), {self.pos})"
+            return "iter([])"
+        if len(self.d.items) != self.size:
+            ordered = isinstance(self.d.items, collections.OrderedDict)
+            what = "OrderedDict mutated" if ordered else "dictionary changed size"
+            return f"{cg.const(raises_on_next)}({what + ' during iteration'!r})"
+        rest = list(self.d.items)[self.pos :]
+        return "iter([" + "".join(cg.rebuild(self._item(k)) + ", " for k in rest) + "])"
 
     def _item(self, k) -> Var:
         if self.kind == "keys":
@@ -320,6 +415,7 @@ class DequeIteratorVar(IteratorVar):
         super().__init__([])
         self.d = d
         self.real = iter(d.items)
+        self.changes = d.changes  # CPython's iterator raises after any change
         self.done = False
 
     def __repr__(self) -> str:
@@ -348,19 +444,20 @@ class DequeIteratorVar(IteratorVar):
     def children(self) -> list[Var]:
         return [self.d]
 
-    def reconstruct(self, cg) -> str:
+    def reconstruct(self, cg) -> str:  # as DictIteratorVar's
         if self.done:
             return "iter([])"
-        if _written_back(cg, self.d):  # see DictIteratorVar.reconstruct
-            rest = list(self.d.items)[self.pos :]
-            return "iter([" + "".join(cg.rebuild(v) + ", " for v in rest) + "])"
-        return f"{cg.const(iter_advance)}(iter({cg.rebuild(self.d)}), {self.pos})"
+        if self.d.changes != self.changes:
+            return f"{cg.const(raises_on_next)}('deque mutated during iteration')"
+        rest = list(self.d.items)[self.pos :]
+        return "iter([" + "".join(cg.rebuild(v) + ", " for v in rest) + "])"
 
 
-def _written_back(cg, container: Var) -> bool:
-    """Whether generated code writes the container's contents back (a dict or deque passed
-    in and changed): after the values it hands on are made."""
-    return any(c is container for c in cg.out.side_effects.mutated_containers)
+def raises_on_next(message: str):
+    """An iterator whose first read raises RuntimeError(message): a dict's or deque's
+    iterator after its container changed, handed to a continuation."""
+    raise RuntimeError(message)
+    yield
 
 
 # -- enumerate and zip over iterators the trace reads on demand ------------------------------
