@@ -206,3 +206,40 @@ def test_optimizer_is_traced_after_torch_compile_ran_in_the_process():
     graphs, stats = _run(_mlp, _mse, batches, torch.optim.SGD, dict(lr=0.1, momentum=0.9))
     assert graphs[-1] == graphs[1] == 4, (graphs, stats)
     assert stats["breaks"] == 2 and stats["fallbacks"] == 0, stats
+
+
+def test_lazy_backward_compile_inside_a_captured_step_is_not_captured(tmp_path, monkeypatch):
+    """The whole step captured, ``loss.backward()`` inside it: the backward compiles on its
+    first call from inside autograd while the frame hook watches, and its artifact-cache
+    save pickles sympy expressions; none of the compiler's own frames may be captured
+    (sympy's ``Basic.__reduce_ex__`` was reported as a frame run eagerly)."""
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("KILN_ARTIFACT_CACHE", "1")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=128, n_head=4, vocab_size=512, n_positions=128,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(1, 512, (4, 64))
+
+    def step(ids):
+        opt.zero_grad()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    kiln.reset()
+    compiled = kiln.compile(step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            compiled(ids)
+    eager = [str(w.message) for w in caught if "runs eagerly" in str(w.message)]
+    assert eager == [], eager
+    assert kiln.stats()["eager_frames"] == 0 and kiln.stats()["graphs"] >= 2

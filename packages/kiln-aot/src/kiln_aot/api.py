@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
+from kiln_shapes.compiling import compiler_running
 from torch import fx
 from torch.utils import _pytree as pytree
 
@@ -163,6 +164,15 @@ class AotCompiled:
         need_grad = _needs_grad(flat_args)
         key = _signature(flat_args, need_grad, extra, self.symbolic)
         plan = self.plans.get(key)
+        if plan is not None:
+            return plan
+        # compiled (or loaded) during a call: maybe inside a frame a capture engine
+        # watches, whose hook must leave the compiler's own Python alone
+        with compiler_running():
+            return self._new_plan(flat_args, extra, need_grad, key)
+
+    def _new_plan(self, flat_args: Sequence[Any], extra: Any, need_grad: bool, key: tuple) -> Any:
+        plan = None
         store = self.plan_store if persistent_signature(key) else None
         if plan is None and store is not None:
             plan = store.load(key)

@@ -200,9 +200,9 @@ class BackwardVariants:
         inputs = [n.meta.get("val") for n in placeholders]
         with compiler_running():  # maybe inside a captured frame's backward (kiln_shapes.compiling)
             bw = self.compiler(gm, inputs)
-        self.variants[key] = bw
-        if self.on_compiled is not None:
-            self.on_compiled()
+            self.variants[key] = bw
+            if self.on_compiled is not None:  # the artifact cache's save (pickling sympy)
+                self.on_compiled()
         return bw
 
     # -- persistence (module docstring) ------------------------------------------------------
