@@ -19,8 +19,11 @@ Every OpInfo with float32 CPU support, up to ``--samples`` sample inputs each; a
 A case is ``pass`` (matches eager: values with torch's default tolerances, NaNs equal,
 dtypes and shapes), ``wrong`` (a result that does not match), ``error`` (the compiler
 raised), ``eager`` (kiln built no graph, or a graph fell back), ``eager-error`` (eager itself
-raised) and ``random`` (eager's result depends on the RNG, or is uninitialized memory:
-``empty*``): the last two are not counted. Each compiler runs in worker
+raised), ``random`` (eager's result depends on the RNG, or is uninitialized memory:
+``empty*``) and ``no-op`` (kiln captured the case whole, no break and no frame run
+eagerly, and it holds no tensor op: ``torch.broadcast_shapes``, ``torch.equal`` of tensors
+of different shapes; no compiler can build a graph for it): the last three are not
+counted, and the table says how many there were. Each compiler runs in worker
 processes (chunks of ops; a crash is recorded for its case and the run goes on). The
 table gives pass rates over the cases eager runs, and kiln's rate relative to the cases
 torch.compile passes; JSON with every failure goes to benchmarks/results/opinfo_<compiler>.json.
@@ -38,7 +41,10 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOT_COUNTED = ("eager-error", "random")  # statuses of cases no compiler is judged on
+# statuses of cases no compiler is judged on; "no-op": kiln captured the whole case (no
+# break, no frame run eagerly) and found no tensor op to compile (torch.broadcast_shapes,
+# torch.equal of tensors of different shapes): no compiler can build a graph for it
+NOT_COUNTED = ("eager-error", "random", "no-op")
 COMPILERS = ("kiln", "kiln-cpp@torch", "kiln-triton@torch", "torch.compile")
 
 
@@ -172,6 +178,10 @@ def worker(compiler: str, names: list[str], samples: int) -> None:
                 bad = _compare(got, want)
                 if compiler == "kiln" and bad is None:
                     stats0 = kiln.stats()
+                    if stats0["graphs"] == 0 and not (stats0["breaks"] or stats0["eager_frames"]):
+                        res.update(status="no-op", detail="captured whole: no tensor op to compile")
+                        print("RESULT " + json.dumps(res), flush=True)
+                        continue
                     if stats0["graphs"] == 0:
                         bad = "no graph was built (the case ran eagerly)"
                     elif stats0["fallbacks"]:

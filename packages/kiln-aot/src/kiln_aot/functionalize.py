@@ -115,6 +115,47 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
     return None
 
 
+@functools.cache
+def returning_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``<name>_functional``: the form of an op that writes arguments other than ``self``
+    which returns their new values after its own results (``rrelu_with_noise`` ->
+    ``rrelu_with_noise_functional``, returning ``(out, noise_out)``), with the same
+    arguments; None where there is none."""
+    name = op._schema.name.split("::")[-1]
+    packet = getattr(aten, f"{name}_functional", None)
+    fn = getattr(packet, op._overloadname, None) if packet is not None else None
+    if fn is None or fn._schema.is_mutable:
+        return None
+    if [a.name for a in fn._schema.arguments] != [a.name for a in op._schema.arguments]:
+        return None
+    return fn
+
+
+def _call_returning_variant(tracer: Tracer, func: Any, variant: Any, args: tuple, kwargs: dict):
+    written = [
+        i
+        for i, a in enumerate(func._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
+    bound = bind_args(func, args, kwargs)
+    targets = [bound[i] for i in written]
+    for t in targets:
+        if not isinstance(t, FakeTensor) or t.trace_state is None:
+            raise tracer.unsupported(
+                func,
+                "it writes to a tensor that is not an input or intermediate of the traced graph",
+                fix="pass the tensor as an input of the compiled function",
+            )
+    result = tracer.dispatch(variant, args, kwargs)
+    n_out = len(func._schema.returns)
+    outs, new = tuple(result[:n_out]), tuple(result[n_out:])
+    for target, value in zip(targets, new, strict=True):
+        mutate(tracer, target, tracer.node_of(value))
+    if n_out == 0:
+        return None
+    return outs[0] if n_out == 1 else outs
+
+
 def functionalize_call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if func in INPLACE_VIEWS:
         out = _inplace_view(tracer, func, args, kwargs)
@@ -142,6 +183,9 @@ def functionalize_call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> 
             torch._C.DispatchKey.CompositeImplicitAutograd
         ):
             return tracer.decompose(func, args, kwargs)
+        variant = returning_variant(func) if written else None
+        if variant is not None:
+            return _call_returning_variant(tracer, func, variant, args, kwargs)
         raise tracer.unsupported(
             func,
             "it mutates its arguments and kiln knows no functional form of it",

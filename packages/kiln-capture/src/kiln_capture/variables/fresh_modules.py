@@ -47,6 +47,11 @@ _RANDOM_NAMES = (
     "cauchy",
     "geometric",
     "random",
+    "rrelu",  # training=True draws each negative slope
+    "fractional_max_pool",  # draws its pooling offsets unless given _random_samples
+    "gumbel",
+    "scaled_dot_product_attention",  # dropout_p > 0 draws a mask
+    "multi_head_attention_forward",  # likewise
 )
 
 
