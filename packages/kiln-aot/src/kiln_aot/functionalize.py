@@ -131,14 +131,12 @@ def returning_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None
     return fn
 
 
-def _call_returning_variant(tracer: Tracer, func: Any, variant: Any, args: tuple, kwargs: dict):
-    written = [
-        i
-        for i, a in enumerate(func._schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write
-    ]
-    bound = bind_args(func, args, kwargs)
-    targets = [bound[i] for i in written]
+def _written_targets(tracer: Tracer, func: Any, bound: tuple, written: list[int]) -> list:
+    """The tensors ``func`` writes (a written argument may be a list: the _foreach_ ops),
+    each an input or intermediate of the trace."""
+    targets = []
+    for i in written:
+        targets.extend(bound[i] if isinstance(bound[i], (list, tuple)) else [bound[i]])
     for t in targets:
         if not isinstance(t, FakeTensor) or t.trace_state is None:
             raise tracer.unsupported(
@@ -146,6 +144,16 @@ def _call_returning_variant(tracer: Tracer, func: Any, variant: Any, args: tuple
                 "it writes to a tensor that is not an input or intermediate of the traced graph",
                 fix="pass the tensor as an input of the compiled function",
             )
+    return targets
+
+
+def _call_returning_variant(tracer: Tracer, func: Any, variant: Any, args: tuple, kwargs: dict):
+    written = [
+        i
+        for i, a in enumerate(func._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
+    targets = _written_targets(tracer, func, bind_args(func, args, kwargs), written)
     result = tracer.dispatch(variant, args, kwargs)
     n_out = len(func._schema.returns)
     outs, new = tuple(result[:n_out]), tuple(result[n_out:])
@@ -192,16 +200,7 @@ def functionalize_call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> 
             fix="add a decomposition to kiln_aot.decompositions; the op runs eagerly meanwhile",
         )
     bound = bind_args(func, args, kwargs)
-    targets = []
-    for i in written:  # a written argument may be a list (the _foreach_ ops)
-        targets.extend(bound[i] if isinstance(bound[i], (list, tuple)) else [bound[i]])
-    for t in targets:
-        if not isinstance(t, FakeTensor) or t.trace_state is None:
-            raise tracer.unsupported(
-                func,
-                "it writes to a tensor that is not an input or intermediate of the traced graph",
-                fix="pass the tensor as an input of the compiled function",
-            )
+    targets = _written_targets(tracer, func, bound, written)
     f_args, f_kwargs = _functional_args(func, functional, bound, written)
     result = tracer.dispatch(functional, f_args, f_kwargs)
     results = result if isinstance(result, (tuple, list)) else (result,)
