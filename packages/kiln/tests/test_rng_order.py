@@ -8,12 +8,24 @@ argument: kiln-aot computes it with ``rrelu_with_noise_functional``."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.testing._internal.common_utils import freeze_rng_state
 
 import kiln
+
+
+@contextlib.contextmanager
+def freeze_rng_state():
+    """What torch's test utility of that name does to the CPU generator (it needs
+    expecttest, which the test environment does not install)."""
+    state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
 
 
 def _seeded(op):
