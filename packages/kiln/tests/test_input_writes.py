@@ -127,3 +127,18 @@ def test_a_later_backward_through_a_written_parameter_still_raises():
     bump()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward()
+
+
+def test_an_input_at_a_storage_offset_is_written_where_it_lies(wrappers):
+    """A donated input that is a slice of a larger tensor: the kernel writes through the
+    input itself (a view rebuilt from offset 0 wrote the base's first rows)."""
+    torch.manual_seed(0)
+    base, y = torch.randn(5, 16), torch.randn(4, 16)
+    twin = base.clone()
+    kiln.reset()
+    compiled = kiln.compile(_update)
+    for _ in range(2):
+        got, want = compiled(base[1:], y), _update(twin[1:], y)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(base, twin)  # row 0 untouched, rows 1: updated
+    assert _in_place_inputs(wrappers[-1]) == 1, wrappers[-1]

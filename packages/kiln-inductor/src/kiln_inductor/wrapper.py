@@ -26,7 +26,7 @@ from .index_check import (
     library_op_checks_indices,
     raise_index_error,
 )
-from .ir.nodes import Buffer, ExternKernel, GraphIR, Layout, StorageView
+from .ir.nodes import Buffer, ExternKernel, GraphIR, InputBuffer, Layout, StorageView
 from .ir.symbols import is_size_symbol
 from .log import log
 from .lowering.extern import ATTENTION_OPS
@@ -112,6 +112,11 @@ class WrapperCodegen:
 
     def _alloc(self, name: str, reuse: str | None, kind: str) -> str:
         lay: Layout = self.ir.buffers[name].layout
+        if reuse is not None and isinstance(self.ir.buffers.get(reuse), InputBuffer):
+            # a graph input donated to its new value (plan_memory): of the same layout, and
+            # maybe at a storage offset of the caller's, so the input itself, never a view
+            # rebuilt from offset 0
+            return f"{name} = {reuse}  # in place"
         if reuse is not None and name not in self.seen_as_tensors:
             # only kernels read it, by their own indexing from its first element: the reused
             # tensor itself will do (an as_strided view costs microseconds per call)
