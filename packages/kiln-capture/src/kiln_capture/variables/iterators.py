@@ -25,6 +25,15 @@ from kiln_capture.variables.containers import (
 )
 
 
+def _drain(self, tx) -> list[Var]:
+    """``unpack`` of a live iterator: every item left, read one by one with ``next`` (so
+    the container's changes and the iterator's own position are honoured)."""
+    out = []
+    while (v := self.next()) is not None:
+        out.append(v)
+    return out
+
+
 class IteratorVar(Var):
     """An iterator over materialized items (lists, tuples, ranges, zip, enumerate...)."""
 
@@ -80,11 +89,7 @@ class ListIteratorVar(IteratorVar):
         self.pos += 1
         return self.seq.items[self.pos - 1]
 
-    def unpack(self, tx) -> list[Var]:
-        out = []
-        while (v := self.next()) is not None:
-            out.append(v)
-        return out
+    unpack = _drain
 
     def children(self) -> list[Var]:
         return [self.seq]
@@ -119,11 +124,7 @@ class ListReverseIteratorVar(IteratorVar):
         self.index = -1
         return None
 
-    def unpack(self, tx) -> list[Var]:
-        out = []
-        while (v := self.next()) is not None:
-            out.append(v)
-        return out
+    unpack = _drain
 
     def children(self) -> list[Var]:
         return [self.seq]
@@ -222,11 +223,7 @@ class DictIteratorVar(IteratorVar):
             return self.d.items[k]
         return TupleVar([ConstVar(k), self.d.items[k]])
 
-    def unpack(self, tx) -> list[Var]:
-        out = []
-        while (v := self.next()) is not None:
-            out.append(v)
-        return out
+    unpack = _drain
 
     def children(self) -> list[Var]:
         return [self.d]
@@ -435,11 +432,7 @@ class DequeIteratorVar(IteratorVar):
         self.pos += 1
         return v
 
-    def unpack(self, tx) -> list[Var]:
-        out = []
-        while (v := self.next()) is not None:
-            out.append(v)
-        return out
+    unpack = _drain
 
     def children(self) -> list[Var]:
         return [self.d]
@@ -486,11 +479,7 @@ class EnumerateVar(IteratorVar):
         self.count += 1
         return TupleVar([ConstVar(self.count - 1), v])
 
-    def unpack(self, tx) -> list[Var]:
-        out = []
-        while (v := self.next()) is not None:
-            out.append(v)
-        return out
+    unpack = _drain
 
     def children(self) -> list[Var]:
         return [self.it]
@@ -526,11 +515,7 @@ class ZipVar(IteratorVar):
             row.append(v)
         return TupleVar(row)
 
-    def unpack(self, tx) -> list[Var]:
-        out = []
-        while (v := self.next()) is not None:
-            out.append(v)
-        return out
+    unpack = _drain
 
     def children(self) -> list[Var]:
         return list(self.iters)
