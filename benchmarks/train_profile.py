@@ -52,6 +52,7 @@ import kiln_inductor
 from kiln_inductor import compile as kiln_compile_mod
 
 sys.path.insert(0, str(Path(__file__).parent))
+import training
 from zoo import build_model
 
 COPY_OPS = {"aten::copy_", "aten::contiguous", "aten::clone", "aten::_to_copy", "aten::to"}
@@ -117,7 +118,18 @@ def _ranged(fn, name: str):
 
 
 def _setup(name: str, device: str, size: str, dtype: str):
-    _, model, args = build_model(name, device, dtype, size)
+    if name in training.MODELS.split(","):  # the rows of benchmarks/training.py
+        try:
+            model, args = training.build(name, size == "large")
+        except ImportError:
+            return None
+        model = training._no_dropout(model).to(device=device, dtype=getattr(torch, dtype))
+        if isinstance(args, dict):
+            args = {k: v.to(device) for k, v in args.items()}
+        else:
+            args = tuple(v.to(device=device, dtype=getattr(torch, dtype)) for v in args)
+    else:
+        _, model, args = build_model(name, device, dtype, size)
     if model is None:
         return None
     model.train()
@@ -129,7 +141,7 @@ def _setup(name: str, device: str, size: str, dtype: str):
 
 
 def _call(model, args):
-    return (model(**args) if isinstance(args, dict) else model(*args))[0]
+    return training._first_float(model(**args) if isinstance(args, dict) else model(*args))
 
 
 def _stepper(fn, model, args, target, loss_kind: str = "ce"):
@@ -161,6 +173,38 @@ def _time(step, steps: int, device: str) -> float:
         step()
     _sync(device)
     return (time.perf_counter() - t0) / steps * 1e3
+
+
+def _memory(step, params, device: str) -> dict:
+    """One step's peak memory above what was allocated before it (GPU: the caching
+    allocator's count; CPU: not measured) and the bytes of the activations the forward
+    saved for the backward (distinct storages, parameters not counted), taken with
+    ``saved_tensors_hooks``, which see eager's saves and every compiler's
+    ``save_for_backward`` alike."""
+    owned = {p.untyped_storage().data_ptr() for p in params}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            st = t.untyped_storage()
+            if st.data_ptr() not in owned:
+                saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    _sync(device)
+    if device == "cuda":
+        for p in params:
+            p.grad = None
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    _sync(device)
+    out = {"saved_mb": sum(saved.values()) / 2**20, "saved_tensors": len(saved)}
+    if device == "cuda":
+        out["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return out
 
 
 def _max_rel_err(grads, ref) -> float:
@@ -200,14 +244,15 @@ def _attribute(prof, steps: int) -> dict:
     calls: dict[str, Counter] = defaultdict(Counter)
     step_total = 0.0
     device = Counter()
+    kernels = Counter()
     for e in prof.events():
         if e.name == "train_step":
             step_total += e.cpu_time_total
             continue
         if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
-            device[_device_family(e.name)] += (
-                e.device_time_total if hasattr(e, "device_time_total") else 0
-            )
+            t = e.device_time_total if hasattr(e, "device_time_total") else 0
+            device[_device_family(e.name)] += t
+            kernels[e.name[:90]] += t
             continue
         chain, p = [], e
         while p is not None:
@@ -237,12 +282,17 @@ def _attribute(prof, steps: int) -> dict:
         for k, c in per_op.items()
     }
     return {"ms_per_step": out, "step_ms": step_total / steps / 1e3, "top": detail,
-            "device_ms_per_step": {k: v / steps / 1e3 for k, v in device.items()}}  # fmt: skip
+            "device_ms_per_step": {k: v / steps / 1e3 for k, v in device.items()},
+            "device_top": {k: v / steps / 1e3 for k, v in kernels.most_common(15)}}  # fmt: skip
 
 
 def _device_family(name: str) -> str:
     n = name.lower()
-    if any(k in n for k in ("gemm", "cublas", "cutlass", "sm90", "sm80", "ampere", "matmul")):
+    if any(k in n for k in ("gemm", "cublas", "matmul")):
+        return "library: mm"
+    if any(k in n for k in ("conv", "cudnn", "dgrad", "wgrad", "implicit")):
+        return "library: convolution"
+    if any(k in n for k in ("cutlass", "sm90", "sm80", "ampere", "xmma")):
         return "library: mm"
     if any(k in n for k in ("flash", "fmha", "attention", "efficient")):
         return "library: attention"
@@ -321,7 +371,16 @@ def run_model(name: str, a) -> dict | None:
     for _ in range(a.runs):  # interleaved
         for k, fn in kinds.items():
             times[k].append(_time(fn, a.steps, a.device))
+    memory = {k: _memory(fn, params, a.device) for k, fn in kinds.items()}
     profile = _profile(kiln_step, a.steps, a.device)
+    others = {}
+    if a.device == "cuda":  # where eager's and torch.compile's device time goes, to compare
+        for k in ("eager", "torch.compile"):
+            p = _profile(kinds[k], a.steps, a.device)
+            others[k] = {
+                "device_ms_per_step": p["device_ms_per_step"],
+                "device_top": p["device_top"],
+            }
     return {
         "model": name,
         "device": a.device,
@@ -335,7 +394,9 @@ def run_model(name: str, a) -> dict | None:
         "compile_s": {"kiln": kiln_compile_s, "torch.compile": torch_compile_s},
         "grad_max_rel_err": {"kiln": kiln_err, "torch.compile": torch_err},
         "kiln_stats": stats,
+        "memory": memory,
         "kiln_profile": profile,
+        "other_profiles": others,
     }
 
 
@@ -350,14 +411,30 @@ def _print(row: dict) -> None:
     print(f"  compile s: kiln {row['compile_s']['kiln']:.1f}, torch {row['compile_s']['torch.compile']:.1f}"
           f"; grad max rel err: kiln {row['grad_max_rel_err']['kiln']:.1e}, "
           f"torch {row['grad_max_rel_err']['torch.compile']:.1e}; {row['kiln_stats']}")  # fmt: skip
+    for k, m in row["memory"].items():
+        peak = f"peak {m['peak_mb']:8.1f} MB, " if "peak_mb" in m else ""
+        print(
+            f"  memory {k:14s} {peak}saved {m['saved_mb']:8.1f} MB in {m['saved_tensors']} tensors"
+        )
     p = row["kiln_profile"]
     print(f"  kiln profiled step {p['step_ms']:.2f} ms (profiler overhead included):")
     for cat, ms in sorted(p["ms_per_step"].items(), key=lambda kv: -kv[1]):
         print(f"    {cat:12s} {ms:8.2f} ms  {100 * ms / max(p['step_ms'], 1e-9):5.1f}%")
         for op, (ms_op, n) in list(p["top"].get(cat, {}).items())[:5]:
             print(f"        {ms_op:8.2f} ms  {n:6.1f} calls/step  {op}")
-    for fam, ms in sorted(p["device_ms_per_step"].items(), key=lambda kv: -kv[1]):
-        print(f"    device {fam:24s} {ms:8.2f} ms")
+    profiles = {"kiln": p, **row.get("other_profiles", {})}
+    families = sorted({f for q in profiles.values() for f in q["device_ms_per_step"]})
+    if families:
+        print("    device ms/step " + "".join(f"{k:>15s}" for k in profiles))
+        for fam in families:
+            cells = "".join(
+                f"{q['device_ms_per_step'].get(fam, 0):15.2f}" for q in profiles.values()
+            )
+            print(f"    {fam:26s}{cells}")
+        for k, q in profiles.items():
+            print(f"    top device kernels, {k}:")
+            for name, ms in q["device_top"].items():
+                print(f"      {ms:8.2f} ms  {name}")
     copies = p["layout_copies"]
     print(f"  layout copies per step: {sum(c['per_step'] for c in copies):g}")
     for c in copies:
@@ -386,6 +463,9 @@ def main() -> None:
         kiln_aot.backward_variants.BackwardVariants.for_graph = staticmethod(lambda *_: None)
     if a.device == "cpu":
         torch.set_num_threads(a.threads)
+    else:  # fp32 strict, as benchmarks/training.py measures it
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     _instrument()
     rows = []
     for name in a.models.split(","):
