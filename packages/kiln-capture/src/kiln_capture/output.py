@@ -103,11 +103,16 @@ def is_torch_callable(value: object) -> bool:
         )
         if isinstance(getattr(value, "__self__", None), types.ModuleType):
             mod = mod or value.__self__.__name__
-        return mod.startswith("torch")
+        return is_torch_module_name(mod)
     if isinstance(value, types.FunctionType):
         mod = value.__module__ or ""
-        return mod.startswith("torch") and not mod.startswith(_INLINED_TORCH_MODULES)
+        return is_torch_module_name(mod) and not mod.startswith(_INLINED_TORCH_MODULES)
     return False
+
+
+def is_torch_module_name(mod: str) -> bool:
+    """``torch`` or one of its submodules; a user's module named ``torch_utils`` is not."""
+    return mod == "torch" or mod.startswith("torch.")
 
 
 _FLAT_LITERALS = frozenset({int, float, bool, str, type(None)})
