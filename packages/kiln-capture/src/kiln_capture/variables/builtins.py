@@ -247,6 +247,10 @@ def identical(tx, a: Var, b: Var) -> bool:
         return a.as_const() is b.as_const()
     if a.is_const() or b.is_const():
         return False  # a constant is never the same object as a tensor/container/...
+    if isinstance(a, TensorVar) and isinstance(b, TensorVar):
+        # an in-place op (x.add_(1)) or a conversion that changes nothing (x.to(x.dtype))
+        # returns its input, and does so on the meta device too: the same meta tensor
+        return a.meta is b.meta and a.device == b.device
     obj_a, obj_b = getattr(a, "value", None), getattr(b, "value", None)
     if obj_a is not None and obj_b is not None:
         return obj_a is obj_b
@@ -707,7 +711,9 @@ def _type(tx, x) -> Var:
 def _callable(tx, x) -> Var:
     if x.is_const():
         return ConstVar(callable(x.as_const()))
-    return ConstVar(callable(x.python_type()) or hasattr(x, "call"))
+    # an instance is callable when its class defines __call__ (every Var has a ``call``
+    # method and every class is callable, so neither says anything)
+    return ConstVar(any("__call__" in vars(k) for k in x.python_type().__mro__))
 
 
 def _sorted(tx, it, key=None, reverse=None) -> Var:
