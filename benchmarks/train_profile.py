@@ -85,17 +85,31 @@ def _instrument() -> None:
         init(self, call, source, stats, layouts)
         labels = {g.name: _label(g) for g in _groups}
         namespace = call.__globals__
-        for m in re.finditer(r"^\s*(kernel_\d+)\(.*# (\w+)$", source, re.M):
-            glob, group = m.groups()
+        for m in re.finditer(r"^\s*(kernel_\d+)(\.fast)?\(.*# (\w+)$", source, re.M):
+            glob, fast, group = m.groups()
             fn = namespace.get(glob)
             if fn is not None and not getattr(fn, "_profiled", False):
-                namespace[glob] = _ranged(fn, f"kiln::{group} {labels.get(group, '?')}")
+                name = f"kiln::{group} {labels.get(group, '?')}"
+                namespace[glob] = _Launch(fn, name) if fast else _ranged(fn, name)
 
     kiln_compile_mod.CompiledGraph.__init__ = __init__
 
 
+class _Launch:
+    """A GPU kernel's launcher (called as ``kernel_N.fast(...)``) with its calls ranged."""
+
+    _profiled = True
+
+    def __init__(self, launcher, name: str):
+        self.fast = _ranged(launcher.fast, name)
+
+
 def _label(group) -> str:
-    kind = "reduction" if any(b.kind == "reduction" for b in group.blocks) else "pointwise"
+    kind = "pointwise"
+    for b in group.blocks:
+        if b.kind != "pointwise":
+            kind = f"{b.kind}[{'x'.join(map(str, b.rranges))}]"
+    kind += f" x{'x'.join(map(str, group.outer))}"
     ops = Counter()
     for n in group.nodes:
         for o in str(getattr(n, "origin", "") or "?").split(","):
@@ -245,14 +259,23 @@ def _attribute(prof, steps: int) -> dict:
     step_total = 0.0
     device = Counter()
     kernels = Counter()
+    spans: list[tuple[float, float, str]] = []  # device work on the timeline (us)
+    labelled = (
+        Counter()
+    )  # device time of each kiln kernel (its range's kernels), forward and backward
     for e in prof.events():
+        if e.name.startswith("kiln::") and e.device_time_total:
+            labelled[e.name.split(" ", 1)[1]] += e.device_time_total
         if e.name == "train_step":
             step_total += e.cpu_time_total
             continue
         if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
+            if e.name.startswith("kiln::") or e.name == "train_step":
+                continue  # a range's span on the GPU timeline, not a kernel
             t = e.device_time_total if hasattr(e, "device_time_total") else 0
             device[_device_family(e.name)] += t
             kernels[e.name[:90]] += t
+            spans.append((e.time_range.start, e.time_range.end, e.name[:60]))
             continue
         chain, p = [], e
         while p is not None:
@@ -281,9 +304,29 @@ def _attribute(prof, steps: int) -> dict:
         k: {op: (t / steps / 1e3, calls[k][op] / steps) for op, t in c.most_common(8)}
         for k, c in per_op.items()
     }
-    return {"ms_per_step": out, "step_ms": step_total / steps / 1e3, "top": detail,
+    idle = _idle(spans, steps)
+    return {"ms_per_step": out, "device_idle": idle, "step_ms": step_total / steps / 1e3, "top": detail,
             "device_ms_per_step": {k: v / steps / 1e3 for k, v in device.items()},
-            "device_top": {k: v / steps / 1e3 for k, v in kernels.most_common(15)}}  # fmt: skip
+            "device_top": {k: v / steps / 1e3 for k, v in kernels.most_common(15)},
+            "kiln_kernels_device": {k: v / steps / 1e3 for k, v in labelled.most_common(25)}}  # fmt: skip
+
+
+def _idle(spans: list[tuple[float, float, str]], steps: int) -> dict:
+    """The GPU's idle time between its first and last kernel (per step), and the longest
+    gaps with the kernels on either side: where the host, not the device, set the pace."""
+    spans.sort()
+    gaps = []
+    end = None
+    for start, stop, name in spans:
+        if end is not None and start > end[0]:
+            gaps.append((start - end[0], end[1], name))
+        if end is None or stop > end[0]:
+            end = (stop, name)
+    total = sum(g for g, _, _ in gaps)
+    top = sorted(gaps, reverse=True)[:8]
+    return {"ms_per_step": total / steps / 1e3,
+            "gaps_over_50us_per_step": sum(1 for g, _, _ in gaps if g > 50) / steps,
+            "longest": [{"us": round(g, 1), "after": a, "before": b} for g, a, b in top]}  # fmt: skip
 
 
 def _device_family(name: str) -> str:
@@ -312,10 +355,10 @@ def _profile(step, steps: int, device: str) -> dict:
     kiln_inductor.reset_layout_copies()
     kiln_aot.reset_tangent_copies()
     with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(steps):
+        for _ in range(steps):  # no synchronization between steps, as timed
             with torch.autograd.profiler.record_function("train_step"):
                 step()
-            _sync(device)
+        _sync(device)
     copies = [
         {
             "site": c.site,
@@ -431,6 +474,19 @@ def _print(row: dict) -> None:
                 f"{q['device_ms_per_step'].get(fam, 0):15.2f}" for q in profiles.values()
             )
             print(f"    {fam:26s}{cells}")
+        for k, q in profiles.items():
+            if "device_idle" in q:
+                i = q["device_idle"]
+                print(
+                    f"    GPU idle between kernels, {k}: {i['ms_per_step']:.2f} ms/step, "
+                    f"{i['gaps_over_50us_per_step']:.0f} gaps > 50 us/step; longest:"
+                )
+                for g in i["longest"][:4]:
+                    print(f"      {g['us']:9.1f} us after {g['after']} before {g['before']}")
+        if p.get("kiln_kernels_device"):
+            print("    kiln's kernels by fused group (device ms/step):")
+            for name, ms in p["kiln_kernels_device"].items():
+                print(f"      {ms:8.2f} ms  {name}")
         for k, q in profiles.items():
             print(f"    top device kernels, {k}:")
             for name, ms in q["device_top"].items():

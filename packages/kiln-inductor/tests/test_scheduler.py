@@ -92,6 +92,29 @@ def test_independent_kernels_sharing_an_iteration_space_fuse():
     assert len(groups(steps)) == 1
 
 
+def test_independent_values_sharing_only_the_batch_dimension_stay_apart():
+    # a ResNet backward's pair: relu of (N, 16, 8, 8) and a value of (N, 32, 4, 4) share
+    # only the loop over N; as one kernel each of N programs would loop over the rest
+    def f(x, y):
+        return (aten.relu.default(x), aten.mul.Tensor(y, 2.0))
+
+    _, steps = schedule(f, [torch.randn(4, 16, 8, 8), torch.randn(4, 32, 4, 4)])
+    kernels = groups(steps)
+    assert len(kernels) == 2
+    for g in kernels:
+        assert [b.inner for b in g.blocks] == [()]  # every loop is parallel
+
+
+def test_a_row_a_reduction_reduces_stays_fused_with_it():
+    def f(x):  # softmax over the last dimension: rows, not a sequential loop
+        m = aten.amax.default(x, [-1], True)
+        e = aten.exp.default(aten.sub.Tensor(x, m))
+        return (aten.div.Tensor(e, aten.sum.dim_IntList(e, [-1], True)),)
+
+    _, steps = schedule(f, [torch.randn(4, 8, 64)])
+    assert len(groups(steps)) == 1
+
+
 def test_independent_nodes_move_to_an_earlier_kernel_only_to_share_data():
     # exp(a), a matmul reading it, then sin(y) and cos(a): neither moves back across the
     # matmul into the first kernel (its output would stay alive longer), though cos(a)
