@@ -532,12 +532,44 @@ class PartialVar(Var):
             return self.fn
         if name == "args":
             return TupleVar(list(self.args))
-        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"partial.{name}")
+        if name == "keywords":
+            return DictVar(dict(self.kwargs))
+        if name == "__call__":
+            return self
+        # the rest are partial's own class attributes (a partial made here has no others:
+        # setting one is not modeled): absent ones raise as eager's, present ones answer
+        # hasattr and break where used
+        if not hasattr(_PARTIAL_PROBE, name):
+            raise AttributeError(name)
+        value = getattr(_PARTIAL_PROBE, name)
+        if name != "__dict__" and is_constant_value(value):
+            return ConstVar(value)
+        if name == "__class__":
+            return tx.out.wrap_value(functools.partial)
+        return _UnmodeledAttrVar(f"partial.{name}")
 
     def reconstruct(self, cg) -> str:
         items = [cg.rebuild(self.fn), *(cg.rebuild(a) for a in self.args)]
         items += [f"{k}={cg.rebuild(v)}" for k, v in self.kwargs.items()]
         return f"{cg.const(functools.partial)}({', '.join(items)})"
+
+
+# what an instance of functools.partial has without attributes of its own
+_PARTIAL_PROBE = functools.partial(print)
+
+
+class _UnmodeledAttrVar(Var):
+    """An attribute that exists (``hasattr`` is True) but that the trace does not model:
+    any use of it breaks."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __repr__(self) -> str:
+        return self.what
+
+    def call(self, tx, args, kwargs) -> Var:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.what}()")
 
 
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:

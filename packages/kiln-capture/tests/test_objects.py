@@ -1,0 +1,51 @@
+"""Python objects the trace models (variables/objects.py)."""
+
+import functools
+
+import pytest
+import torch
+from helpers import CountingBackend, assert_same
+
+import kiln_capture
+
+
+def _add_sin(a, b):
+    return torch.sin(a) + b
+
+
+@pytest.mark.parametrize(
+    "attr",
+    [
+        "func",
+        "args",
+        "keywords",
+        "__call__",
+        "__doc__",
+        "__eq__",
+        "__dict__",
+        "__name__",
+        "__code__",
+        "__defaults__",
+        "__wrapped__",
+    ],
+)
+def test_hasattr_of_a_partial_made_in_the_trace(attr):
+    def fn(t):
+        p = functools.partial(_add_sin, b=t)
+        return p(t) if hasattr(p, attr) else torch.zeros_like(t)
+
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(fn)
+    t = torch.randn(3)
+    assert_same(opt(t), fn(t))
+    assert len(backend.graphs) == 1
+
+
+def test_partial_fields_read_in_the_trace():
+    def fn(t):
+        p = functools.partial(_add_sin, t, b=2.0)
+        return p.func(*p.args, **p.keywords) + len(p.keywords), p.__call__()
+
+    opt = kiln_capture.optimize(CountingBackend(), fullgraph=True)(fn)
+    t = torch.randn(3)
+    assert_same(opt(t), fn(t))
