@@ -14,6 +14,7 @@ import types
 import torch
 from torch import fx
 
+from kiln_capture import code_cache
 from kiln_capture.output import OutputGraph
 from kiln_capture.variables.base import Var
 from kiln_capture.variables.sizes import SymIntVar
@@ -148,7 +149,4 @@ class CodeGen:
 
 def build_function(name: str, params: list[str], body: list[str], ns: dict) -> types.FunctionType:
     src = f"def {name}(__k_fn, {', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
-    exec(compile(src, f"<kiln {name}>", "exec"), ns)
-    fn = ns[name]
-    fn.__kiln_source__ = src
-    return fn
+    return code_cache.compiled_function("run", name, src, f"<kiln {name}>", ns)

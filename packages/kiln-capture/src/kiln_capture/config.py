@@ -34,6 +34,19 @@ class CaptureConfig:
         False,
         "raise kiln-capture's own bugs instead of running the frame eagerly (tests set it)",
     )
+    cache_dir: str = setting(
+        "KILN_CACHE_DIR",
+        "",
+        "kiln's cache directory (unset: $XDG_CACHE_HOME/kiln, else ~/.cache/kiln); "
+        "kiln-capture keeps generated guard code under its capture/ folder",
+    )
+    capture_cache: bool = setting(
+        "KILN_CAPTURE_CACHE",
+        True,
+        "keep generated guard and entry code on disk (code_cache.py), so that a process "
+        "meeting the same frame again loads it instead of generating and compiling it; "
+        "0: make it in every process",
+    )
     log_topics: frozenset[str] = setting(
         "KILN_LOG", frozenset(), "comma-separated log topics: graphs, guards, breaks, recompiles"
     )

@@ -39,13 +39,16 @@ Python expression of each guard stays for ``first_failure`` and for builds witho
 from __future__ import annotations
 
 import ast
+import contextlib
+import gc
 import types
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from kiln_capture import _C
+from kiln_capture import _C, code_cache
 from kiln_capture.shape_guards import ShapeGuards
 from kiln_capture.sources import AttrSource, ClosureSource, ItemSource, Source
 
@@ -272,8 +275,18 @@ class GuardSet:
                 conds.append(f"__k_tensors({', '.join(tensors)})")
         if self.shapes is not None and (self.shapes.tensors or self.shapes.ints):
             conds.append(self.shapes.build(self.const, self.consts))
-        body = "".join(f"    {line}\n" for line in hoist_reads(conds))
-        src = f"def __guard(__k_fn, {', '.join(params)}):\n{body}    return True\n"
+        head = f"def __guard(__k_fn, {', '.join(params)}):\n"
+
+        def make() -> tuple[str, types.CodeType]:
+            body = "".join(f"    {line}\n" for line in hoist_reads(conds))
+            src = f"{head}{body}    return True\n"
+            return src, compile(src, "<kiln guard>", "exec")
+
+        # the same expressions give the same function: kept on disk for a warm process
+        # (code_cache.py, "persistent generated code")
+        src, code = code_cache.cached(
+            "guard", "\0".join([head, *conds]), (str, types.CodeType), make
+        )
         ns = {
             "__k_C": self.consts,
             "__k_G": globals_dict,
@@ -283,7 +296,7 @@ class GuardSet:
             "__k_same_literal": same_literal,
             "__k_shapes": self.shapes.call if self.shapes is not None else None,
         }
-        exec(compile(src, "<kiln guard>", "exec"), ns)
+        exec(code, ns)
         fn = ns["__guard"]
         fn.__kiln_source__ = src
         return fn
@@ -431,8 +444,26 @@ def _shared_chains(trees: list[ast.AST]) -> set[str]:
     return {k for k, n in counts.items() if n > 1}
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic collector off while a pass builds thousands of AST nodes (none of them
+    in a cycle): its generation-0 runs were a third of ``hoist_reads``'s time."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def hoist_reads(guards: list[str]) -> list[str]:
     """Straight-line guard code with shared read chains computed once (design note above)."""
+    with _no_gc():
+        return _hoist_reads(guards)
+
+
+def _hoist_reads(guards: list[str]) -> list[str]:
     trees = [ast.parse(g, mode="eval").body for g in guards]
     shared = _shared_chains(trees)
     names: dict[str, str] = {}
@@ -448,13 +479,20 @@ def hoist_args(exprs: list[str], prefix: str) -> tuple[list[str], list[str]]:
     every parameter through ``self._modules[...]...``) with the read chains they share
     computed once into locals named ``<prefix><n>`` by ``lines``, run just before the
     call. Only reads of sources move, and only to just before the call whose arguments
-    would read them, so nothing runs in between (the guards' design note above)."""
-    trees = [ast.parse(e, mode="eval").body for e in exprs]
-    shared = _shared_chains(trees)
-    names: dict[str, str] = {}
-    lines: list[str] = []
-    hoisted = [ast.unparse(_Hoist(shared, names, lines, prefix).visit(t)) for t in trees]
-    return lines, hoisted
+    would read them, so nothing runs in between (the guards' design note above). Kept
+    on disk like the guard function (code_cache.py)."""
+
+    def make() -> tuple[tuple[str, ...], tuple[str, ...]]:
+        with _no_gc():
+            trees = [ast.parse(e, mode="eval").body for e in exprs]
+            shared = _shared_chains(trees)
+            names: dict[str, str] = {}
+            lines: list[str] = []
+            hoisted = [ast.unparse(_Hoist(shared, names, lines, prefix).visit(t)) for t in trees]
+        return tuple(lines), tuple(hoisted)
+
+    lines, hoisted = code_cache.cached("args", "\0".join([prefix, *exprs]), (tuple, tuple), make)
+    return list(lines), list(hoisted)
 
 
 _DEVICE_CONTEXT = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
