@@ -12,6 +12,7 @@ dim)` compiles a dimension for every size (`kiln.compile(..., dynamic=True)`: al
 from importlib.metadata import version as _version
 
 from kiln.api import compile, disable, explain, mark_dynamic, mark_static, reset, stats
+from kiln.backends import import_cpu_compiler as _import_cpu_compiler
 from kiln.backends import list_backends
 from kiln.errors import (
     BackendCompilerFailed,
@@ -22,6 +23,7 @@ from kiln.errors import (
 )
 
 __version__: str = _version("kiln")
+_import_cpu_compiler()
 
 __all__ = [
     "BackendCompilerFailed",

@@ -61,6 +61,18 @@ def inductor(
     return kiln_cpp.compile_fx(gm, example_inputs)
 
 
+def import_cpu_compiler() -> None:
+    """Import the modules a first compiled call on CPU tensors needs (kiln-cpp, kiln-aot,
+    kiln-inductor's regions and artifact cache), when kiln is imported: they are imported
+    once per process anyway, and inside the first call they were a quarter of a warm
+    process's first call (issue #19; ``import kiln`` pays it instead, where a program's
+    import time is counted)."""
+    import kiln_aot  # noqa: F401
+    import kiln_cpp  # noqa: F401
+    import kiln_inductor.regions
+    import kiln_inductor.runtime.artifacts  # noqa: F401
+
+
 def triton_options(options: dict[str, Any]) -> dict[str, Any]:
     """The subset of kiln.compile options that kiln-triton reads."""
     keep = ("triton.cudagraphs", "max_autotune")
