@@ -2,6 +2,8 @@
 constants baked into the graph, so each must be eager's."""
 
 import functools
+from collections.abc import MutableMapping
+from typing import Any
 
 import pytest
 import torch
@@ -64,3 +66,48 @@ def test_is_of_tensors_follows_in_place_results():
     x = torch.randn(3, 2)
     assert_same(fn(x.clone()), _identities(x.clone()))
     assert len(backend.graphs) == 1
+
+
+class _Store(MutableMapping):
+    """A mapping of the user's: dict(store) reads keys() and store[k]."""
+
+    def __init__(self, **entries):
+        self._entries = dict(entries)
+
+    def __getitem__(self, key):
+        return self._entries[key]
+
+    def __setitem__(self, key, value):
+        self._entries[key] = value
+
+    def __delitem__(self, key):
+        del self._entries[key]
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+
+def test_dict_of_a_user_mapping_and_its_keys_view():
+    store = _Store(w=torch.randn(3), b=torch.randn(3))
+
+    def fn(x):
+        copied = dict(store)
+        return x * copied["w"] + copied["b"], list(copied), len(set(store.keys()))
+
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(fn)
+    x = torch.randn(3)
+    assert_same(opt(x), fn(x))
+    assert len(backend.graphs) == 1
+
+
+def test_jit_annotate_is_its_value():
+    def fn(x):
+        return torch.jit.annotate(Any, x + 1) * 2
+
+    opt = kiln_capture.optimize(CountingBackend(), fullgraph=True)(fn)
+    x = torch.randn(3)
+    assert_same(opt(x), fn(x))

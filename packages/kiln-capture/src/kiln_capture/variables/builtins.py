@@ -649,12 +649,25 @@ def _dict(tx, it=None, **kwargs) -> Var:
     items: dict = {}
     if isinstance(it, DictVar):
         items.update(it.items)
+    elif it is not None and _is_mapping(it):
+        # CPython's dict(mapping): it[k] for k in mapping.keys() (a MutableMapping
+        # subclass of the user's), not the pairs of its iteration
+        for k in _items(tx, it.call_method(tx, "keys", [], {})):
+            items[k.as_const()] = it.call_method(tx, "__getitem__", [k], {})
     elif it is not None:
         for pair in _items(tx, it):
             k, v = pair.unpack(tx)
             items[k.as_const()] = v
     items.update(kwargs)
     return DictVar(items)
+
+
+def _is_mapping(v: Var) -> bool:
+    """Whether ``dict(v)`` reads ``v`` as a mapping: its class has ``keys``."""
+    try:
+        return hasattr(v.python_type(), "keys")
+    except Unsupported:
+        return False
 
 
 def _iter(tx, it) -> Var:

@@ -538,6 +538,8 @@ class TorchFnVar(Var):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:
             return ConstVar(tx.out.grad_enabled)
+        if fn is torch.jit.annotate and len(args) == 2 and not kwargs:
+            return args[1]  # a type hint for TorchScript; the value itself in Python
         if fn in _HAS_TORCH_FUNCTION:
             return ConstVar(_has_torch_function(tx, fn, args))
         if fn is torch.is_inference_mode_enabled:  # the real mode, which the trace keeps

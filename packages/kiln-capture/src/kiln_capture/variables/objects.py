@@ -308,7 +308,10 @@ def _is_builtin_class(var: Var) -> bool:
 def unpack_by_protocol(tx, var: Var, cls: type) -> list[Var]:
     """Iterate a user object through its Python ``__iter__``, or ``__len__``+``__getitem__``."""
     it = inspect.getattr_static(cls, "__iter__", None)
-    if inspect.isfunction(it) and not it.__module__.startswith("collections"):
+    # collections.abc's mixins (Mapping.keys()'s KeysView) are plain Python: traced
+    if inspect.isfunction(it) and (
+        not it.__module__.startswith("collections") or it.__module__ == "collections.abc"
+    ):
         return tx.out.wrap_value(it).call(tx, [var], {}).unpack(tx)
     ln = inspect.getattr_static(cls, "__len__", None)
     gi = inspect.getattr_static(cls, "__getitem__", None)
