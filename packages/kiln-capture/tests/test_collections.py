@@ -193,6 +193,28 @@ def _index_by_input(x, i):
     return [x, x * 2][i]
 
 
+# -- dicts keyed by tensors, defaultdicts passed in, fromkeys, update ----------------------
+
+
+@program()
+def dict_keyed_by_tensors(x):
+    w = x * 2
+    d = {"a": 1, x: w, w: 3}
+    d[x] = d[x] + 1  # the same key
+    y = x.mul_(1)  # x itself
+    return d[y], d[w], x in d, (x + 1) in d, len(d), [k is x for k in d]
+
+
+@program()
+def fromkeys_and_update_with_pairs(x):
+    d = dict.fromkeys(["a", "b"], x)
+    od = collections.OrderedDict.fromkeys(("c",), 2)
+    dd = collections.defaultdict.fromkeys("ab")
+    d.update([("c", x + 1), ["a", 3]])
+    d.update(zip("de", [x, x * 2]), f=4)
+    return d, od, dict(dd), dd.default_factory is None
+
+
 @pytest.mark.parametrize("fn,make,graphs,breaks", PROGRAMS)
 def test_program(fn, make, graphs, breaks):
     torch.manual_seed(0)
@@ -262,3 +284,24 @@ def test_counter_on_an_object_counts_every_call():
         assert mine.counts == theirs.counts and list(mine.counts) == list(theirs.counts)
     assert kiln_capture.stats()["breaks"] == 0
     assert kiln_capture.stats()["eager_frames"] == 0
+
+
+def _update_keyed_by_weight(x, dd, weight):
+    dd["new"] = x + 1
+    dd[weight] = dd[weight] + 10  # written back under the same key object
+    return dd["missing"], x * dd[weight], len(dd)
+
+
+def test_defaultdict_passed_in_with_a_tensor_key():
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(2, 2))
+    x = torch.randn(2, 2)
+    eager_dd = collections.defaultdict(list, {"seen": 1, weight: 2})
+    dd = collections.defaultdict(list, {"seen": 1, weight: 2})
+    backend = CountingBackend()
+    compiled = kiln_capture.optimize(backend, fullgraph=True)(_update_keyed_by_weight)
+    for _ in range(3):  # the second call sees new keys (a recompile), the third hits
+        assert_same(compiled(x, dd, weight), _update_keyed_by_weight(x, eager_dd, weight))
+        assert [k is weight for k in dd] == [k is weight for k in eager_dd]
+        assert_same(list(dd.values()), list(eager_dd.values()))
+    assert len(backend.graphs) == 2

@@ -146,6 +146,27 @@ def modules_in_a_set(stage, x):
     return x * len(seen), len(linear), stage.b1 in seen, stage.shared in seen
 
 
+@program()
+def tensors_in_a_set(x):
+    y = x.add_(1)  # x itself: the set keeps one member
+    s = {x}
+    s.add(y)
+    t = frozenset(set(s))  # copies hold the same tensors
+    z = x * 2
+    return len(s), len(t), x in t, z in s, len(s | {z}), x
+
+
+def _two_sets():
+    return (torch.randn(3), {1, 2}, frozenset({"a", "b"}))
+
+
+@program(_two_sets)
+def sets_read_from_the_frame(x, s, f):
+    s.add(5)  # written back to the caller's set
+    s.discard(1)
+    return x * len(s), 2 in s, sorted(f | {"c"}), len(f), sorted(s)
+
+
 @pytest.mark.parametrize("fn,make", PROGRAMS)
 def test_program(fn, make):
     torch.manual_seed(0)

@@ -50,6 +50,7 @@ from kiln_capture.variables.containers import (
     SetVar,
     SliceVar,
     TupleVar,
+    key_of,
     known_index,
     make_set,
 )
@@ -567,7 +568,7 @@ class Frame:
 
     def BUILD_MAP(self, ins):
         flat = self.popn(2 * ins.arg)
-        self.push(DictVar({flat[i].as_const(): flat[i + 1] for i in range(0, len(flat), 2)}))
+        self.push(DictVar({key_of(self, flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}))
 
     def BUILD_CONST_KEY_MAP(self, ins):
         keys = self.pop().as_const()
@@ -606,7 +607,7 @@ class Frame:
     def MAP_ADD(self, ins):
         value = self.pop()
         key = self.pop()
-        self.stack[-ins.arg].items[key.as_const()] = value
+        self.stack[-ins.arg].items[key_of(self, key)] = value
 
     def LIST_EXTEND(self, ins):
         v = self.pop()
@@ -632,7 +633,7 @@ class Frame:
             target.items.update(v.items)
         else:
             for k in v.unpack(self):
-                target.items[k.as_const()] = v.getitem(self, k)
+                target.items[key_of(self, k)] = v.getitem(self, k)
 
     DICT_MERGE = DICT_UPDATE
 

@@ -7,6 +7,7 @@ operations become FX nodes whose ``meta["val"]`` is computed on the meta device
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -27,17 +28,26 @@ from kiln_capture.guards import GuardSet, default_device_name
 from kiln_capture.log import log
 from kiln_capture.shape_guards import ShapeGuards
 from kiln_capture.side_effects import SideEffects
-from kiln_capture.sources import AttrSource, ConstRef, ItemSource, Source
+from kiln_capture.sources import (
+    AttrSource,
+    ConstRef,
+    DictKeySource,
+    ItemSource,
+    Source,
+    TensorKeySource,
+)
 from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.builtins import BuiltinVar, is_builtin_callable
 from kiln_capture.variables.constants import LITERAL_TYPES, ConstVar, is_constant_value
 from kiln_capture.variables.containers import (
     LIST_ITERATOR_TYPES,
+    DefaultDictVar,
     DictVar,
     ListVar,
     NamedTupleVar,
     SourcedIteratorVar,
     TupleVar,
+    key_of,
     wrap_collection,
 )
 from kiln_capture.variables.contexts import (
@@ -234,6 +244,30 @@ class OutputGraph:
         self._keepalive.append(value)
         return var
 
+    def _dict_entries(self, value: dict, source: Source, rooted: bool) -> dict:
+        """The entries of a dict read from ``source`` whose keys are constants or tensors
+        (each tensor key read at its position, ``list(d)[i]``, as a graph input)."""
+        if rooted:
+            kinds = tuple(isinstance(k, torch.Tensor) for k in value)
+            consts = tuple(k for k in value if not isinstance(k, torch.Tensor))
+            e = source.expr()
+            self.guards.add(
+                f"tuple(isinstance(k, {self.guards.const(torch.Tensor)}) for k in {e}) == "
+                f"{kinds!r} and tuple(k for k, t in zip({e}, {kinds!r}) if not t) == "
+                f"{consts!r}",
+                f"keys of {e} are {consts!r} and tensors at {kinds!r}",
+            )
+        items: dict = {}
+        for i, (k, v) in enumerate(value.items()):
+            if isinstance(k, torch.Tensor):
+                key_source = DictKeySource(source, i)
+                items[key_of(None, self.wrap(k, key_source))] = self.wrap(
+                    v, TensorKeySource(source, key_source)
+                )
+            else:
+                items[k] = self.wrap(v, ItemSource(source, k))
+        return items
+
     def freeze(self, source: Source) -> None:
         """Reads inside ``source`` need no guard from now on (see ``_below_frozen``)."""
         self._frozen.add(source)
@@ -304,6 +338,17 @@ class OutputGraph:
                     g.dict_keys(source, tuple(value))
                 items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
                 return DictVar(items, source, cls=type(value))
+        if (
+            type(value) is collections.defaultdict
+            and all(isinstance(k, str | int | torch.Tensor) for k in value)
+            and not is_tensor_keyed_dict(value)  # an optimizer's state (optimizers.py)
+        ):
+            # read and changed like a dict (written back after the graph: clear + update
+            # keep its factory); a missing key read gets the factory's value
+            if rooted:
+                g.type_is(source, value)
+            factory = self.wrap(value.default_factory, AttrSource(source, "default_factory"))
+            return DefaultDictVar(factory, self._dict_entries(value, source, rooted), source)
         if rooted and is_record_type(type(value)) and all(isinstance(k, str) for k in value):
             # a ModelOutput handed in (generate()'s encoder outputs): its fields are read
             # through the record's protocol (ModelOutput.__getitem__ -> to_tuple -> keys())

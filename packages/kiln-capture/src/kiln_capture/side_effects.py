@@ -72,7 +72,7 @@ class SideEffects:
         """Python statements for the effects: first every new value is computed (sources
         denote the state before the frame ran, so they are all read before any write),
         then the writes are applied in program order."""
-        from kiln_capture.variables.containers import DictVar
+        from kiln_capture.variables.containers import DictVar, rebuild_key
 
         compute: list[str] = []
         apply: list[str] = []
@@ -87,7 +87,7 @@ class SideEffects:
                     apply.append(a)
                 elif isinstance(key, DictVar):
                     body = ", ".join(
-                        f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in key.items.items()
+                        f"{rebuild_key(cg, k)}: {cg.rebuild(v)}" for k, v in key.items.items()
                     )
                     compute.append(f"{tmp} = {{{body}}}")
                     apply.append(f"__k_d = {src}; __k_d.clear(); __k_d.update({tmp})")

@@ -53,6 +53,17 @@ class AttrSource(Source):
 
 
 @dataclass(frozen=True)
+class DictKeySource(Source):
+    """The ``index``-th key of the dict ``base``: a tensor used as a key."""
+
+    base: Source
+    index: int
+
+    def expr(self) -> str:
+        return f"list({self.base.expr()})[{self.index}]"
+
+
+@dataclass(frozen=True)
 class DictEntrySource(Source):
     """``base.<table>[key]`` for nn.Module tables (_modules, _parameters, _buffers)."""
 

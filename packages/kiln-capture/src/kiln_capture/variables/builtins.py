@@ -25,6 +25,7 @@ from kiln_capture.variables.containers import (
     SetVar,
     TupleVar,
     counter_binary,
+    key_of,
     make_set,
     sort_items,
 )
@@ -153,6 +154,13 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
             return ConstVar(plain is operator.ne)
     if isinstance(a, DictVar) and isinstance(b, DictVar) and plain is operator.or_:
         return DictVar({**a.items, **b.items}, cls=a.cls)
+    if isinstance(a, SetVar) and isinstance(b, SetVar) and plain in _SET_OPERATORS:
+        # members the trace computed (tensors) too; s |= t changes s
+        name = _SET_OPERATORS[plain]
+        if fn is not plain:
+            a.call_method(tx, f"{name}_update" if name != "union" else "update", [b], {})
+            return a
+        return a.call_method(tx, name, [b], {})
     dunder = getattr(a, "dunder_call", None)
     if dunder is not None:
         return dunder(tx, fn, b)
@@ -160,6 +168,14 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
     if compared is not None:
         return compared
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on {a!r} and {b!r}")
+
+
+_SET_OPERATORS = {
+    operator.or_: "union",
+    operator.and_: "intersection",
+    operator.sub: "difference",
+    operator.xor: "symmetric_difference",
+}
 
 
 def _view_binary(tx, fn, a: Var, b: Var) -> Var:
@@ -261,7 +277,7 @@ def contains(tx, item: Var, container: Var) -> bool:
     if isinstance(container, RaisingVar):  # a re-raising continuation's first step
         raise container.raised()
     if isinstance(container, DictVar):
-        return item.as_const() in container.items
+        return key_of(tx, item) in container.items
     if isinstance(container, SetVar):
         return container.contains(tx, item)
     if isinstance(container, SequenceVar | SizeVar):
@@ -636,6 +652,8 @@ def _list(tx, it=None) -> Var:
 
 def _set(kind: type):
     def made(tx, it=None) -> Var:
+        if isinstance(it, SetVar):  # a copy: the same members (tensors too), any order
+            return SetVar(it.values, it.members, kind)
         return make_set(tx, _items(tx, it) if it is not None else [], kind)
 
     return made
@@ -653,11 +671,11 @@ def _dict(tx, it=None, **kwargs) -> Var:
         # CPython's dict(mapping): it[k] for k in mapping.keys() (a MutableMapping
         # subclass of the user's), not the pairs of its iteration
         for k in _items(tx, it.call_method(tx, "keys", [], {})):
-            items[k.as_const()] = it.call_method(tx, "__getitem__", [k], {})
+            items[key_of(tx, k)] = it.call_method(tx, "__getitem__", [k], {})
     elif it is not None:
         for pair in _items(tx, it):
             k, v = pair.unpack(tx)
-            items[k.as_const()] = v
+            items[key_of(tx, k)] = v
     items.update(kwargs)
     return DictVar(items)
 

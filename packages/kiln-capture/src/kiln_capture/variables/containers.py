@@ -13,7 +13,7 @@ import operator
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.variables.base import MethodCallVar, Var
-from kiln_capture.variables.constants import ConstVar
+from kiln_capture.variables.constants import ConstVar, is_constant_value
 
 
 def _raised(cls: type, *args: object) -> Unsupported:
@@ -250,23 +250,23 @@ class DictVar(Var):
         return list(self.items.values())
 
     def unpack(self, tx) -> list[Var]:
-        return [ConstVar(k) for k in self.items]
+        return [key_var(k) for k in self.items]
 
     def getitem(self, tx, key: Var) -> Var:
-        k = key.as_const()
+        k = key_of(tx, key)
         if k not in self.items:
             raise _raised(KeyError, k)
         return self.items[k]
 
     def setitem(self, tx, key: Var, value: Var) -> None:
-        k = key.as_const()
+        k = key_of(tx, key)
         if k in self.items and self.items[k] is value:
             return  # storing the value it holds: no change (an optimizer's state entries)
         self.items[k] = value
         tx.out.side_effects.mutated(self)
 
     def call_method(self, tx, name, args, kwargs) -> Var:
-        c = [args[0].as_const()] if args and name not in ("update",) else []
+        c = [key_of(tx, args[0])] if args and name not in ("update",) else []
         if name == "get":
             default = args[1] if len(args) > 1 else ConstVar(None)
             return self.items.get(c[0], default)
@@ -292,8 +292,10 @@ class DictVar(Var):
                 return args[1]
             elif name == "update":
                 other = args[0] if args else DictVar({})
-                if not isinstance(other, DictVar):
-                    raise Unsupported(breaks.UNSUPPORTED_VALUE, "dict.update with a non-dict")
+                if not isinstance(other, DictVar):  # pairs, or a mapping: as dict() reads it
+                    from kiln_capture.variables.builtins import BuiltinVar
+
+                    other = BuiltinVar(dict).call(tx, [other], {})
                 self.items.update(other.items)
                 self.items.update(kwargs)
             elif name == "clear":
@@ -302,7 +304,7 @@ class DictVar(Var):
                 raise _raised(KeyError, "popitem(): dictionary is empty")
             else:
                 key, value = self.items.popitem()
-                return TupleVar([ConstVar(key), value])
+                return TupleVar([key_var(key), value])
             return ConstVar(None)
         if name == "move_to_end" and isinstance(self.items, collections.OrderedDict):
             last = kwargs.get("last", args[1] if len(args) > 1 else ConstVar(True)).as_const()
@@ -316,7 +318,7 @@ class DictVar(Var):
     def reconstruct(self, cg) -> str:
         if self.source is not None:
             return self.source.expr()
-        body = ", ".join(f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in self.items.items())
+        body = ", ".join(f"{rebuild_key(cg, k)}: {cg.rebuild(v)}" for k, v in self.items.items())
         if self.cls is dict:
             return "{" + body + "}"
         return f"{cg.const(self.cls)}({{{body}}})"
@@ -342,10 +344,10 @@ class DictViewVar(Var):
     def unpack(self, tx) -> list[Var]:
         items = self.d.items
         if self.kind == "keys":
-            return [ConstVar(k) for k in items]
+            return [key_var(k) for k in items]
         if self.kind == "values":
             return list(items.values())
-        return [TupleVar([ConstVar(k), v]) for k, v in items.items()]
+        return [TupleVar([key_var(k), v]) for k, v in items.items()]
 
     def truth(self, tx) -> bool:
         return bool(self.d.items)
@@ -360,7 +362,7 @@ class DictViewVar(Var):
         from kiln_capture.variables.builtins import contains
 
         if self.kind == "keys":
-            return item.as_const() in self.d.items
+            return key_of(tx, item) in self.d.items
         return contains(tx, item, ListVar(self.unpack(tx)))
 
     def call_method(self, tx, name, args, kwargs) -> Var:
@@ -392,6 +394,48 @@ class DictViewVar(Var):
 _IDENTITY_HASHES = (object.__hash__, type.__hash__)
 
 
+class TracedKey:
+    """A dict key or set member that is a tensor of the trace. Python hashes a tensor by
+    its identity, so this key is hashed and compared by the tensor's identity in the
+    trace (its meta tensor: ``x.add_(1)`` is ``x``, builtins.identical)."""
+
+    __slots__ = ("var",)
+
+    def __init__(self, var: Var) -> None:
+        self.var = var
+
+    def __hash__(self) -> int:
+        return id(self.var.meta)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, TracedKey)
+            and other.var.meta is self.var.meta
+            and other.var.device == self.var.device
+        )
+
+    def __repr__(self) -> str:
+        return f"TracedKey({self.var!r})"
+
+
+def key_of(tx, v: Var) -> object:
+    """What a dict holds as the key ``v``: a constant's value, or a tensor's TracedKey."""
+    from kiln_capture.variables.tensors import TensorVar
+
+    if isinstance(v, TensorVar):
+        return TracedKey(v)
+    return v.as_const()
+
+
+def key_var(k: object) -> Var:
+    """The Var of a key ``key_of`` made."""
+    return k.var if isinstance(k, TracedKey) else ConstVar(k)
+
+
+def rebuild_key(cg, k: object) -> str:
+    return cg.rebuild(k.var) if isinstance(k, TracedKey) else cg.const(k)
+
+
 def set_key(tx, v: Var) -> object:
     """What a set holds for ``v``, hashed as Python hashes it: a constant's value, or the
     object the trace knows ``v`` to be (a module, class, function: anything whose hash is
@@ -403,6 +447,10 @@ def set_key(tx, v: Var) -> object:
         kind = object
     if kind.__hash__ is None:
         raise _raised(TypeError, f"unhashable type: '{kind.__name__}'")
+    from kiln_capture.variables.tensors import TensorVar
+
+    if isinstance(v, TensorVar):
+        return TracedKey(v)
     if v.is_const():
         value = v.as_const()
     else:
@@ -426,10 +474,13 @@ class SetVar(Var):
     Python set, so membership and iteration order are Python's own; ``members`` keeps the
     Var of each member that is not a constant, to hand back when iterated and rebuilt."""
 
-    def __init__(self, values: set, members: dict | None = None, kind: type = set) -> None:
+    def __init__(
+        self, values: set, members: dict | None = None, kind: type = set, source=None
+    ) -> None:
         self.values = set(values)
         self.members = dict(members or {})
         self.kind = kind
+        self.source = source  # a set of constants read from the frame (wrap_collection)
 
     def __repr__(self) -> str:
         return f"Set({self.values!r})"
@@ -453,6 +504,9 @@ class SetVar(Var):
         return set_key(tx, item) in self.values
 
     def unpack(self, tx) -> list[Var]:
+        if any(isinstance(v, TracedKey) for v in self.values):
+            # eager iterates tensors in the order of their addresses' hashes
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, "iteration over a set of tensors")
         return [self.members[v] if v in self.members else ConstVar(v) for v in self.values]
 
     def add(self, tx, item: Var) -> None:
@@ -490,6 +544,8 @@ class SetVar(Var):
         )
         if mutating and self.kind is frozenset:
             raise _raised(AttributeError, f"'frozenset' object has no attribute '{name}'")
+        if mutating:
+            tx.out.side_effects.mutated(self)  # one read from the frame: written back
         if kwargs:
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"set.{name} with keyword arguments")
         if name == "add":
@@ -537,11 +593,22 @@ class SetVar(Var):
     def children(self) -> list[Var]:
         return list(self.members.values())
 
+    def write_back(self, cg, src: str, tmp: str) -> tuple[str, str]:
+        """The side-effect statements for a set read from the frame (SideEffects.replay)."""
+        return f"{tmp} = {self._rebuild(cg)}", f"__k_s = {src}; __k_s.clear(); __k_s.update({tmp})"
+
     def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return self.source.expr()
+        return self._rebuild(cg)
+
+    def _rebuild(self, cg) -> str:
         kind = "frozenset" if self.kind is frozenset else "set"
         if not self.members:
             return f"{kind}({cg.const(frozenset(self.values))})"
-        items = ", ".join(cg.rebuild(v) for v in self.unpack(None))
+        items = ", ".join(
+            cg.rebuild(self.members[v]) if v in self.members else cg.const(v) for v in self.values
+        )
         return f"{kind}(({items},))"
 
 
@@ -583,8 +650,13 @@ class DefaultDictVar(DictVar):
         super().__init__(items, source, cls=collections.defaultdict)
         self.factory = factory
 
+    def getattr(self, tx, name: str) -> Var:
+        if name == "default_factory":
+            return self.factory
+        return super().getattr(tx, name)
+
     def getitem(self, tx, key: Var) -> Var:
-        k = key.as_const()
+        k = key_of(tx, key)
         if k not in self.items:
             if self.factory.is_const() and self.factory.as_const() is None:
                 raise _raised(KeyError, k)
@@ -598,7 +670,7 @@ class DefaultDictVar(DictVar):
     def reconstruct(self, cg) -> str:
         if self.source is not None:
             return self.source.expr()
-        body = ", ".join(f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in self.items.items())
+        body = ", ".join(f"{rebuild_key(cg, k)}: {cg.rebuild(v)}" for k, v in self.items.items())
         return f"{cg.const(collections.defaultdict)}({cg.rebuild(self.factory)}, {{{body}}})"
 
 
@@ -679,7 +751,7 @@ class CounterVar(DictVar):
     def reconstruct(self, cg) -> str:
         if self.source is not None:
             return self.source.expr()
-        body = ", ".join(f"{cg.const(k)}: {cg.rebuild(v)}" for k, v in self.items.items())
+        body = ", ".join(f"{rebuild_key(cg, k)}: {cg.rebuild(v)}" for k, v in self.items.items())
         return f"{cg.const(collections.Counter)}({{{body}}})"
 
 
@@ -924,6 +996,17 @@ def wrap_collection(out, value: object, source, rooted: bool) -> Var | None:
             g.dict_keys(source, tuple(value))
         items = {k: out.wrap(v, ItemSource(source, k)) for k, v in value.items()}
         return CounterVar(items, source)
+    if (
+        type(value) in (set, frozenset)
+        and rooted
+        and all(is_constant_value(v) and type(v) is not float for v in value)
+    ):
+        # a set of constants (an argument, a global, a closure's): its contents guarded;
+        # changed in the trace, it is written back after the graph
+        e = source.expr()
+        g.type_is(source, value)
+        g.add(f"{e} == {g.const(frozenset(value))}", f"{e} == {set(value)!r}")
+        return SetVar(value, kind=type(value), source=source)
     if type(value) is collections.deque:
         if rooted:
             g.type_is(source, value)

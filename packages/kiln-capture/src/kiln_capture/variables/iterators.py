@@ -22,6 +22,7 @@ from kiln_capture.variables.containers import (
     ListVar,
     TupleVar,
     _raised,
+    key_var,
 )
 
 
@@ -218,10 +219,10 @@ class DictIteratorVar(IteratorVar):
             raise _raised(RuntimeError, str(e)) from None
         self.pos += 1
         if self.kind == "keys":
-            return ConstVar(k)
+            return key_var(k)
         if self.kind == "values":
             return self.d.items[k]
-        return TupleVar([ConstVar(k), self.d.items[k]])
+        return TupleVar([key_var(k), self.d.items[k]])
 
     unpack = _drain
 
@@ -244,10 +245,10 @@ class DictIteratorVar(IteratorVar):
 
     def _item(self, k) -> Var:
         if self.kind == "keys":
-            return ConstVar(k)
+            return key_var(k)
         if self.kind == "values":
             return self.d.items[k]
-        return TupleVar([ConstVar(k), self.d.items[k]])
+        return TupleVar([key_var(k), self.d.items[k]])
 
 
 def iterate(tx, v: Var) -> IteratorVar:

@@ -222,6 +222,8 @@ class ObjectVar(Var):
             return tx.out.wrap_value(call).call(tx, [self, *args], kwargs)
         if isinstance(v, _LRU_CACHE_WRAPPER):
             return _cached_call(tx, v, args, kwargs)
+        if _is_fromkeys(v):
+            return _fromkeys(tx, v.__self__, args, kwargs)
         if v is tuple.__new__ and len(args) == 2 and not kwargs and args[0].is_const():
             cls = args[0].as_const()  # a namedtuple's _make / __new__ (generated code)
             if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
@@ -555,6 +557,30 @@ class PartialVar(Var):
         items = [cg.rebuild(self.fn), *(cg.rebuild(a) for a in self.args)]
         items += [f"{k}={cg.rebuild(v)}" for k, v in self.kwargs.items()]
         return f"{cg.const(functools.partial)}({', '.join(items)})"
+
+
+def _is_fromkeys(v: object) -> bool:
+    owner = getattr(v, "__self__", None)
+    return (
+        getattr(v, "__name__", None) == "fromkeys"
+        and owner in (dict, collections.OrderedDict, collections.defaultdict)
+        and type(v).__name__ == "builtin_function_or_method"
+    )
+
+
+def _fromkeys(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """``dict.fromkeys(keys, value=None)`` (and OrderedDict's, defaultdict's: a default
+    factory of None): every key maps to the one value."""
+    from kiln_capture.variables.builtins import _items
+    from kiln_capture.variables.containers import DefaultDictVar, key_of
+
+    if not args or len(args) > 2 or set(kwargs) - {"value"}:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{cls.__name__}.fromkeys arguments")
+    value = args[1] if len(args) > 1 else kwargs.get("value", ConstVar(None))
+    items = {key_of(tx, k): value for k in _items(tx, args[0])}
+    if cls is collections.defaultdict:
+        return DefaultDictVar(ConstVar(None), items)
+    return DictVar(items, cls=cls)
 
 
 # what an instance of functools.partial has without attributes of its own
