@@ -381,10 +381,16 @@ def _chain_keys(node: ast.AST, memo: dict, keys: set[str]) -> None:
 
 class _Hoist(ast.NodeTransformer):
     def __init__(
-        self, shared: set[str], names: dict[str, str], lines: list[str], prefix: str = "__r"
+        self,
+        shared: set[str],
+        names: dict[str, str],
+        lines: list[str],
+        prefix: str = "__r",
+        keys: dict[int, tuple[ast.AST, str | None]] | None = None,
     ) -> None:
         self.shared, self.names, self.lines, self.prefix = shared, names, lines, prefix
-        self.keys: dict[int, tuple[ast.AST, str | None]] = {}
+        # the chain keys ``_shared_chains`` already took of these trees' nodes
+        self.keys: dict[int, tuple[ast.AST, str | None]] = {} if keys is None else keys
 
     def visit(self, node):
         if isinstance(node, _SCOPES) or isinstance(node, _LEAVES):
@@ -434,9 +440,9 @@ def _chain_key(node: ast.AST, memo: dict[int, tuple[ast.AST, str | None]]) -> st
     return key
 
 
-def _shared_chains(trees: list[ast.AST]) -> set[str]:
+def _shared_chains(trees: list[ast.AST], memo: dict | None = None) -> set[str]:
     counts: Counter[str] = Counter()
-    memo: dict[int, tuple[ast.AST, str | None]] = {}
+    memo = {} if memo is None else memo
     for tree in trees:
         keys: set[str] = set()
         _chain_keys(tree, memo, keys)
@@ -465,11 +471,12 @@ def hoist_reads(guards: list[str]) -> list[str]:
 
 def _hoist_reads(guards: list[str]) -> list[str]:
     trees = [ast.parse(g, mode="eval").body for g in guards]
-    shared = _shared_chains(trees)
+    memo: dict[int, tuple[ast.AST, str | None]] = {}
+    shared = _shared_chains(trees, memo)
     names: dict[str, str] = {}
     lines: list[str] = []
     for tree in trees:
-        cond = ast.unparse(_Hoist(shared, names, lines).visit(tree))
+        cond = ast.unparse(_Hoist(shared, names, lines, keys=memo).visit(tree))
         lines.append(f"if not ({cond}): return False")
     return lines
 
@@ -485,10 +492,12 @@ def hoist_args(exprs: list[str], prefix: str) -> tuple[list[str], list[str]]:
     def make() -> tuple[tuple[str, ...], tuple[str, ...]]:
         with _no_gc():
             trees = [ast.parse(e, mode="eval").body for e in exprs]
-            shared = _shared_chains(trees)
+            memo: dict[int, tuple[ast.AST, str | None]] = {}
+            shared = _shared_chains(trees, memo)
             names: dict[str, str] = {}
             lines: list[str] = []
-            hoisted = [ast.unparse(_Hoist(shared, names, lines, prefix).visit(t)) for t in trees]
+            hoist = _Hoist(shared, names, lines, prefix, keys=memo)
+            hoisted = [ast.unparse(hoist.visit(t)) for t in trees]
         return tuple(lines), tuple(hoisted)
 
     lines, hoisted = code_cache.cached("args", "\0".join([prefix, *exprs]), (tuple, tuple), make)
