@@ -47,3 +47,27 @@ def test_joint_graph_computes_forward_and_gradients():
 def test_unused_inputs_get_no_gradient_output():
     joint, info = trace_joint(lambda a, b: a * 2, [torch.randn(2), torch.randn(2)], [True, True])
     assert info.grad_inputs == (0,)
+
+
+def test_backward_scatter_of_embedded_ids_is_marked_checked():
+    """embedding_dense_backward of ids the forward's embedding read from the same table is
+    marked (its compiler may skip the bounds check); a scatter of other ids is not."""
+
+    def f(ids, w, other):
+        return torch.nn.functional.embedding(ids, w), torch.nn.functional.embedding(other, w * 2)
+
+    def scatter_only(ids, g):  # a backward-style scatter with no forward read of the ids
+        return (torch.ops.aten.embedding_dense_backward(g, ids, 10, -1, False),)
+
+    w = torch.randn(10, 4)
+    ids, other = torch.randint(0, 10, (3,)), torch.randint(0, 10, (2,))
+    joint, _ = trace_joint(f, [ids, w, other], [False, True, False])
+    scatters = [
+        n for n in joint.graph.nodes if n.target is torch.ops.aten.embedding_dense_backward.default
+    ]
+    assert len(scatters) == 2 and all(n.meta.get("kiln_indices_checked") for n in scatters)
+    joint, _ = trace_joint(scatter_only, [ids, torch.randn(3, 4)], [False, True])
+    scatters = [
+        n for n in joint.graph.nodes if n.target is torch.ops.aten.embedding_dense_backward.default
+    ]
+    assert scatters and not any(n.meta.get("kiln_indices_checked") for n in scatters)

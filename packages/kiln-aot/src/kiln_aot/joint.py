@@ -132,4 +132,35 @@ def trace_joint(
     )
     gm = build_module(tracer)
     gm.meta["kiln_aot_joint"] = info
+    mark_checked_indices(gm.graph)
     return gm, info
+
+
+aten = torch.ops.aten
+
+
+def mark_checked_indices(graph: fx.Graph) -> int:
+    """Mark each ``embedding_dense_backward`` whose indices the forward's ``embedding`` read
+    from a table of ``num_weights`` rows (``meta["kiln_indices_checked"]``): that read has
+    already bounds-checked them (an ``embedding`` with a bad index raises in the forward),
+    and autograd refuses a backward through indices changed in place since, so the
+    backward's scatter needs no check of its own. A compiler may then drop the check, and
+    on a GPU the host's wait for it: the scatter is the backward's last kernel, so the wait
+    held the host until the whole backward had run, and the GPU then idled while the host
+    prepared the next step (HF BERT-base, batch 8 x 512 on the H200: about 7 ms a step).
+    Returns how many were marked."""
+    marked = 0
+    for node in graph.nodes:
+        if node.target is not aten.embedding_dense_backward.default:
+            continue
+        indices, num_weights = node.args[1], node.args[2]
+        for user in getattr(indices, "users", ()):
+            if user.target is not aten.embedding.default or user.args[1] is not indices:
+                continue
+            table = user.args[0].meta.get("val") if isinstance(user.args[0], fx.Node) else None
+            rows = None if table is None else table.shape[0]
+            if rows is not None and str(rows) == str(num_weights):
+                node.meta["kiln_indices_checked"] = True
+                marked += 1
+                break
+    return marked

@@ -72,18 +72,23 @@ def index_check(
     index: Any = None,
 ) -> IndexCheck | None:
     """The check of an indirect access made by the op being lowered now, or None when
-    checks are off (``KILN_CHECK_INDICES=0``) or when ``index`` (the index TensorValue) is
-    provably in range (positions from ``arange``, clamped values: ``value_range``)."""
+    checks are off (``KILN_CHECK_INDICES=0``), when ``index`` (the index TensorValue) is
+    provably in range (positions from ``arange``, clamped values: ``value_range``), or when
+    the node says its indices were checked against this bound before
+    (``meta["kiln_indices_checked"]``: kiln-aot marks a backward's ``embedding_dense_backward``
+    whose forward ``embedding`` read the same indices from the same table)."""
     if not read_config().check_indices:
+        return None
+    from .lowering.context import current_node
+
+    node = current_node()
+    if node is not None and node.meta.get("kiln_indices_checked"):
         return None
     if index is not None and sympy.sympify(size).is_Integer:
         bounds = value_range(index)
         low = -int(size) if wrap else 0
         if bounds is not None and low <= bounds[0] and bounds[1] < int(size):
             return None
-    from .lowering.context import current_node
-
-    node = current_node()
     op = str(node.target) if node is not None else "an indexing op"
     return IndexCheck(op, dim, size, wrap, error, message, source_line(node))
 

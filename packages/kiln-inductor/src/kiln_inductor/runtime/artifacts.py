@@ -27,7 +27,7 @@ graph that cannot be stored) is saved once its backward has compiled.
 
 sha256 of: this file's ``FORMAT``; the graph (its code; each node's target and the
 metadata of its ``meta["val"]``: shapes and strides, symbolic ones as expressions, dtypes,
-devices; the ranges, hints and guards of its size symbols; the contents of tensor
+devices, and whether ``meta["kiln_indices_checked"]`` drops its index check; the ranges, hints and guards of its size symbols; the contents of tensor
 constants it holds); the example inputs' metadata; the plan's signature (kiln-aot's plan
 cache key: every input's metadata, grad mode, the module's training flag); the versions
 of kiln's packages, torch, Triton and Python, and a digest of the compiler's own source
@@ -260,7 +260,9 @@ def graph_key(gm: Any, example_inputs: Sequence[Any]) -> str | None:
     for n in gm.graph.nodes:
         val = n.meta.get("val", n.meta.get("example_value"))
         values.append(val)
-        h.update(repr((n.op, n.name, _target(n, gm, state), _describe(val))).encode())
+        # a node's own promise that its indices were checked before drops its check
+        checked = bool(n.meta.get("kiln_indices_checked"))
+        h.update(repr((n.op, n.name, _target(n, gm, state), _describe(val), checked)).encode())
     env = env_of(v for v in values if isinstance(v, (torch.Tensor, torch.SymInt)))
     if env is not None:
         h.update(repr((env.describe(), [str(g) for g in getattr(env, "guards", ())])).encode())
