@@ -19,6 +19,9 @@ class SideEffects:
     global_stores: dict[str, Var] = field(default_factory=dict)
     item_stores: list[tuple[Var, object, object, Var]] = field(default_factory=list)
     order: list[tuple[str, object]] = field(default_factory=list)
+    # forward (pre-)hooks registered in the trace, per module id: (table, hook, with_kwargs);
+    # the module's later calls in the trace run them, the registration is replayed
+    module_hooks: dict[int, list[tuple[str, Var, bool]]] = field(default_factory=dict)
 
     def mutated(self, container: Var) -> None:
         if container.source is None:

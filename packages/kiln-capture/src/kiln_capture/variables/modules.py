@@ -12,7 +12,7 @@ from torch import nn
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.sources import AttrSource, DictEntrySource, ItemSource
-from kiln_capture.variables.base import Var
+from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import DictVar, TupleVar
 
@@ -98,6 +98,8 @@ class ModuleVar(Var):
     def getattr(self, tx, name: str) -> Var:
         m = self.value
         d = m.__dict__
+        if name in _HOOK_REGISTRATIONS and name not in d:
+            return MethodCallVar(self, name)
         pending = tx.out.side_effects.pending_attr(self, name)
         if pending is not None:
             return pending
@@ -212,6 +214,8 @@ class ModuleVar(Var):
             (wrapped(own, "_forward_hooks", k), k in post_kw or k in global_kw)
             for k in m._forward_hooks
         ]
+        for table, hook, with_kwargs in tx.out.side_effects.module_hooks.get(id(m), []):
+            (pre if table == "_forward_pre_hooks" else post).append((hook, with_kwargs))
         return pre, post
 
     # -- containers ---------------------------------------------------------------------
@@ -293,7 +297,46 @@ class ModuleVar(Var):
             return ListVar(entries)
         if name == "__getitem__":
             return self.getitem(tx, args[0])
+        if name in _HOOK_REGISTRATIONS and name not in m.__dict__:
+            return self._register_hook(tx, name, list(args), dict(kwargs))
         return super().call_method(tx, name, args, kwargs)
+
+    def _register_hook(self, tx, name: str, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        """``m.register_forward_hook(hook)`` (or a pre-hook) in the trace: the module's
+        later calls in this trace run the hook, and the registration itself is replayed
+        after the graph (transformers' output capturing installs its hooks lazily, on the
+        first call asking for hidden states). The handle is not modeled: using it breaks."""
+        hook = args.pop(0) if args else kwargs.pop("hook", None)
+        options = {k: v.as_const() for k, v in kwargs.items()}
+        if (
+            hook is None
+            or args
+            or set(options) - {"prepend", "with_kwargs", "always_call"}
+            or options.get("prepend")
+            or options.get("always_call")
+        ):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"Module.{name} with these arguments")
+        with_kwargs = bool(options.get("with_kwargs", False))
+        table = _HOOK_REGISTRATIONS[name]
+        effects = tx.out.side_effects
+        effects.module_hooks.setdefault(id(self.value), []).append((table, hook, with_kwargs))
+        effects.call_after(
+            lambda cg: f"{cg.rebuild(self)}.{name}({cg.rebuild(hook)}, with_kwargs={with_kwargs})"
+        )
+        return _UnmodeledHandle()
+
+
+_HOOK_REGISTRATIONS = {
+    "register_forward_hook": "_forward_hooks",
+    "register_forward_pre_hook": "_forward_pre_hooks",
+}
+
+
+class _UnmodeledHandle(Var):
+    """The RemovableHandle of a hook registered in the trace: any use breaks."""
+
+    def __repr__(self) -> str:
+        return "RemovableHandle"
 
 
 __all__ = ["ModuleVar", "lookup_class_attr"]

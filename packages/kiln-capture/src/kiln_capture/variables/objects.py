@@ -10,6 +10,7 @@ import functools
 import inspect
 import operator
 import sys
+import threading
 import types
 import weakref
 
@@ -224,6 +225,11 @@ class ObjectVar(Var):
             return _cached_call(tx, v, args, kwargs)
         if _is_fromkeys(v):
             return _fromkeys(tx, v.__self__, args, kwargs)
+        if isinstance(getattr(v, "__self__", None), _LOCK_TYPES) and v.__name__ in _LOCK_METHODS:
+            # a threading lock taken around Python state (transformers' hook installation):
+            # the trace runs in one thread and holds nothing past the graph, whose effects
+            # are replayed after it; acquiring answers True as an uncontended lock does
+            return ConstVar(_LOCK_METHODS[v.__name__])
         if v is tuple.__new__ and len(args) == 2 and not kwargs and args[0].is_const():
             cls = args[0].as_const()  # a namedtuple's _make / __new__ (generated code)
             if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
@@ -557,6 +563,10 @@ class PartialVar(Var):
         items = [cg.rebuild(self.fn), *(cg.rebuild(a) for a in self.args)]
         items += [f"{k}={cg.rebuild(v)}" for k, v in self.kwargs.items()]
         return f"{cg.const(functools.partial)}({', '.join(items)})"
+
+
+_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
+_LOCK_METHODS = {"__enter__": True, "acquire": True, "__exit__": None, "release": None}
 
 
 def _is_fromkeys(v: object) -> bool:
