@@ -23,9 +23,9 @@ from kiln_capture import code_cache, hook
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("KILN_CAPTURE_CACHE", "1")
-    code_cache.clear_memo()
+    code_cache.reset()
     yield tmp_path
-    code_cache.clear_memo()
+    code_cache.reset()
 
 
 class Block(nn.Module):
@@ -44,7 +44,7 @@ def _run(model, x):
     """A fresh capture of ``model`` (as a new process would make it): its result, the
     backend, and its cache entry."""
     kiln_capture.reset()
-    code_cache.clear_memo()  # the memo aside: only the disk can answer
+    code_cache.reset()
     b = CountingBackend()
     out = kiln_capture.optimize(b)(model)(x)
     entries = hook.cache_entries(type(model).forward.__code__)
@@ -146,12 +146,12 @@ def test_a_cache_directory_that_cannot_be_written(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")  # a file where the directory should be: mkdir fails, even as root
     monkeypatch.setenv("KILN_CACHE_DIR", str(blocker))
-    code_cache.clear_memo()
+    code_cache.reset()
     m, x = Block(), torch.randn(4, 8)
     with pytest.warns(RuntimeWarning, match="cannot be written"):
         out, _ = _run(m, x)
     torch.testing.assert_close(out, m(x))
-    code_cache.clear_memo()
+    code_cache.reset()
 
 
 _PROCESS = textwrap.dedent(

@@ -27,7 +27,9 @@ a whole one. On load the header and the payload's checksum are checked before
 ``marshal`` reads it, and the value's shape is checked after; an entry that fails
 (truncated, corrupt, another format) warns once, is removed and made again. A cache
 directory that cannot be written warns once; the process then makes the code without
-saving. ``KILN_CAPTURE_CACHE=0`` turns the disk off (the in-process memo stays).
+saving. ``KILN_CAPTURE_CACHE=0`` turns it off. Nothing is kept in memory beyond the
+entries that use the code (a process compiling thousands of functions, as the OpInfo
+sweep does, would otherwise hold every one).
 """
 
 from __future__ import annotations
@@ -47,8 +49,6 @@ from kiln_capture.config import config
 
 FORMAT = 1
 MAGIC = b"kiln-capture-code\n"
-# key -> value, this process's own (a recompile of the same frame makes the same text)
-_memo: dict[str, tuple] = {}
 _warned: set[str] = set()
 _read_only: list[bool] = []  # set once the directory refused a write
 
@@ -185,23 +185,17 @@ def _save(key: str, value: tuple) -> None:
 
 def cached(kind: str, text: str, shape: tuple[type, ...], make: Callable[[], tuple]) -> tuple:
     """``make()``'s value (a tuple of ``shape``'s types, each ``marshal``-able), from the
-    memo or the disk when ``text`` under ``kind`` was made before (design note above)."""
+    disk when ``text`` under ``kind`` was made before (design note above)."""
+    if not config.capture_cache:
+        return make()
     key = key_of(kind, text)
-    value = _memo.get(key)
+    value = _load(key, shape)
     if value is not None:
+        STATS.hits += 1
         return value
-    use_disk = config.capture_cache
-    if use_disk:
-        value = _load(key, shape)
-        if value is not None:
-            STATS.hits += 1
-            _memo[key] = value
-            return value
     STATS.misses += 1
     value = make()
-    _memo[key] = value
-    if use_disk:
-        _save(key, value)
+    _save(key, value)
     return value
 
 
@@ -217,8 +211,7 @@ def compiled_function(
     return fn
 
 
-def clear_memo() -> None:
-    """Forget this process's memo (tests: the next lookup reads the disk)."""
-    _memo.clear()
+def reset() -> None:
+    """Forget that the directory refused a write and which warnings were given (tests)."""
     _read_only.clear()
     _warned.clear()
