@@ -362,7 +362,7 @@ def _finish_break(
     live = set()
     for off, _, _ in targets:
         live |= live_locals(code, off)
-    params = [n for n in code.co_varnames if n in bound and n in live]
+    params = [n for n in code.co_varnames if n in bound and n in live and n not in code.co_cellvars]
     in_loop = any(isinstance(v, IteratorVar) for v in stack) or _loop_around(
         code, ins.offset, root.instructions
     )
@@ -370,9 +370,18 @@ def _finish_break(
     eager = depth > config.loop_resume_limit
 
     cg = CodeGen(out)
+    # cells: the frame's own cells are made by the generated code (empty first, filled
+    # after the preamble: a closure in a cell may hold that cell) and handed to the
+    # continuation as its first free variables (bytecode/resume.py); closures rebuilt
+    # here share them
+    frame_cells = [root.cells[c] for c in code.co_cellvars if c in root.cells]
+    if len(frame_cells) != len(code.co_cellvars):
+        return skip("a cell of the frame was not made")
+    cg.frame_cells = {id(c): f"__k_c{i}" for i, c in enumerate(frame_cells)}
     cg.collect(
         [v for v in stack if not isinstance(v, NullVar)]
         + [bound[n] for n in params]
+        + [c.contents for c in frame_cells if c.contents is not None]
         + out.side_effects.values()
     )
     try:
@@ -382,8 +391,19 @@ def _finish_break(
         local_exprs = [cg.rebuild(bound[n]) for n in params]
         locals_line = f"__k_l = ({''.join(e + ', ' for e in local_exprs)})"
         compute, apply = out.side_effects.replay(cg)
+        fill_cells = [
+            f"__k_c{i}.cell_contents = {cg.rebuild(c.contents)}"
+            for i, c in enumerate(frame_cells)
+            if c.contents is not None
+        ]
     except Unsupported as e:
         return skip(f"cannot rebuild a live value ({e.detail})")
+    make_cells = [f"__k_c{i} = __k_cell()" for i in range(len(frame_cells))]
+    closure = (
+        "(" + "".join(f"__k_c{i}, " for i in range(len(frame_cells))) + ") + "
+        if frame_cells
+        else ""
+    ) + "(__k_fn.__closure__ or ())"
     below = [f"__k_t{i}" for i, v in enumerate(stack[:base]) if not isinstance(v, NullVar)]
     presence_below = [not isinstance(v, NullVar) for v in stack[:base]]
 
@@ -399,11 +419,9 @@ def _finish_break(
             _SIZE_PARAMS.setdefault(rcode, set()).update(sizes)
         if eager:  # a re-raising one is captured too: RootFrame wraps its Reraise
             EAGER_RESUME_CODES.add(rcode)
-        if code.co_freevars:
+        if code.co_freevars or code.co_cellvars:
             extra[f"__k_rc{j}"] = rcode
-            return (
-                f"__k_FunctionType(__k_rc{j}, __k_G, {rcode.co_name!r}, None, __k_fn.__closure__)"
-            )
+            return f"__k_FunctionType(__k_rc{j}, __k_G, {rcode.co_name!r}, None, {closure})"
         extra[f"__k_resume{j}"] = types.FunctionType(rcode, out.globals, rcode.co_name)
         return f"__k_resume{j}"
 
@@ -448,7 +466,9 @@ def _finish_break(
     body = (
         out.prelude
         + _graph_call(root, compiled, inputs, extra)
+        + make_cells
         + cg.preamble
+        + fill_cells
         + temps
         + [locals_line]
         + compute
@@ -616,7 +636,7 @@ def _graph_call(root: RootFrame, compiled, inputs: list[str], extra: dict) -> li
     except Unsupported:
         return lines
     EAGER_RESUME_CODES.add(rcode)
-    if code.co_freevars:
+    if code.co_freevars or code.co_cellvars:
         extra["__k_rcexc"] = rcode
         fexpr = f"__k_FunctionType(__k_rcexc, __k_G, {rcode.co_name!r}, None, __k_fn.__closure__)"
     else:

@@ -58,6 +58,9 @@ class CodeGen:
         self._contexts: dict[int, str] = {}
         self._output_index: dict[fx.Node, int] = {}
         self._symbols: set[str] = set()  # symbols bound in the preamble (sym_expr)
+        # the frame's own cells at a break (id of the CellVar -> the generated cell's name):
+        # closures rebuilt there share them with the continuation (capture.py, "cells")
+        self.frame_cells: dict[int, str] = {}
 
     def const(self, value: object) -> str:
         if type(value) in _SAFE_LITERALS or (

@@ -32,7 +32,7 @@ from kiln_capture.bytecode.rewrite import parse_exception_table
 from kiln_capture.errors import Raised, Unsupported
 from kiln_capture.output import OutputGraph
 from kiln_capture.sources import GlobalSource, ItemSource
-from kiln_capture.variables.base import NULL, CellVar, NullVar, Var
+from kiln_capture.variables.base import NULL, CellObjectVar, CellVar, NullVar, Var
 from kiln_capture.variables.builtins import (
     BINARY_OPS,
     COMPARE_OPS,
@@ -379,9 +379,17 @@ class Frame:
     def STORE_DEREF(self, ins):
         cell = self.cells[ins.argval]
         if getattr(cell, "external", False):
-            raise Unsupported(
-                breaks.UNSUPPORTED_VALUE, f"nonlocal write to {ins.argval} of an outer closure"
-            )
+            target = getattr(cell, "cell_object", None)
+            if target is None:
+                raise Unsupported(
+                    breaks.UNSUPPORTED_VALUE, f"nonlocal write to {ins.argval} of an outer closure"
+                )
+            # a cell of the frame's function (a continuation's own cells come in this
+            # way): the trace reads the new value, the write is replayed after the graph
+            value = self.pop()
+            cell.contents = value
+            self.out.side_effects.store_attr(target, "cell_contents", value)
+            return
         cell.contents = self.pop()
 
     def LOAD_GLOBAL(self, ins):
@@ -854,12 +862,17 @@ class RootFrame(Frame):
         """``sizes``: names of arguments that held symbolic sizes where the frame this
         continuation resumes broke; they are wrapped last, as symbolic ints, so that one
         equal to a tensor argument's symbolic size shares its symbol."""
-        from kiln_capture.sources import ClosureSource, LocalSource
+        from kiln_capture.sources import CellSource, ClosureSource, LocalSource
 
         names = code.co_varnames[: len(args)]
+        # a continuation's functions were rebuilt by the generated code (new objects on
+        # each call): guarded by what they are made of, not by identity
+        rebuilt = code.co_name.startswith(("__kiln_resume_at_", "__kiln_raise_at_"))
         local_vars = {
             n: wrap_reraise(out, a, LocalSource(n))
             if type(a) is Reraise
+            else out.wrap_rebuilt_function(a, LocalSource(n))
+            if rebuilt and type(a) is types.FunctionType
             else out.wrap(a, LocalSource(n))
             for n, a in zip(names, args)
             if n not in sizes
@@ -882,7 +895,12 @@ class RootFrame(Frame):
                     ) from None
                 return out.wrap(contents, ClosureSource(None, i))
 
-            cells[name] = LazyCell(loader)
+            def make(loader=loader, i=i) -> LazyCell:
+                made = LazyCell(loader)
+                made.cell_object = CellObjectVar(CellSource(None, i))
+                return made
+
+            cells[name] = out.real_cell(cell, make)
         super().__init__(out, code, func.__globals__, local_vars, cells, code.co_qualname)
         self.break_at = break_at
         self.param_names = list(names)

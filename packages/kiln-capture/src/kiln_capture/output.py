@@ -128,6 +128,14 @@ def is_torch_module_name(mod: str) -> bool:
 _FLAT_LITERALS = frozenset({int, float, bool, str, type(None)})
 
 
+def _empty_cell(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return True
+    return False
+
+
 class OutputGraph:
     def __init__(
         self,
@@ -174,6 +182,9 @@ class OutputGraph:
         self._int_inputs: dict[str, SymIntVar] = {}  # symbolic int inputs, by source
         self.lifted_floats: dict[str, Var] = {}  # floats read as tensor inputs, by source
         self._keepalive: list[object] = []
+        # real closure cells the trace reads, one CellVar each (by the cell's id): a
+        # continuation's own cells are also cells of the closures made before the break
+        self.real_cells: dict[int, Var] = {}
         self._frozen: set[Source] = set()
         # statements the generated code runs before the graph (building fresh modules)
         self.prelude: list[str] = []
@@ -267,6 +278,41 @@ class OutputGraph:
             else:
                 items[k] = self.wrap(v, ItemSource(source, k))
         return items
+
+    def wrap_rebuilt_function(self, fn: types.FunctionType, source: Source) -> Var:
+        """A function that generated code rebuilds on each call (a closure live at a
+        break, handed to the continuation): guarded by its code, globals and constant
+        defaults instead of its identity; its closure's contents are guarded where the
+        trace reads them (``ClosureSource``), its attributes where it reads those."""
+        defaults = fn.__defaults__ or ()
+        if (
+            id(fn) in self._wrapped
+            or fn.__kwdefaults__
+            or fn.__dict__
+            or not all(is_constant_value(d) for d in defaults)
+            or any(_empty_cell(c) for c in fn.__closure__ or ())
+        ):
+            return self.wrap(fn, source)
+        g, e = self.guards, source.expr()
+        g.add(
+            f"type({e}) is {g.const(types.FunctionType)} and {e}.__code__ is "
+            f"{g.const(fn.__code__)} and {e}.__globals__ is {g.const(fn.__globals__)} and "
+            f"{e}.__defaults__ == {fn.__defaults__!r} and {e}.__kwdefaults__ is None and "
+            f"not {e}.__dict__",
+            f"{e} is a function of {fn.__code__.co_qualname}'s code, rebuilt at a break",
+        )
+        var = UserFunctionVar(fn, source)
+        self._wrapped[id(fn)] = var
+        self._keepalive.append(fn)
+        return var
+
+    def real_cell(self, cell: object, make) -> Var:
+        """The one CellVar of the real cell ``cell`` (``make()`` builds it on first use)."""
+        known = self.real_cells.get(id(cell))
+        if known is None:
+            known = self.real_cells[id(cell)] = make()
+            self._keepalive.append(cell)
+        return known
 
     def freeze(self, source: Source) -> None:
         """Reads inside ``source`` need no guard from now on (see ``_below_frozen``)."""

@@ -42,6 +42,19 @@ class ClosureSource(Source):
 
 
 @dataclass(frozen=True)
+class CellSource(Source):
+    """The cell object itself (``ClosureSource`` reads its contents): a write to it is
+    replayed as ``cell.cell_contents = value``."""
+
+    fn: Source | None  # None: the frame's own function
+    index: int
+
+    def expr(self) -> str:
+        base = self.fn.expr() if self.fn is not None else "__k_fn"
+        return f"{base}.__closure__[{self.index}]"
+
+
+@dataclass(frozen=True)
 class AttrSource(Source):
     base: Source
     name: str

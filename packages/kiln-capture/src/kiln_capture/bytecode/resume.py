@@ -89,20 +89,33 @@ def make_resume_code(
     ``__exit__``, an ``except``) sees it. Generated code uses it when a graph that runs
     inside such a block raises.
     """
-    if code.co_cellvars:
-        raise Unsupported(breaks.UNSUPPORTED_VALUE, "resuming a frame that owns closure cells")
+    # the frame's own cells (its cellvars) come in as free variables, cellvars first and
+    # then the frame's own free variables: the continuation function's closure holds the
+    # very cells the frame's closures share (see "cells" in capture.py)
+    cells = list(code.co_cellvars)
+    freevars = cells + list(code.co_freevars)
+    if set(params) & set(cells):
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "a cell passed as a local")
+    if code.co_argcount and code.co_varnames[0] in cells and "__class__" in code.co_freevars:
+        # zero-argument super() reads its first argument from the first local slot
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, "resuming a method whose self is a cell")
     stack_names = [f"__k_s{i}" for i, present in enumerate(stack) if present]
-    others = [n for n in code.co_varnames if n not in params]
+    others = [n for n in code.co_varnames if n not in params and n not in cells]
     # zero-argument super() reads the first local slot: keep the first parameter there
     lead = list(params[:1]) if keeps_first_slot(code, params) else []
     varnames = lead + stack_names + [p for p in params if p not in lead]
     varnames += ["__k_exc"] if raise_at_entry else []
     varnames += others
-    nlocalsplus = len(varnames) + len(code.co_freevars)
+    nlocalsplus = len(varnames) + len(freevars)
     if nlocalsplus > 255:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, "too many locals to resume")
-    old_order = list(code.co_varnames) + list(code.co_freevars)
-    new_order = varnames + list(code.co_freevars)
+    # "localsplus": the locals, then the cells that are not arguments, then the free vars
+    old_order = (
+        list(code.co_varnames)
+        + [c for c in cells if c not in code.co_varnames]
+        + list(code.co_freevars)
+    )
+    new_order = varnames + freevars
     remap = {i: new_order.index(n) for i, n in enumerate(old_order)}
 
     raw = bytearray(code.co_code)
@@ -118,8 +131,8 @@ def make_resume_code(
         i += 2 + 2 * cache_count(op)
 
     prologue = bytearray()
-    if code.co_freevars:
-        prologue += emit("COPY_FREE_VARS", len(code.co_freevars))
+    if freevars:
+        prologue += emit("COPY_FREE_VARS", len(freevars))
     prologue += emit("RESUME", 0)
     k = 0
     for present in stack:
@@ -157,6 +170,8 @@ def make_resume_code(
     return code.replace(
         co_code=bytes(prologue) + bytes(raw),
         co_varnames=tuple(varnames),
+        co_cellvars=(),
+        co_freevars=tuple(freevars),
         co_nlocals=len(varnames),
         co_argcount=len(stack_names) + len(params) + int(raise_at_entry),
         co_stacksize=code.co_stacksize + 1,

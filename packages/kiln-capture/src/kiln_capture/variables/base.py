@@ -105,6 +105,17 @@ class NullVar(Var):
 NULL = NullVar()
 
 
+class CellObjectVar(Var):
+    """A real cell object, read from its source: a write to a real cell in the trace is
+    replayed after the graph as ``cell.cell_contents = value``."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"CellObject({self.source.expr()})"
+
+
 class CellVar(Var):
     """A closure cell; ``contents`` is a Var (or None while empty)."""
 

@@ -13,8 +13,8 @@ import torch
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
-from kiln_capture.sources import AttrSource, ClosureSource
-from kiln_capture.variables.base import CellVar, Var
+from kiln_capture.sources import AttrSource, CellSource, ClosureSource
+from kiln_capture.variables.base import CellObjectVar, CellVar, Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import DictVar, TupleVar
 from kiln_capture.variables.generators import make_generator_cm
@@ -183,19 +183,27 @@ class UserFunctionVar(Var):
         defaults = [tx.out.wrap_value(d) for d in (fn.__defaults__ or ())]
         kwdefaults = {k: tx.out.wrap_value(v) for k, v in (fn.__kwdefaults__ or {}).items()}
         bound = bind_args(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
-        cells = {}
-        for i, name in enumerate(fn.__code__.co_freevars):
-            cell = fn.__closure__[i]
-            try:
-                contents = cell.cell_contents
-            except ValueError:
-                cells[name] = CellVar(None)
-                continue
-            src = ClosureSource(self.source, i) if self.source is not None else None
-            cells[name] = CellVar(
-                tx.out.wrap(contents, src) if src else tx.out.wrap_value(contents)
-            )
+        cells = {
+            name: tx.out.real_cell(fn.__closure__[i], lambda i=i: self._cell(tx, fn, i))
+            for i, name in enumerate(fn.__code__.co_freevars)
+        }
         return tx.inline(fn.__code__, fn.__globals__, bound, cells, fn.__qualname__)
+
+    def _cell(self, tx, fn, i: int) -> CellVar:
+        """The CellVar of the function's ``i``-th real cell: its contents wrapped from their
+        source; a write to it (``nonlocal``) is replayed where the cell has a source, and
+        breaks where it has none."""
+        cell = fn.__closure__[i]
+        try:
+            contents = cell.cell_contents
+        except ValueError:
+            made = CellVar(None)
+        else:
+            src = ClosureSource(self.source, i) if self.source is not None else None
+            made = CellVar(tx.out.wrap(contents, src) if src else tx.out.wrap_value(contents))
+        made.external = True
+        made.cell_object = CellObjectVar(CellSource(self.source, i)) if self.source else None
+        return made
 
 
 class _FunctionGetVar(Var):
@@ -285,7 +293,10 @@ class NestedFunctionVar(Var):
         return tx.inline(self.code, self.globals, bound, cells, self.qualname)
 
     def reconstruct(self, cg) -> str:
-        if any(c.contents is None for c in self.closure) or self.kwdefaults:
+        if (
+            any(c.contents is None and id(c) not in cg.frame_cells for c in self.closure)
+            or self.kwdefaults
+        ):
             raise Unsupported(
                 breaks.UNSUPPORTED_VALUE,
                 f"a closure ({self.qualname}) escaping the captured region",
@@ -296,7 +307,14 @@ class NestedFunctionVar(Var):
             else "None"
         )
         cells = (
-            "(" + "".join(f"__k_cell({cg.rebuild(c.contents)}), " for c in self.closure) + ")"
+            "("
+            + "".join(
+                cg.frame_cells[id(c)] + ", "
+                if id(c) in cg.frame_cells
+                else f"__k_cell({cg.rebuild(c.contents)}), "
+                for c in self.closure
+            )
+            + ")"
             if self.closure
             else "None"
         )
