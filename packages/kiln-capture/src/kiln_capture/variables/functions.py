@@ -13,7 +13,7 @@ import torch
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
-from kiln_capture.sources import AttrSource, CellSource, ClosureSource
+from kiln_capture.sources import AttrSource, CellSource, ClosureSource, ItemSource
 from kiln_capture.variables.base import CellObjectVar, CellVar, Var
 from kiln_capture.variables.constants import ConstVar
 from kiln_capture.variables.containers import DictVar, TupleVar
@@ -180,14 +180,27 @@ class UserFunctionVar(Var):
         manager = make_generator_cm(tx, fn, args, kwargs, self.source)
         if manager is not None:
             return manager
-        defaults = [tx.out.wrap_value(d) for d in (fn.__defaults__ or ())]
-        kwdefaults = {k: tx.out.wrap_value(v) for k, v in (fn.__kwdefaults__ or {}).items()}
+        defaults = [
+            self._default(tx, d, "__defaults__", i) for i, d in enumerate(fn.__defaults__ or ())
+        ]
+        kwdefaults = {
+            k: self._default(tx, v, "__kwdefaults__", k)
+            for k, v in (fn.__kwdefaults__ or {}).items()
+        }
         bound = bind_args(fn.__code__, fn.__qualname__, args, kwargs, defaults, kwdefaults)
         cells = {
             name: tx.out.real_cell(fn.__closure__[i], lambda i=i: self._cell(tx, fn, i))
             for i, name in enumerate(fn.__code__.co_freevars)
         }
         return tx.inline(fn.__code__, fn.__globals__, bound, cells, fn.__qualname__)
+
+    def _default(self, tx, value: object, table: str, key) -> Var:
+        """A default argument: a tensor is read from the function on each call (a graph
+        input: ``fn.__defaults__`` may be replaced, its tensor changed in place), other
+        values are taken as they are."""
+        if isinstance(value, torch.Tensor) and self.source is not None:
+            return tx.out.wrap(value, ItemSource(AttrSource(self.source, table), key))
+        return tx.out.wrap_value(value)
 
     def _cell(self, tx, fn, i: int) -> CellVar:
         """The CellVar of the function's ``i``-th real cell: its contents wrapped from their
