@@ -242,6 +242,28 @@ class Step:
         return _rss_field_mb("VmHWM") - before
 
 
+def _float64_step(model, step: Step) -> tuple:
+    """The loss and gradients of one float64 step of a copy of ``model``."""
+    exact = copy.deepcopy(model).double()
+    inputs = step.inputs
+    cast = (
+        {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+        if isinstance(inputs, dict)
+        else tuple(v.double() if v.is_floating_point() else v for v in inputs)
+    )
+    s64 = Step(step.device, step.mode, cast)
+    s64.target = step.target
+    loss = s64(exact)
+    return loss, {n: p.grad for n, p in exact.named_parameters()}
+
+
+def _distance(exact: tuple, loss, model) -> float:
+    loss64, grads64 = exact
+    errs = [_rel_err(loss, loss64)]
+    errs += [_rel_err(p.grad, grads64[n]) for n, p in model.named_parameters()]
+    return max(errs)
+
+
 def _rel_err(got, want) -> float:
     if got is None or want is None:
         return 0.0 if got is None and want is None else float("inf")
@@ -299,6 +321,7 @@ def worker(name: str, device: str, mode: str, big: bool, rounds: int, steps: int
     want = {n: p.grad for n, p in reference.named_parameters()}
     tol = 1e-3 if mode == "fp32" else 5e-2
     runs = {"eager": reference}
+    exact = None  # the float64 step, made when a compiler's result needs it
     for cname in COMPILERS:
         entry: dict = {}
         candidate = copy.deepcopy(model)
@@ -313,6 +336,16 @@ def worker(name: str, device: str, mode: str, big: bool, rounds: int, steps: int
             errs += [_rel_err(p.grad, want[n]) for n, p in candidate.named_parameters()]
             entry["max_rel_err"] = max(errs)
             entry["correct"] = entry["max_rel_err"] <= tol
+            if not entry["correct"] and mode == "fp32":
+                # an ill-conditioned step (batch norm over a few elements) differs from
+                # eager by more than tol in any compiler: then it is right when it is as
+                # close to a float64 step as eager is (within 2x, plus tol)
+                if exact is None:
+                    exact = _float64_step(model, step)
+                got = _distance(exact, loss, candidate)
+                ref = _distance(exact, want_loss, reference)
+                entry["float64_err"], entry["eager_float64_err"] = got, ref
+                entry["correct"] = got <= 2 * ref + tol
             entry.update({k: v - before.get(k, 0) for k, v in _counts(cname).items()})
             runs[cname] = compiled
             progress(f"{name} {cname}: compiled in {entry['compile_s']:.1f} s, err {max(errs):.1e}")

@@ -630,6 +630,14 @@ class _Acc:
         from kiln_inductor.lowering.values import compute_dtype
 
         self.dtype = compute_dtype(self.dtype)
+        self.result_dtype = self.dtype
+        if self.type == "sum" and self.dtype == torch.float32:
+            # a float sum is accumulated in double: one float accumulator per row adds its
+            # elements one after another, and its error grows with the row (eager's CPU sum
+            # is a cascade of partial sums); a ResNet's batch-norm gradients over N*H*W
+            # differed from float64's 1e-2 where eager's differed 1e-5
+            self.dtype = torch.float64
+            self.result_dtype = torch.float32  # what the rest of the kernel computes with
         self.t = ctype(self.dtype)
         # bool accumulators are ints: GCC does not vectorize a loop with a bool reduction
         self.flag = self.dtype == torch.bool and not self.type.startswith("arg")
@@ -729,6 +737,8 @@ class _Acc:
             )
         if self.type in ("max", "min") and self.dtype.is_floating_point:
             return self.kernel.h._value(f"({n}_nan ? kiln::nan<{self.t}>() : {n})", self.dtype)
+        if self.result_dtype != self.dtype:
+            return self.kernel.h.to_dtype(CppValue(n, self.dtype), self.result_dtype)
         return CppValue(n, self.dtype)
 
 
