@@ -3,6 +3,7 @@
 
 import types
 
+import numpy as np
 import torch
 from helpers import CountingBackend, assert_same
 
@@ -35,3 +36,19 @@ def test_function_of_a_module_named_like_torch_is_inlined():
     targets = [n.target for n in nodes if n.op in ("call_function", "call_method")]
     assert mod.helper not in targets
     assert "sin" in targets
+
+
+def _with_numpy_numbers(a, info):
+    return a + info.max, a * np.int64(3), a - np.float32(0.5), a + np.finfo(np.float64).eps
+
+
+def test_numpy_numbers_are_python_numbers_in_the_graph():
+    """np.finfo(...).max read from an argument, np.int64(3) made in the trace: constants
+    (guarded by value), handed to ops as the Python numbers they hold (the graph's code
+    printed ``np.float64(...)``, a name it cannot resolve)."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_with_numpy_numbers)
+    a = torch.randn(3)
+    for info in (np.finfo(np.float16), np.finfo(np.float16), np.finfo(np.float32)):
+        assert_same(opt(a, info), _with_numpy_numbers(a, info))
+    assert len(backend.graphs) == 2  # a new max recompiles

@@ -128,6 +128,17 @@ def is_torch_module_name(mod: str) -> bool:
 _FLAT_LITERALS = frozenset({int, float, bool, str, type(None)})
 
 
+def _is_numpy_scalar(value: object) -> bool:
+    """A numpy number (not an array, nor a NaN: it equals nothing a guard could check)."""
+    kind = type(value)
+    if kind.__module__ != "numpy" or kind.__name__ == "ndarray":
+        return False
+    if getattr(value, "shape", None) != () or not hasattr(value, "item"):
+        return False
+    item = value.item()
+    return isinstance(item, bool | int | float) and item == item
+
+
 def _empty_cell(cell) -> bool:
     try:
         cell.cell_contents  # noqa: B018
@@ -232,6 +243,13 @@ class OutputGraph:
                         f"{source.expr()} == {self.guards.const(value)}",
                         f"{source.expr()} == {value}",
                     )
+            return ConstVar(value, source if rooted else None)
+        if _is_numpy_scalar(value):
+            # np.finfo(...).max, np.int64(3): a number, guarded by type and value
+            if rooted:
+                g = self.guards
+                g.type_is(source, value)
+                g.add(f"{source.expr()} == {value.item()!r}", f"{source.expr()} == {value!r}")
             return ConstVar(value, source if rooted else None)
         if isinstance(value, enum.Enum) and type(value).__eq__ is object.__eq__:
             # an enum member (checkpoint_wrapper's CheckpointImpl): a constant, compared
@@ -1068,11 +1086,18 @@ def _to_node(v: Var):
     if isinstance(v, DictVar):
         return {k: _to_node(i) for k, i in v.items.items()}
     try:
-        return v.as_const()
+        value = v.as_const()
     except Unsupported:
         raise Unsupported(
             breaks.UNSUPPORTED_VALUE, f"{v!r} as an argument of a tensor op"
         ) from None
+    if type(value).__module__ == "numpy" and type(value).__name__ != "ndarray":
+        # a numpy scalar (np.finfo(...).max): torch takes it as the Python number it
+        # holds, and the graph's code can name only that (it printed ``np.float64(...)``)
+        item = getattr(value, "item", None)
+        if item is not None and getattr(value, "shape", None) == ():
+            return item()
+    return value
 
 
 def _to_meta(v: Var, on_device: bool = False):

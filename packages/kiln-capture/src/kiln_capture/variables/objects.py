@@ -695,7 +695,22 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         and not kwargs
     ):  # a class with no __init__ of its own (a context manager, a namespace)
         return NewObjectVar(cls)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls in (numpy.finfo, numpy.iinfo) and len(args) == 1 and not kwargs:
+        return ConstVar(cls(args[0].as_const()))  # np.finfo(np.float32): a type's limits
+    if (
+        _is_numpy_number_type(cls)
+        and len(args) <= 1
+        and not kwargs
+        and all(a.is_const() for a in args)
+    ):
+        return ConstVar(cls(*(a.as_const() for a in args)))  # np.int64(3): a number
     raise Unsupported(breaks.UNKNOWN_CALLABLE, f"construction of {cls.__qualname__}")
+
+
+def _is_numpy_number_type(cls: type) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and issubclass(cls, numpy.number | numpy.bool_)
 
 
 def _is_treespec_class(cls: type) -> bool:
