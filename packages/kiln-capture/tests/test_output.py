@@ -39,7 +39,12 @@ def test_function_of_a_module_named_like_torch_is_inlined():
 
 
 def _with_numpy_numbers(a, info):
-    return a + info.max, a * np.int64(3), a - np.float32(0.5), a + np.finfo(np.float64).eps
+    return (
+        a + info.max,
+        a * np.int64(3),
+        a - np.float32(0.5),
+        a + np.finfo(np.float64).eps + np.iinfo(np.int16).max,
+    )
 
 
 def test_numpy_numbers_are_python_numbers_in_the_graph():

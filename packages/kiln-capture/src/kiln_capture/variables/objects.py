@@ -612,6 +612,9 @@ class _UnmodeledAttrVar(Var):
 
 
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls in (numpy.finfo, numpy.iinfo) and len(args) == 1 and not kwargs:
+        return ConstVar(cls(args[0].as_const()))  # np.finfo(np.float32): a type's limits
     if cls is collections.Counter:
         return make_counter(tx, list(args), dict(kwargs))
     if cls is collections.deque:
@@ -695,9 +698,6 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         and not kwargs
     ):  # a class with no __init__ of its own (a context manager, a namespace)
         return NewObjectVar(cls)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and cls in (numpy.finfo, numpy.iinfo) and len(args) == 1 and not kwargs:
-        return ConstVar(cls(args[0].as_const()))  # np.finfo(np.float32): a type's limits
     if (
         _is_numpy_number_type(cls)
         and len(args) <= 1
