@@ -57,3 +57,19 @@ def test_numpy_numbers_are_python_numbers_in_the_graph():
     for info in (np.finfo(np.float16), np.finfo(np.float16), np.finfo(np.float32)):
         assert_same(opt(a, info), _with_numpy_numbers(a, info))
     assert len(backend.graphs) == 2  # a new max recompiles
+
+
+def _batched(x):
+    x = x.clone()
+    y = torch.vmap(torch.Tensor.acos_)(x)  # in place, per row
+    return torch.vmap(torch.sum)(x) * 2, y is x
+
+
+def test_a_vmapped_torch_function_is_called_as_itself():
+    """torch.vmap(torch.sum) is a function named like torch.sum: the graph calls it, not
+    torch.sum (which summed the whole tensor: a silently wrong result)."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_batched)
+    x = torch.rand(4, 3)
+    assert_same(opt(x), _batched(x))
+    assert len(backend.graphs) == 1

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import os
 import re
+import sys
 import types
 from operator import getitem as _getitem
 from operator import setitem as _setitem
@@ -137,6 +138,31 @@ def _is_numpy_scalar(value: object) -> bool:
         return False
     item = value.item()
     return isinstance(item, bool | int | float) and item == item
+
+
+class CalledAsItself:
+    """A graph call of a function whose name leads elsewhere (see ``tensor_op``)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.__name__ = fn.__name__
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"CalledAsItself({self.fn!r})"
+
+
+def _named_as_itself(fn: object) -> bool:
+    """Whether a Python function is what its module and qualified name say (FX's
+    generated code calls a torch function by that name)."""
+    if not isinstance(fn, types.FunctionType):
+        return True
+    found: object = sys.modules.get(fn.__module__ or "")
+    for part in (fn.__qualname__ or "").split("."):
+        found = getattr(found, part, None)
+    return found is fn
 
 
 def _empty_cell(cell) -> bool:
@@ -677,6 +703,10 @@ class OutputGraph:
     # -- tensor operations ---------------------------------------------------------------
 
     def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if kind == "call_function" and not _named_as_itself(target):
+            # torch.vmap(torch.sum) copies torch.sum's name: the graph's code would call
+            # torch.sum. The graph's code holds this wrapper object itself instead
+            target = CalledAsItself(target)
         args = [self._frozen_const(a) for a in args]
         kwargs = {k: self._frozen_const(v) for k, v in kwargs.items()}
         rewritten = _truth_op(self, kind, target, args, kwargs)
