@@ -17,6 +17,8 @@ code enters a real autocast for the continuation (see ``ContextMethodVar.reconst
 
 from __future__ import annotations
 
+import inspect
+import types
 import warnings
 
 import torch
@@ -92,6 +94,46 @@ class GradModeVar(ContextVar):
     def constructor(self, cg) -> str:
         arg = repr(self.target) if self.cls is torch.set_grad_enabled else ""
         return f"{cg.const(self.cls)}({arg})"
+
+    def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        """``torch.no_grad()(fn)``: a decorator applied in the trace."""
+        fn = args[0] if len(args) == 1 and not kwargs else None
+        code = getattr(getattr(fn, "fn", None), "__code__", None) or getattr(fn, "code", None)
+        if (
+            self.cls not in (torch.no_grad, torch.enable_grad)
+            or code is None
+            or code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE)
+        ):
+            return super().call(tx, args, kwargs)
+        return GradModeDecoratedVar(self.cls, fn)
+
+
+class GradModeDecoratedVar(Var):
+    """A function decorated in the trace with ``torch.no_grad()`` / ``enable_grad()``:
+    each call runs it in that grad mode."""
+
+    def __init__(self, cls: type, fn: Var) -> None:
+        self.cls, self.fn = cls, fn
+
+    def __repr__(self) -> str:
+        return f"{self.cls.__name__}()({self.fn!r})"
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        mode = GradModeVar(tx, self.cls, [])
+        mode.enter(tx)
+        try:
+            return self.fn.call(tx, args, kwargs)
+        finally:
+            mode.exit(tx)
+
+    def children(self) -> list[Var]:
+        return [self.fn]
+
+    def reconstruct(self, cg) -> str:
+        return f"{cg.const(self.cls)}()({cg.rebuild(self.fn)})"
 
 
 class AutocastVar(ContextVar):
