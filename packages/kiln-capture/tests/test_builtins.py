@@ -2,8 +2,9 @@
 constants baked into the graph, so each must be eager's."""
 
 import functools
+import operator
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -111,3 +112,47 @@ def test_jit_annotate_is_its_value():
     opt = kiln_capture.optimize(CountingBackend(), fullgraph=True)(fn)
     x = torch.randn(3)
     assert_same(opt(x), fn(x))
+
+
+class _Pair(NamedTuple):
+    first: torch.Tensor
+    second: torch.Tensor
+
+    def total(self):
+        return self.first + self.second
+
+    @staticmethod
+    def one():
+        return 1
+
+    @classmethod
+    def name(cls):
+        return cls.__name__
+
+
+@functools.lru_cache
+def _cached_sin(x, scale):
+    return torch.sin(x * scale)
+
+
+def _small_programs(x):
+    pair = _Pair(x, x * 2)
+    return (
+        sum(3 * [x]),  # list repetition with the count on the left
+        operator.is_(-10, x),
+        operator.is_not(x, x),
+        f"{x.__class__.__name__}!",
+        _cached_sin(x, 2),  # an lru_cache'd function on tensors: the function runs
+        pair.total(),
+        pair.one(),
+        pair.name(),
+    )
+
+
+def test_small_programs():
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_small_programs)
+    x = torch.randn(3)
+    assert_same(opt(x), _small_programs(x))
+    assert_same(opt(x + 1), _small_programs(x + 1))
+    assert len(backend.graphs) == 1

@@ -128,6 +128,8 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
             if isinstance(a, ListVar)
             else (SizeVar(items) if isinstance(a, SizeVar) else TupleVar(items))
         )
+    if isinstance(b, SequenceVar) and plain is operator.mul and a.is_const():
+        a, b = b, a  # 4 * [x]: as [x] * 4
     if isinstance(a, SequenceVar) and plain is operator.mul and b.is_const():
         return (
             type(a)(a.items * b.as_const())
@@ -404,6 +406,8 @@ class BuiltinVar(Var):
                 raise Unsupported(breaks.TENSOR_TO_PYTHON, f"{fn.__name__}() of a tensor")
         if fn is print:
             raise Unsupported(breaks.PRINT, "print()")
+        if fn in (operator.is_, operator.is_not) and len(args) == 2 and not kwargs:
+            return ConstVar(identical(tx, *args) == (fn is operator.is_))
         raise Unsupported(
             breaks.UNKNOWN_CALLABLE, f"builtin {getattr(fn, '__name__', fn)} on these arguments"
         )

@@ -8,7 +8,9 @@ them in the side-effect log, and their final contents are written back after the
 from __future__ import annotations
 
 import collections
+import inspect
 import operator
+import types
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
@@ -121,6 +123,17 @@ class NamedTupleVar(TupleVar):
             return self.items[idx]
         if name in ("_replace", "_asdict"):
             return MethodCallVar(self, name)
+        static = inspect.getattr_static(self.cls, name)
+        if isinstance(static, types.FunctionType) and static.__module__ != "collections":
+            from kiln_capture.variables.functions import BoundMethodVar
+
+            return BoundMethodVar(tx.out.wrap_value(static), self)  # a method of the class
+        if isinstance(static, staticmethod):
+            return tx.out.wrap_value(static.__func__)
+        if isinstance(static, classmethod):
+            from kiln_capture.variables.functions import BoundMethodVar
+
+            return BoundMethodVar(tx.out.wrap_value(static.__func__), tx.out.wrap_value(self.cls))
         attr = getattr(self.cls, name)
         if callable(attr):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.cls.__name__}.{name}()")

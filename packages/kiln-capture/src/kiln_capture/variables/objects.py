@@ -376,6 +376,12 @@ def _stateless_module(cls: type, args: list[Var], kwargs: dict[str, Var]) -> obj
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
 
 
+def _holds_traced_tensor(v: Var) -> bool:
+    from kiln_capture.variables.tensors import TensorVar
+
+    return isinstance(v, TensorVar)
+
+
 def _cached_call(tx, fn, args: list[Var], kwargs: dict[str, Var]) -> Var:
     """A call of an ``lru_cache``d function on constants (and objects, keyed by identity
     as the cache keys them): run once now, while capturing. Its result for these arguments
@@ -390,6 +396,13 @@ def _cached_call(tx, fn, args: list[Var], kwargs: dict[str, Var]) -> Var:
             return v.value
         raise Unsupported(breaks.UNKNOWN_CALLABLE, "an lru_cache'd function on non-constants")
 
+    wrapped = getattr(fn, "__wrapped__", None)
+    if isinstance(wrapped, types.FunctionType) and any(
+        _holds_traced_tensor(v) for v in (*args, *kwargs.values())
+    ):
+        # on tensors (keys by identity) the function itself runs, as under torch.compile:
+        # a cached result would be a value computed at capture time
+        return tx.out.wrap_value(wrapped).call(tx, args, kwargs)
     result = fn(*[value(a) for a in args], **{k: value(v) for k, v in kwargs.items()})
     if isinstance(result, types.ModuleType):  # torch.get_device_module(...)
         return tx.out.wrap_value(result)

@@ -99,6 +99,8 @@ class TensorVar(Var):
             return tx.out.size_var(self)
         if name == "device":
             return ConstVar(self.device)
+        if name == "__class__":
+            return tx.out.wrap_value(self.cls)
         if name in (
             "dtype",
             "ndim",
