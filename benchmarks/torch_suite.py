@@ -269,6 +269,12 @@ def same(a, b, tol: float = 1e-5) -> bool:
             and list(a.keys()) == list(b.keys())
             and all(same(a[k], b[k], tol) for k in a)
         )
+    if _namedtuple(a) and _namedtuple(b):  # a class made inside the program: one per call
+        return (
+            type(a).__name__ == type(b).__name__
+            and a._fields == b._fields
+            and same(tuple(a), tuple(b), tol)
+        )
     if isinstance(a, list | tuple):
         return (
             type(a) is type(b) and len(a) == len(b) and all(same(x, y, tol) for x, y in zip(a, b))
@@ -279,6 +285,10 @@ def same(a, b, tol: float = 1e-5) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:
         return False
+
+
+def _namedtuple(x: object) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
 # ---------------------------------------------------------------- running programs
