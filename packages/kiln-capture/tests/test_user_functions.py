@@ -1,5 +1,7 @@
 """Calls of the user's Python functions, inlined (variables/functions.py)."""
 
+import collections
+
 import torch
 from helpers import CountingBackend, assert_same
 
@@ -35,3 +37,17 @@ def test_tensor_defaults_are_read_from_the_function():
         assert_same((x, kw), (torch.full((3, 4), 2.0), torch.full((1,), 2.0)))
     finally:
         _bump.__defaults__, _bump.__kwdefaults__ = saved
+
+
+def _with_a_namedtuple_class(a, b):
+    point = collections.namedtuple("point", ["x", "y", "xy"], defaults=(None, 1, None))
+    made = point(a, xy=b)
+    return made.x + made.xy * made.y, made._fields, type(made).__name__
+
+
+def test_namedtuple_class_made_in_the_trace():
+    backend = CountingBackend()
+    compiled = kiln_capture.optimize(backend, fullgraph=True)(_with_a_namedtuple_class)
+    a, b = torch.randn(3), torch.randn(3)
+    assert_same(compiled(a, b), _with_a_namedtuple_class(a, b))
+    assert len(backend.graphs) == 1

@@ -3,6 +3,7 @@ and torch functions (graph nodes, or constants when no tensor is involved)."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import inspect
 import itertools
@@ -120,6 +121,14 @@ _FUNCTION_ATTRS = frozenset(
 )
 
 
+def _const_sequence(v: Var) -> Var:
+    """A list or tuple of constants as one constant (namedtuple's field names)."""
+    items = getattr(v, "items", None)
+    if isinstance(items, list) and all(i.is_const() for i in items):
+        return ConstVar(tuple(i.as_const() for i in items))
+    return v
+
+
 class UserFunctionVar(Var):
     """A Python function defined outside torch: calls are inlined."""
 
@@ -152,7 +161,14 @@ class UserFunctionVar(Var):
 
     def call(self, tx, args, kwargs) -> Var:
         fn = self.fn
-        if (fn.__module__ or "").split(".")[0] in _PURE_STDLIB_MODULES:
+        if fn is collections.namedtuple or (fn.__module__ or "").split(".")[0] in (
+            _PURE_STDLIB_MODULES
+        ):
+            # namedtuple(name, fields) on constants makes its class now, for the trace
+            # and the compiled code alike (eager makes a new class on each call)
+            if fn is collections.namedtuple:
+                args = [_const_sequence(a) for a in args]
+                kwargs = {k: _const_sequence(v) for k, v in kwargs.items()}
             values = [python_value(a) for a in args]
             kw = {k: python_value(v) for k, v in kwargs.items()}
             if all(v is not _NO_VALUE for v in values) and all(
