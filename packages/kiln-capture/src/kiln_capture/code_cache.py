@@ -16,8 +16,9 @@ globals and frame values a guard reads stay the running process's own (``__k_C``
 ``__k_G``, the arguments), bound when the loaded code is executed. So a loaded entry
 can only be the code that making it afresh would give; what could differ is guarded by
 the key: sha256 of this file's ``FORMAT``, the kind of text, the input text itself,
-Python's bytecode magic number (code objects are ``marshal``-ed), kiln-capture's version
-and a digest of the modules that generate the text (this file and guards.py).
+Python's version and bytecode magic number (code objects are ``marshal``-ed; hoisted
+text is ``ast.unparse``'s, whose spelling may change between releases), kiln-capture's
+version and a digest of the modules that generate the text (this file and guards.py).
 
 File: ``<cache dir>/capture/<key[:2]>/<key>``: a magic line, a JSON header line (format,
 key, payload size and sha256), then the payload (``marshal`` of the value). It is
@@ -39,6 +40,7 @@ import importlib.util
 import json
 import marshal
 import os
+import sys
 import tempfile
 import types
 import warnings
@@ -91,7 +93,7 @@ def _generator_digest() -> str:
 
 
 def key_of(kind: str, text: str) -> str:
-    h = hashlib.sha256(f"{FORMAT}\0{kind}\0".encode())
+    h = hashlib.sha256(f"{FORMAT}\0{kind}\0{sys.version}\0".encode())
     h.update(importlib.util.MAGIC_NUMBER)
     h.update(_generator_digest().encode())
     h.update(text.encode("utf-8", "surrogatepass"))
