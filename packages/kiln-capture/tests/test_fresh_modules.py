@@ -104,3 +104,18 @@ def test_stateless_module_from_trace_no_identity_guard():
     report = kiln_capture.explain(lambda x: nn.Dropout(0.0)(nn.ReLU()(x)))(torch.randn(3))
     assert (report.graph_count, report.break_count) == (1, 0)
     assert "is the object seen at capture (ReLU)" not in str(report)
+
+
+class _Joined(nn.Module):  # no constructor of its own: nn.Module.__init__ builds it
+    def forward(self, x, y):
+        return torch.relu(torch.cat((x, y), dim=1))
+
+
+def _builds_user_modules(x):
+    return _Joined()(x, x * 2)
+
+
+def test_user_module_without_a_constructor_is_built_fresh():
+    backend, stats = _run(_builds_user_modules, _x, calls=5)
+    assert len(backend.graphs) == 1
+    assert stats["recompiles"] == 0 and stats["eager_frames"] == 0 and stats["breaks"] == 0

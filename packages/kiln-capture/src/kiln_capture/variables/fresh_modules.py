@@ -18,8 +18,9 @@ built twice, the same way each time:
 What a fresh module does depends only on its class and constructor arguments: the class is
 a constant of the trace, the arguments are constants (guarded where they were read) or
 other fresh modules, and the default dtype and device are guarded. Only torch.nn's own
-module classes are built this way (their constructors have no effect but the RNG's);
-modules of other classes made in captured code still break the graph.
+module classes are built this way (their constructors have no effect but the RNG's), and
+subclasses with no constructor of their own; modules of other classes made in captured
+code still break the graph.
 
 Building before the graph moves the construction's random numbers before the graph's: a
 module is built fresh only while the graph holds no random op yet (else the call breaks).
@@ -63,7 +64,15 @@ class FreshModuleVar(ModuleVar):
 
 
 def _is_torch_module_class(cls: type) -> bool:
-    return issubclass(cls, nn.Module) and (cls.__module__ or "").startswith("torch.nn.")
+    """torch.nn's own module classes, and the user's subclasses that define no
+    constructor of their own (``class Block(nn.Module): def forward(...)``): built by
+    ``nn.Module.__init__`` alone, they too have no effect but making the object."""
+    if not issubclass(cls, nn.Module):
+        return False
+    if (cls.__module__ or "").startswith("torch.nn."):
+        return True
+    own = cls.__mro__[: cls.__mro__.index(nn.Module)]
+    return not any("__init__" in vars(k) or "__new__" in vars(k) for k in own)
 
 
 def _graph_has_random_op(out) -> bool:
