@@ -1,5 +1,6 @@
 """Python objects the trace models (variables/objects.py)."""
 
+import collections
 import functools
 
 import pytest
@@ -49,3 +50,20 @@ def test_partial_fields_read_in_the_trace():
     opt = kiln_capture.optimize(CountingBackend(), fullgraph=True)(fn)
     t = torch.randn(3)
     assert_same(opt(t), fn(t))
+
+
+class _Entries(collections.OrderedDict):  # adds nothing to OrderedDict
+    pass
+
+
+def test_plain_dict_subclass_made_in_the_trace():
+    def fn(x):
+        d = _Entries(sample=x + 1, other=2)
+        d["late"] = x * 2
+        return d, type(d) is _Entries, list(d)
+
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(fn)
+    x = torch.randn(3)
+    assert_same(opt(x), fn(x))
+    assert len(backend.graphs) == 1

@@ -582,6 +582,21 @@ _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 _LOCK_METHODS = {"__enter__": True, "acquire": True, "__exit__": None, "release": None}
 
 
+_CLASS_BOOKKEEPING = frozenset(
+    {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__firstlineno__"}
+    | {"__static_attributes__", "__annotations__"}
+)
+
+
+def _plain_dict_subclass(cls: type) -> bool:
+    """A subclass of dict or OrderedDict that adds nothing (no method, no attribute)."""
+    if cls in (dict, collections.OrderedDict) or not issubclass(cls, dict):
+        return False
+    base = collections.OrderedDict if issubclass(cls, collections.OrderedDict) else dict
+    own = cls.__mro__[: cls.__mro__.index(base)]
+    return all(set(vars(k)) <= _CLASS_BOOKKEEPING for k in own)
+
+
 def _is_fromkeys(v: object) -> bool:
     owner = getattr(v, "__self__", None)
     return (
@@ -637,6 +652,10 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
         maxlen = args[1] if len(args) > 1 else kwargs.get("maxlen")
         items = iterate(tx, iterable).unpack(tx) if iterable is not None else []
         return DequeVar(items, maxlen.as_const() if maxlen is not None else None)
+    if _plain_dict_subclass(cls):  # class Config(OrderedDict): pass
+        from kiln_capture.variables.builtins import BuiltinVar
+
+        return DictVar(BuiltinVar(dict).call(tx, list(args), dict(kwargs)).items, cls=cls)
     if cls in (collections.OrderedDict, collections.defaultdict):
         from kiln_capture.variables.builtins import BuiltinVar
         from kiln_capture.variables.containers import DefaultDictVar
