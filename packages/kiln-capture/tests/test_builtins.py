@@ -156,3 +156,20 @@ def test_small_programs():
     assert_same(opt(x), _small_programs(x))
     assert_same(opt(x + 1), _small_programs(x + 1))
     assert len(backend.graphs) == 1
+
+
+def _array_methods(x):
+    a = (x + 1).numpy()  # a break: the rest works on a numpy array
+    return a.copy(), a.reshape([1, a.size]), a.transpose(0, 1)
+
+
+def test_numpy_array_methods_after_a_break_do_not_crash_the_capture():
+    """Deciding whether ``a.copy`` is a builtin compared the array with modules by ``==``
+    (elementwise: ValueError, an internal error, the frame ran eagerly)."""
+    import numpy as np
+
+    opt = kiln_capture.optimize(CountingBackend())(_array_methods)
+    x = torch.randn(2, 3)
+    for got, expected in zip(opt(x), _array_methods(x)):
+        assert type(got) is np.ndarray and np.array_equal(got, expected)
+    assert kiln_capture.stats()["eager_frames"] == 0

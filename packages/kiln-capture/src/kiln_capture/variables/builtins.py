@@ -876,7 +876,8 @@ def is_builtin_callable(value: object) -> bool:
         or value in (int, float, str, complex, abs, round, divmod, pow, repr, format, chr, ord)
         or (
             getattr(value, "__module__", None) is None
-            and getattr(value, "__self__", None) in (math, operator, builtins)
+            # by identity: ``in`` compares with ==, elementwise for a numpy array's method
+            and any(getattr(value, "__self__", None) is m for m in (math, operator, builtins))
         )
     )
 
