@@ -67,3 +67,23 @@ def test_plain_dict_subclass_made_in_the_trace():
     x = torch.randn(3)
     assert_same(opt(x), fn(x))
     assert len(backend.graphs) == 1
+
+
+def _tf32_branch(x):
+    if torch.backends.cuda.matmul.allow_tf32:  # a __getattr__ of torch.backends
+        return x.sin() + 1
+    return x.cos() - 1
+
+
+def test_backend_flag_is_read_and_guarded():
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_tf32_branch)
+    x = torch.randn(3)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for flag in (False, True, False):
+            torch.backends.cuda.matmul.allow_tf32 = flag
+            assert_same(opt(x), _tf32_branch(x))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert len(backend.graphs) == 2

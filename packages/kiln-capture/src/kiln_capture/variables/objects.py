@@ -156,6 +156,11 @@ class ObjectVar(Var):
         if found is not None:
             return found
         ga = inspect.getattr_static(type(v), "__getattr__", None)
+        if inspect.isfunction(ga) and (ga.__module__ or "").startswith("torch.backends."):
+            # a backend flag (torch.backends.cuda.matmul.allow_tf32): read now, guarded
+            value = getattr(v, name)
+            if is_constant_value(value) and self.source is not None:
+                return tx.out.wrap(value, AttrSource(self.source, name))
         if inspect.isfunction(ga):
             return tx.out.wrap_value(ga).call(tx, [self, ConstVar(name)], {})
         raise AttributeError(name)
