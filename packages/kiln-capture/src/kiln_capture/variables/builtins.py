@@ -94,6 +94,13 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
         return tx.out.tensor_op("call_function", fn, [a, b], {})
     if isinstance(a, DictViewVar) or isinstance(b, DictViewVar):
         return _view_binary(tx, fn, a, b)
+    if type(a).__name__ == "ArrayVar" or type(b).__name__ == "ArrayVar":
+        from kiln_capture.variables.arrays import array_binary
+
+        made = array_binary(tx, fn, a, b)
+        if made is None:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on arrays")
+        return made
     if isinstance(a, CounterVar) or isinstance(b, CounterVar):
         counted = counter_binary(tx, fn, a, b)
         if counted is not None:

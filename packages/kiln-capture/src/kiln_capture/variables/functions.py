@@ -585,6 +585,11 @@ class TorchFnVar(Var):
             raise Unsupported(breaks.DATA_DEPENDENT, f"torch.{name}")
         if fn is torch.is_grad_enabled:
             return ConstVar(tx.out.grad_enabled)
+        if fn is torch.from_numpy and len(args) == 1 and type(args[0]).__name__ == "ArrayVar":
+            if args[0].scalar:
+                raise Unsupported(breaks.UNSUPPORTED_VALUE, "torch.from_numpy of a numpy scalar")
+            t = args[0].tensor  # the tensor the array views: a new tensor object on it
+            return tx.out.tensor_op("call_method", "view_as", [t, t], {})
         if fn is torch.jit.annotate and len(args) == 2 and not kwargs:
             return args[1]  # a type hint for TorchScript; the value itself in Python
         if fn in _HAS_TORCH_FUNCTION:

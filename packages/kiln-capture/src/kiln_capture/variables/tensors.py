@@ -224,6 +224,11 @@ class TensorMethodVar(Var):
         name, t = self.name, self.tensor
         if name in ("__float__", "__int__") and not args and not kwargs and _item_is(t, name):
             name = "item"  # float(t) of a float tensor is t.item(): a graph value
+        if name == "numpy" and not args and not kwargs:
+            from kiln_capture.variables.arrays import ArrayVar, can_view
+
+            if can_view(t):  # an array viewing the tensor (variables/arrays.py)
+                return ArrayVar(t)
         if name in DATA_DEPENDENT_METHODS:
             kind = (
                 breaks.TENSOR_TO_PYTHON

@@ -1,0 +1,123 @@
+"""numpy arrays that view a tensor of the trace: ``a = x.numpy()`` (issue #16).
+
+Design note: "arrays as tensors"
+--------------------------------
+``x.numpy()`` of a CPU tensor that needs no grad is an array sharing the tensor's memory.
+While capturing, such an array is the tensor itself seen through numpy's API
+(``ArrayVar``): its attributes (``shape``, ``ndim``, ``size``, ``itemsize``, ``strides``,
+``T``, ``real``, ``imag``), a few methods (``copy``, ``transpose``, ``reshape``, ``max``,
+``all``) and the arithmetic operators become torch ops on the tensor, each with numpy's
+meaning (``a.transpose(0, 1)`` permutes axes, ``a.max()`` is a numpy scalar);
+``torch.from_numpy(a)`` is the tensor again. An array that leaves the graph is rebuilt as
+``t.numpy()`` of the graph's output (a numpy scalar for a full reduction). Anything else
+done with an array (numpy functions, item writes, other methods) breaks the graph there.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from kiln_capture import breaks
+from kiln_capture.errors import Unsupported
+from kiln_capture.variables.base import MethodCallVar, Var
+from kiln_capture.variables.constants import ConstVar
+from kiln_capture.variables.containers import TupleVar
+from kiln_capture.variables.tensors import TensorVar
+
+ARRAY_OPERATORS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv})
+_METHODS = frozenset({"copy", "transpose", "reshape", "max", "all"})
+
+
+def can_view(t: TensorVar) -> bool:
+    """Whether ``t.numpy()`` is an array eager would make (CPU, no grad, not complex)."""
+    m = t.meta
+    return t.device.type == "cpu" and not m.requires_grad and not m.is_complex()
+
+
+class ArrayVar(Var):
+    """A numpy array viewing ``tensor`` (see the design note); ``scalar``: a numpy scalar
+    (the result of a full reduction)."""
+
+    def __init__(self, tensor: TensorVar, scalar: bool = False) -> None:
+        self.tensor = tensor
+        self.scalar = scalar
+
+    def __repr__(self) -> str:
+        return f"Array({self.tensor!r})"
+
+    def python_type(self) -> type:
+        import numpy
+
+        return numpy.ndarray
+
+    def children(self) -> list[Var]:
+        return [self.tensor]
+
+    def reconstruct(self, cg) -> str:
+        return f"{cg.rebuild(self.tensor)}.numpy()" + ("[()]" if self.scalar else "")
+
+    def getattr(self, tx, name: str) -> Var:
+        t, m = self.tensor, self.tensor.meta
+        if self.scalar:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"numpy scalar .{name}")
+        if name == "shape":
+            return TupleVar(tx.out.size_var(t).unpack(tx))
+        if name == "ndim":
+            return ConstVar(m.dim())
+        if name == "size":
+            return t.call_method(tx, "numel", [], {})
+        if name == "itemsize":
+            return ConstVar(m.element_size())
+        if name == "strides":
+            return TupleVar([ConstVar(s * m.element_size()) for s in m.stride()])
+        if name in ("T", "real"):
+            return ArrayVar(t.getattr(tx, name) if name == "T" else t)
+        if name == "imag":  # of a real array: zeros (numpy makes a read-only one)
+            return ArrayVar(tx.out.tensor_op("call_function", torch.zeros_like, [t], {}))
+        if name in _METHODS:
+            return MethodCallVar(self, name)
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"ndarray.{name}")
+
+    def call_method(self, tx, name: str, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        t = self.tensor
+        if name not in _METHODS or self.scalar:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"ndarray.{name}()")
+        if name == "copy" and not args and not kwargs:
+            return ArrayVar(t.call_method(tx, "clone", [], {}))
+        if name == "transpose" and not kwargs:
+            axes = [a.as_const() for a in args]
+            if len(axes) == 1 and isinstance(axes[0], tuple | list):
+                axes = list(axes[0])
+            if not axes:
+                axes = list(range(t.meta.dim()))[::-1]  # numpy: reverse the axes
+            return ArrayVar(t.call_method(tx, "permute", [ConstVar(tuple(axes))], {}))
+        if name == "reshape" and not kwargs and args:
+            shape = args[0] if len(args) == 1 else TupleVar(list(args))
+            return ArrayVar(t.call_method(tx, "reshape", [shape], {}))
+        if name in ("max", "all") and not args and set(kwargs) <= {"axis"}:
+            axis = kwargs.get("axis", ConstVar(None)).as_const()
+            if axis is None:
+                reduced = t.call_method(tx, "amax" if name == "max" else "all", [], {})
+                return ArrayVar(reduced, scalar=True)
+            op = "amax" if name == "max" else "all"
+            return ArrayVar(t.call_method(tx, op, [ConstVar(axis)], {}))
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"ndarray.{name}() with these arguments")
+
+
+def array_binary(tx, fn, a: Var, b: Var) -> Var | None:
+    """``a + b`` etc. with an array operand: the op on the tensors, an array again; None
+    where numpy's meaning is not the tensors' (a scalar operand, another kind of value)."""
+    if fn not in ARRAY_OPERATORS:
+        return None
+    if not (isinstance(a, ArrayVar) and isinstance(b, ArrayVar)) or a.scalar or b.scalar:
+        return None
+    if a.tensor.meta.dtype != b.tensor.meta.dtype:
+        return None  # numpy's and torch's type promotion differ between arrays
+    if not a.tensor.meta.is_floating_point():
+        return None  # int / int is float64 in numpy, float32 in torch
+    return ArrayVar(tx.out.tensor_op("call_function", fn, [a.tensor, b.tensor], {}))
+
+
+__all__ = ["ArrayVar", "array_binary", "can_view"]

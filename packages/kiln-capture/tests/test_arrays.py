@@ -1,0 +1,68 @@
+"""numpy arrays viewing tensors of the trace (variables/arrays.py): ``x.numpy()`` and what
+is done with it become torch ops in the graph, with numpy's meaning."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import CountingBackend
+
+import kiln_capture
+
+
+def _attributes(x):
+    a = x.numpy()
+    return (
+        a.itemsize,
+        a.strides,
+        a.shape,
+        a.ndim,
+        a.size,
+        torch.from_numpy(a.T),
+        torch.from_numpy(a.real),
+        torch.from_numpy(a.imag),
+    )
+
+
+def _methods(x):
+    a = (x * 2).numpy()
+    return a.copy(), a.transpose(0, 1), a.transpose(), a.reshape([1, a.size]), a + a, a - a
+
+
+def _reductions(x):
+    a = x.numpy()
+    return a.max(axis=0), a.all(axis=1), a.max()
+
+
+def _same(got, expected):
+    if isinstance(expected, tuple):
+        assert type(got) is tuple and len(got) == len(expected)
+        for g, e in zip(got, expected):
+            _same(g, e)
+    elif isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(got, expected)
+    elif isinstance(expected, np.ndarray | np.generic):
+        assert type(got) is type(expected) and got.dtype == expected.dtype
+        assert np.array_equal(got, expected)
+    else:
+        assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("fn", [_attributes, _methods, _reductions])
+def test_array_programs(fn):
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(fn)
+    x = torch.randn(3, 4)
+    _same(opt(x), fn(x))
+    _same(opt(x + 1), fn(x + 1))
+    assert len(backend.graphs) == 1
+
+
+def test_what_is_not_modeled_breaks():
+    def fn(x):
+        a = (x + 1).numpy()
+        return np.mean(a, 1)  # a numpy function: not modeled, the call breaks
+
+    x = torch.randn(2, 3)
+    report = kiln_capture.explain(fn)(x)
+    assert report.break_count >= 1 and report.eager_frames == []
+    assert np.allclose(report.result, fn(x))
