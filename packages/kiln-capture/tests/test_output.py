@@ -73,3 +73,19 @@ def test_a_vmapped_torch_function_is_called_as_itself():
     x = torch.rand(4, 3)
     assert_same(opt(x), _batched(x))
     assert len(backend.graphs) == 1
+
+
+def _limits(a, kind):
+    return a + np.finfo(kind).max
+
+
+def test_numpy_dtypes_and_finfo_are_constants_guarded_by_dtype():
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_limits)
+    a = torch.zeros(3, dtype=torch.float64)
+    same_dtype = [np.dtype(np.float32), np.ones(1, np.float32).dtype, "float32", np.float32]
+    for kind in [*same_dtype, np.finfo(np.float32)]:
+        assert_same(opt(a, kind), _limits(a, kind))
+    assert len(backend.graphs) == 4  # the dtype, the string, the type, the finfo
+    assert_same(opt(a, np.dtype(np.float16)), _limits(a, np.dtype(np.float16)))
+    assert len(backend.graphs) == 5

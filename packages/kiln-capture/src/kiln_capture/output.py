@@ -129,6 +129,12 @@ def is_torch_module_name(mod: str) -> bool:
 _FLAT_LITERALS = frozenset({int, float, bool, str, type(None)})
 
 
+def _is_numpy_type_info(value: object) -> bool:
+    """A numpy dtype, or the finfo/iinfo of one (all determined by the dtype)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.dtype | numpy.finfo | numpy.iinfo)
+
+
 def _is_numpy_scalar(value: object) -> bool:
     """A numpy number (not an array, nor a NaN: it equals nothing a guard could check)."""
     kind = type(value)
@@ -269,6 +275,15 @@ class OutputGraph:
                         f"{source.expr()} == {self.guards.const(value)}",
                         f"{source.expr()} == {value}",
                     )
+            return ConstVar(value, source if rooted else None)
+        if _is_numpy_type_info(value):
+            # np.dtype("float16"), np.finfo(np.float32): constants, guarded by the dtype
+            if rooted:
+                g, e = self.guards, source.expr()
+                g.type_is(source, value)
+                dtype = value if isinstance(value, sys.modules["numpy"].dtype) else value.dtype
+                read = e if dtype is value else f"{e}.dtype"
+                g.add(f"{read} == {g.const(dtype)}", f"{read} == {dtype!r}")
             return ConstVar(value, source if rooted else None)
         if _is_numpy_scalar(value):
             # np.finfo(...).max, np.int64(3): a number, guarded by type and value
