@@ -2,6 +2,7 @@
 
 import collections
 import functools
+import operator
 
 import pytest
 import torch
@@ -86,4 +87,24 @@ def test_backend_flag_is_read_and_guarded():
             assert_same(opt(x), _tf32_branch(x))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+    assert len(backend.graphs) == 2
+
+
+class _CGetter:  # a property whose getter is a C callable (as pybind11 classes have)
+    flag = property(operator.attrgetter("_flag"))
+
+    def __init__(self, flag):
+        self._flag = flag
+
+
+def _by_flag(x, holder):
+    return torch.cos(x) if holder.flag else torch.sin(x)
+
+
+def test_property_with_a_c_getter_is_read_and_guarded():
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_by_flag)
+    x = torch.randn(3)
+    for flag in (True, False, True):
+        assert_same(opt(x, _CGetter(flag)), _by_flag(x, _CGetter(flag)))
     assert len(backend.graphs) == 2

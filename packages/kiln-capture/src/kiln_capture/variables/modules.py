@@ -41,6 +41,10 @@ def lookup_class_attr(tx, obj_var: Var, cls: type, name: str, src):
     if isinstance(attr, property):
         if attr.fget is None:
             raise AttributeError(name)
+        if not inspect.isfunction(attr.fget) and src is not None and hasattr(obj_var, "value"):
+            # a C getter (a pybind11 class's property): read for real and guarded, as
+            # other C descriptors below
+            return tx.out.wrap(getattr(obj_var.value, name), AttrSource(src, name))
         return tx.out.wrap_value(attr.fget).call(tx, [obj_var], {})
     if inspect.isfunction(attr):
         return BoundMethodVar(tx.out.wrap_value(attr), obj_var)
