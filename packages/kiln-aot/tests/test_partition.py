@@ -167,3 +167,17 @@ def test_dropout_mask_is_saved_as_one_byte_per_element():
         "torch.bool"
     ]
     assert not any(n.target is aten.bernoulli.p for n in bw.graph.nodes)
+
+
+def test_partition_summary_reports_saved_bytes_and_recomputed_ops():
+    from kiln_aot.partition.graph_split import split_with_saved
+    from kiln_aot.partition.min_cut import choose_saved, partition_summary
+
+    joint, info = _joint(GeluMLP(32, 128), torch.randn(16, 32))
+    saved = choose_saved(joint, info.num_fwd_outputs)
+    _, bw = split_with_saved(joint, saved, info.num_fwd_outputs)
+    text = partition_summary(saved, bw)
+    mb = saved_bytes(saved) / 2**20
+    assert f"saves {len(saved)} tensors ({mb:.2f} MB)" in text, text
+    recomputed = int(text.split("recomputes ")[1].split()[0])
+    assert recomputed >= 1  # the GELU (erf and its pointwise ops) is recomputed

@@ -41,6 +41,7 @@ from kiln_aot.log import log
 from kiln_aot.partition.graph_split import (
     ancestors,
     output_values,
+    saved_bytes,
     split_with_saved,
     tangent_dependent,
 )
@@ -198,9 +199,21 @@ def min_cut_partition(
     joint: fx.GraphModule, joint_inputs: Any = None, *, num_fwd_outputs: int
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     saved = choose_saved(joint, num_fwd_outputs)
-    log(
-        "partition",
-        "min_cut_partition saves "
-        + ", ".join(f"{n.name}{tuple(n.meta['val'].shape)}" for n in saved),
+    fw, bw = split_with_saved(joint, saved, num_fwd_outputs)
+    log("partition", partition_summary(saved, bw))
+    return fw, bw
+
+
+def partition_summary(saved: list[fx.Node], bw: fx.GraphModule) -> str:
+    """What a partition costs: the tensors saved for the backward (how many, their bytes)
+    and the forward ops the backward recomputes, then each saved tensor's shape."""
+    try:
+        total = f"{saved_bytes(saved) / 2**20:.2f} MB"
+    except TypeError:  # symbolic sizes
+        total = "bytes of symbolic size"
+    backward = tangent_dependent(bw.graph)
+    recomputed = [n for n in bw.graph.nodes if n.op == "call_function" and n not in backward]
+    return (
+        f"min_cut_partition saves {len(saved)} tensors ({total}); the backward recomputes {len(recomputed)} forward ops; saved: "
+        + ", ".join(f"{n.name}{tuple(n.meta['val'].shape)}" for n in saved)
     )
-    return split_with_saved(joint, saved, num_fwd_outputs)
