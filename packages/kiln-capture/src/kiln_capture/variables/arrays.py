@@ -106,6 +106,67 @@ class ArrayVar(Var):
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"ndarray.{name}() with these arguments")
 
 
+def _tensor_of(v: Var) -> TensorVar | None:
+    """The tensor an array argument views (a tensor argument too: numpy reads it through
+    ``__array__``), where numpy would make that array; else None."""
+    if isinstance(v, ArrayVar) and not v.scalar:
+        return v.tensor
+    if isinstance(v, TensorVar) and can_view(v):
+        return v
+    return None
+
+
+def _torch_dtype(v: Var | None):
+    if v is None:
+        return None
+    import numpy
+
+    kind = v.as_const()
+    return torch.from_numpy(numpy.empty(0, dtype=kind)).dtype if kind is not None else None
+
+
+def numpy_call(tx, fn: object, args: list[Var], kwargs: dict[str, Var]) -> Var | None:
+    """A numpy function on arrays of the trace, as the torch op with numpy's meaning
+    (float arrays only: numpy's and torch's type promotion agree there); None where it is
+    not one of these."""
+    import numpy
+
+    if fn is numpy.asarray and len(args) == 1 and not kwargs and isinstance(args[0], ArrayVar):
+        return ArrayVar(args[0].tensor)  # a numpy scalar becomes a 0-d array
+    tensors = [_tensor_of(a) for a in args]
+    first = tensors[0] if tensors else None
+    if first is None or not first.meta.is_floating_point():
+        return None
+    out = tx.out
+    if fn in (numpy.mean, numpy.sum) and len(args) <= 2 and set(kwargs) <= {"axis"}:
+        axis = (args[1] if len(args) > 1 else kwargs.get("axis", ConstVar(None))).as_const()
+        op = "mean" if fn is numpy.mean else "sum"
+        if axis is None:
+            return ArrayVar(first.call_method(tx, op, [], {}), scalar=True)
+        return ArrayVar(first.call_method(tx, op, [ConstVar(axis)], {}))
+    if fn is numpy.linalg.norm and len(args) == 1 and set(kwargs) <= {"axis"}:
+        axis = kwargs.get("axis", ConstVar(None)).as_const()
+        made = out.tensor_op(
+            "call_function", torch.linalg.vector_norm, [first], {"dim": ConstVar(axis)}
+        )
+        return ArrayVar(made, scalar=axis is None)
+    if fn is numpy.fft.fftshift and len(args) == 1 and not kwargs:
+        return ArrayVar(out.tensor_op("call_function", torch.fft.fftshift, [first], {}))
+    if fn in (numpy.ones_like, numpy.full_like) and set(kwargs) <= {"dtype"}:
+        dtype = _torch_dtype(kwargs.get("dtype")) or first.meta.dtype
+        if fn is numpy.ones_like and len(args) == 1:
+            made = out.tensor_op(
+                "call_function", torch.ones_like, [first], {"dtype": ConstVar(dtype)}
+            )
+            return ArrayVar(made)
+        if fn is numpy.full_like and len(args) == 2 and args[1].is_const():
+            made = out.tensor_op(
+                "call_function", torch.full_like, [first, args[1]], {"dtype": ConstVar(dtype)}
+            )
+            return ArrayVar(made)
+    return None
+
+
 def array_binary(tx, fn, a: Var, b: Var) -> Var | None:
     """``a + b`` etc. with an array operand: the op on the tensors, an array again; None
     where numpy's meaning is not the tensors' (a scalar operand, another kind of value)."""
@@ -120,4 +181,4 @@ def array_binary(tx, fn, a: Var, b: Var) -> Var | None:
     return ArrayVar(tx.out.tensor_op("call_function", fn, [a.tensor, b.tensor], {}))
 
 
-__all__ = ["ArrayVar", "array_binary", "can_view"]
+__all__ = ["ArrayVar", "array_binary", "can_view", "numpy_call"]

@@ -230,6 +230,12 @@ class ObjectVar(Var):
             return _cached_call(tx, v, args, kwargs)
         if _is_fromkeys(v):
             return _fromkeys(tx, v.__self__, args, kwargs)
+        if (getattr(v, "__module__", None) or type(v).__module__ or "").startswith("numpy"):
+            from kiln_capture.variables.arrays import numpy_call
+
+            made = numpy_call(tx, v, list(args), dict(kwargs))
+            if made is not None:
+                return made
         if isinstance(getattr(v, "__self__", None), _LOCK_TYPES) and v.__name__ in _LOCK_METHODS:
             # a threading lock taken around Python state (transformers' hook installation):
             # the trace runs in one thread and holds nothing past the graph, whose effects
@@ -646,6 +652,8 @@ class _UnmodeledAttrVar(Var):
 
 def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
     numpy = sys.modules.get("numpy")
+    if numpy is not None and cls is numpy.dtype and len(args) == 1 and not kwargs:
+        return ConstVar(numpy.dtype(args[0].as_const()))  # np.dtype("float")
     if numpy is not None and cls in (numpy.finfo, numpy.iinfo) and len(args) == 1 and not kwargs:
         return ConstVar(cls(args[0].as_const()))  # np.finfo(np.float32): a type's limits
     if cls is collections.Counter:
