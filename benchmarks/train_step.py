@@ -2,7 +2,9 @@
 side in one run: eager, torch.compile of the whole step, kiln with only the model compiled,
 kiln with the whole step compiled (the optimizer captured as a graph: kiln-capture's
 variables/optimizers.py). Median and spread (min-max) of the per-step time over >= 3 runs;
-a table is printed and JSON written to benchmarks/results/train_step.json.
+per row the parameters of every variant after the same four steps against eager's (max
+absolute difference) and kiln's graphs, breaks, fallbacks and eager frames; a table is
+printed and JSON written to benchmarks/results/train_step.json.
 
     python benchmarks/train_step.py [--runs 3] [--steps 20] [--models mlp,gpt2,bert]
 """
@@ -66,12 +68,12 @@ def _variant(kind: str, make, opt_name: str):
     model, batch, loss_fn = make()
     opt = OPTIMIZERS[opt_name](model.parameters())
     if kind == "eager":
-        return _step(model, opt, loss_fn), batch
+        return _step(model, opt, loss_fn), batch, model
     if kind == "torch.compile (step)":
-        return torch.compile(_step(model, opt, loss_fn)), batch
+        return torch.compile(_step(model, opt, loss_fn)), batch, model
     if kind == "kiln (model)":
-        return _step(kiln.compile(model), opt, loss_fn), batch
-    return kiln.compile(_step(model, opt, loss_fn)), batch
+        return _step(kiln.compile(model), opt, loss_fn), batch, model
+    return kiln.compile(_step(model, opt, loss_fn)), batch, model
 
 
 KINDS = ["eager", "torch.compile (step)", "kiln (model)", "kiln (step)"]
@@ -99,14 +101,26 @@ def main() -> None:
         for opt_name in args.optimizers.split(","):
             times: dict[str, list[float]] = {k: [] for k in KINDS}
             fns = {}
+            row = {"model": name, "optimizer": opt_name}
+            params = {}
             for kind in KINDS:
                 kiln.reset() if kind.startswith("kiln") else None
-                fns[kind] = _variant(kind, makers[name], opt_name)
-                _time(*fns[kind], 1)
+                fn, batch, model = _variant(kind, makers[name], opt_name)
+                fns[kind] = (fn, batch)
+                _time(fn, batch, 1)  # four steps from the same seed and batch for every kind
+                params[kind] = [p.detach().clone() for p in model.parameters()]
+                if kind.startswith("kiln"):
+                    st = kiln.stats()
+                    row[f"{kind} counts"] = {
+                        k: st.get(k, 0) for k in ("graphs", "breaks", "fallbacks", "eager_frames")
+                    }
+            for kind in KINDS[1:]:  # parameters after four steps against eager's
+                row[f"{kind} max_param_diff"] = max(
+                    (a - b).abs().max().item() for a, b in zip(params[kind], params["eager"])
+                )
             for _ in range(args.runs):  # interleaved runs
                 for kind in KINDS:
                     times[kind].append(_time(*fns[kind], args.steps))
-            row = {"model": name, "optimizer": opt_name}
             for kind in KINDS:
                 row[kind] = {
                     "median_ms": statistics.median(times[kind]),
@@ -119,6 +133,10 @@ def main() -> None:
                 for k in KINDS
             ]
             print(f"| {name} | {opt_name} | " + " | ".join(cells) + " |", flush=True)
+            for kind in KINDS[1:]:
+                counts = row.get(f"{kind} counts", "")
+                print(f"    {kind}: params after 4 steps differ from eager's by at most "
+                      f"{row[f'{kind} max_param_diff']:.1e} {counts}", flush=True)  # fmt: skip
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
     out = os.path.join(os.path.dirname(__file__), "results", "train_step.json")
     meta = {"threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
