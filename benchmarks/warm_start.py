@@ -10,7 +10,8 @@ an empty one, "warm" the one a cold process of the same model just filled. The f
 call's time includes capture and compilation, not imports (those are reported apart).
 kiln's warm rows also break the first call down: the backend (artifact cache key and
 load), the steady-state call, and the rest (capture: bytecode analysis, guards, and the
-torch modules its meta tensors import on first use), plus whether the cache hit.
+torch modules its meta tensors import on first use), plus whether the cache hit (and,
+in the JSON, whether kiln-capture's generated guard and entry code came from disk).
 "kiln-whole" is kiln's cold first call with regional reuse off (``KILN_REGIONAL_REUSE=0``:
 every layer traced and lowered), in a cache directory of its own.
 
@@ -152,6 +153,10 @@ def worker(name: str, layers: int, mode: str) -> dict:
             "load_s": STATS.load_s,
             "save_s": STATS.save_s,
         }
+        from kiln_capture.code_cache import STATS as CODE
+
+        # kiln-capture's generated guard/entry code loaded from disk (code_cache.py)
+        result["code_cache"] = {"hits": CODE.hits, "misses": CODE.misses}
         result["capture_s"] = result["first_s"] - backend_s[0] - result["steady_s"]
         result["stats"] = kiln.stats()
     return result
