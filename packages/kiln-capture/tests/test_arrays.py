@@ -56,6 +56,7 @@ def _numpy_functions(x):
         np.fft.fftshift(a),
         np.ones_like(x, dtype=np.float64),  # of the tensor itself, as numpy reads it
         np.full_like(x, 2.5, dtype=np.dtype("float")),
+        *(torch.from_numpy(g) for g in np.meshgrid(a, (x[0] * 2).numpy())),
     )
 
 

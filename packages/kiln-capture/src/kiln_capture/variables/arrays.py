@@ -23,7 +23,7 @@ from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar
-from kiln_capture.variables.containers import TupleVar
+from kiln_capture.variables.containers import ListVar, TupleVar
 from kiln_capture.variables.tensors import TensorVar
 
 ARRAY_OPERATORS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv})
@@ -150,6 +150,19 @@ def numpy_call(tx, fn: object, args: list[Var], kwargs: dict[str, Var]) -> Var |
             "call_function", torch.linalg.vector_norm, [first], {"dim": ConstVar(axis)}
         )
         return ArrayVar(made, scalar=axis is None)
+    if (
+        fn is numpy.meshgrid
+        and not kwargs
+        and all(t is not None and t.meta.dtype == first.meta.dtype for t in tensors)
+    ):
+        # numpy's default: each input flattened, "xy" indexing, each grid a copy
+        flat = [t.call_method(tx, "reshape", [ConstVar(-1)], {}) for t in tensors]
+        grids = out.tensor_op(
+            "call_function", torch.meshgrid, flat, {"indexing": ConstVar("xy")}
+        ).unpack(tx)
+        made = [ArrayVar(g.call_method(tx, "clone", [], {})) for g in grids]
+        kind = type(numpy.meshgrid(numpy.zeros(1)))  # a tuple since numpy 2, a list before
+        return TupleVar(made) if kind is tuple else ListVar(made)
     if fn is numpy.fft.fftshift and len(args) == 1 and not kwargs:
         return ArrayVar(out.tensor_op("call_function", torch.fft.fftshift, [first], {}))
     if fn in (numpy.ones_like, numpy.full_like) and set(kwargs) <= {"dtype"}:
