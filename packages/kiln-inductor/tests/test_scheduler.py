@@ -116,19 +116,27 @@ def test_a_row_a_reduction_reduces_stays_fused_with_it():
 
 
 def test_independent_nodes_move_to_an_earlier_kernel_only_to_share_data():
-    # exp(a), a matmul reading it, then sin(y) and cos(a): neither moves back across the
-    # matmul into the first kernel (its output would stay alive longer), though cos(a)
-    # reads a as that kernel does
+    # exp(a), a matmul reading it, then sin(y) and cos(a) (graph outputs), and cos(a) * 2
+    # (not one): sin(y) shares nothing with the first kernel and stays after the matmul;
+    # cos(a), an output alive to the end anyway, joins the first kernel, which reads a too;
+    # the intermediate cos(a) * 2 would stay alive longer, so it does not cross the matmul
     def f(a, b, y):
         e = aten.exp.default(a)
-        return (e, aten.mm.default(e, b), aten.sin.default(y), aten.cos.default(a))
+        m = aten.mm.default(e, b)
+        c = aten.mul.Tensor(aten.cos.default(a), 2.0)
+        return (e, m, aten.sin.default(y), aten.cos.default(a), aten.mm.default(c, b))
 
     inputs = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 16)]
     ir, steps = schedule(f, inputs)
     first, *rest = groups(steps)
-    assert [n.name for n in first.nodes] == [ir.nodes[0].name]
     mm = next(k for k, s in enumerate(steps) if isinstance(s, ExternKernel))
-    assert steps.index(first) < mm < steps.index(rest[0])
+    assert steps.index(first) < mm < steps.index(rest[0]) < steps.index(rest[1])
+    assert len(first.nodes) == 2, first.nodes
+    # the second member is cos(a): it reads a (arg0), not y (arg2)
+    assert {b for b, _ in first.bound[first.nodes[1].name][3]} == {"arg0"}
+    # cos(a) * 2, the second matmul's operand, is computed after the first matmul
+    assert [len(g.nodes) for g in rest] == [1, 1]
+    assert {b for b, _ in rest[0].bound[rest[0].nodes[0].name][3]} == {"arg0"}
 
 
 def test_extern_kernels_split_groups_and_epilogues_fuse():

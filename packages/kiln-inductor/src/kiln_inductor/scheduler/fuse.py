@@ -388,6 +388,7 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
     where: dict[str, int] = {}  # buffer -> step index
     count = 0
     last_extern = -1  # position of the last library call in ``steps``
+    graph_outputs = {o.buffer.name for o in ir.outputs if isinstance(o, StorageView)}
     for node in ir.nodes:
         if isinstance(node, ExternKernel):
             last_extern = len(steps)
@@ -403,10 +404,10 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
             step = steps[pos]
             if not isinstance(step, FusedGroup) or len(step.nodes) >= MAX_GROUP_NODES:
                 continue
-            if pos < len(steps) - 1 and (
-                pos < last_extern or not _shares_data(step, reads, accesses)
-            ):
-                continue  # moved earlier, its output would stay alive longer
+            if pos < len(steps) - 1:
+                shares = _shares_data(step, reads, accesses)
+                if not shares or (pos < last_extern and node.name not in graph_outputs):
+                    continue  # moved earlier, its output would stay alive longer
             plan = plan_group(step.name, [*step.nodes, node], accesses)
             if plan is not None:
                 steps[pos] = plan
@@ -430,7 +431,11 @@ def _shares_data(group: FusedGroup, reads: set[str], accesses: AccessTable) -> b
     computing it in that earlier kernel saves memory traffic. Otherwise (or with a library
     call in between) it joins only the last kernel, in program order: moved earlier, to
     the first kernel whose loops fit, its output would stay alive from there on (a
-    backward's recomputed activations of every layer, all at its start)."""
+    backward's recomputed activations of every layer, all at its start). A graph output
+    lives to the end anyway, so it moves across library calls into a kernel that shares its
+    data: a forward's saved ``mm + bias`` is stored by the kernel that already reads the
+    matmul for the activation, instead of by a kernel of its own at the graph's end, which
+    read the matmul's output again and kept it alive until then."""
     for member in group.nodes:
         if member.name in reads or any(b in reads for b, _ in accesses[member.name].loads):
             return True
