@@ -144,3 +144,26 @@ def test_the_unfused_path_matches_too(monkeypatch):
         make((48,), torch.float32),
     )
     compile_and_check(gelu_addmm, (b, x, w), externs=0)
+
+
+def _sgd_momentum(param, grad, momentum):
+    new_momentum = aten.add.Tensor(aten.mul.Tensor(momentum, 0.9), grad)
+    return (aten.add.Tensor(param, new_momentum, alpha=-0.1), new_momentum)
+
+
+def test_outputs_written_over_inputs_are_stored_after_the_block_reads_them():
+    """SGD with momentum, both new values written into their inputs (donated): the new
+    parameter reads the old momentum at the index where the new momentum goes, in the same
+    loop; the kernel stores the new momentum after that read."""
+    param, grad, momentum = (make((37, 40), torch.float32) for _ in range(3))
+    want = _sgd_momentum(param, grad, momentum)
+    gm = aten_graph(_sgd_momentum, (param, grad, momentum))
+    gm.meta["kiln_input_writes"] = ((0, 0), (1, 2))
+    with use_triton_for_cpu():
+        compiled = compile_aten_graph(gm, (param, grad, momentum))
+        got = compiled(param, grad, momentum)
+    assert compiled.wrapper_source.count("# in place") == 2, compiled.wrapper_source
+    assert "empty_strided" not in compiled.wrapper_source
+    for g, w, inp in zip(got, want, (param, momentum)):
+        torch.testing.assert_close(g, w)
+        assert g.data_ptr() == inp.data_ptr()  # written in the input's storage

@@ -428,9 +428,21 @@ class CppKernel:
 
     # -- pointwise ---------------------------------------------------------------------------
     def pointwise_body(self, block: Block) -> None:
+        # an output written over one of the kernel's inputs (``group.aliases``: plan_memory's
+        # in-place and donated outputs) is stored after every member of the block has read
+        # what it needs, so a later member may still read the old value at that index (SGD:
+        # the parameter update reads the momentum buffer that the new momentum replaces)
+        deferred = []
         for node in block.nodes:
             vars_, _, store, _ = self.group.bound[node.name]
             value = node.body.inner_fn(vars_)  # type: ignore[union-attr]
+            if node.name in self.group.aliases and node.name not in self.group.local:
+                value = self.h.to_dtype(value, node.dtype)
+                self.h.forwarded_exprs[(node.name, sympy.expand(store))] = value
+                deferred.append((node, value, store))
+            else:
+                self.store(node, value, store)
+        for node, value, store in deferred:
             self.store(node, value, store)
 
     def store(self, node: ComputedBuffer, value: CppValue, store: Any) -> None:

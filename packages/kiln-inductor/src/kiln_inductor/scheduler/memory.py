@@ -172,8 +172,10 @@ def _in_place(
                 if b == cand and (group.block_of(node.name) != kb or sympy.expand(e - store) != 0):
                     ok = False
         # every reader must be in the block at or before the writer; readers after it would
-        # see the new values
-        if ok:
+        # see the new values, except in a pointwise block: backends store an output that
+        # aliases an input after the whole block has read it (kiln-cpp's pointwise_body,
+        # kiln-triton's pointwise)
+        if ok and group.blocks[kb].kind != "pointwise":
             names = [n.name for n in group.blocks[kb].nodes]
             pos = names.index(name)
             for later in names[pos + 1 :]:

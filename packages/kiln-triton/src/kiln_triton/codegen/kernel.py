@@ -529,9 +529,19 @@ class TritonKernel:
         return vs, rvs, sympy.sympify(store).xreplace(subs)
 
     def pointwise(self, block: Block, subs: dict[Any, Any], flat: str = "") -> None:
+        # outputs written over an input of the kernel (``group.aliases``) are stored after
+        # every member of the block read what it needs (kiln-cpp's pointwise_body)
+        deferred = []
         for node in block.nodes:
             vs, _, store = self._vars(node, subs)
             value = node.body.inner_fn(vs)  # type: ignore[union-attr]
+            if node.name in self.group.aliases and node.name not in self.group.local:
+                value = self.h.to_dtype(value, node.dtype)
+                self.forward[(node.name, self._canonical(store))] = value
+                deferred.append((node, value, store))
+            else:
+                self.store(node, value, store)
+        for node, value, store in deferred:
             self.store(node, value, store)
 
     def scatter(self, block: Block) -> None:
