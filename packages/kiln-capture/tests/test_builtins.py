@@ -173,3 +173,29 @@ def test_numpy_array_methods_after_a_break_do_not_crash_the_capture():
     for got, expected in zip(opt(x), _array_methods(x)):
         assert type(got) is np.ndarray and np.array_equal(got, expected)
     assert kiln_capture.stats()["eager_frames"] == 0
+
+
+@pytest.mark.parametrize(
+    "cast, value, dtype",
+    [
+        (float, 1, torch.int64),
+        (float, 2**53 + 1, torch.int64),  # rounds to nearest, as float(int) does
+        (float, -7, torch.int32),
+        (float, True, torch.bool),
+        (int, True, torch.bool),
+        (int, 3, torch.int64),
+        (float, 1.5, torch.float32),
+    ],
+)
+def test_float_and_int_of_a_one_element_tensor_are_graph_values(cast, value, dtype):
+    def f(x):
+        y = x + 0 if dtype != torch.bool else x.logical_not().logical_not()
+        return cast(y), y
+
+    backend = CountingBackend()
+    fn = kiln_capture.optimize(backend, fullgraph=True)(f)
+    x = torch.tensor([value], dtype=dtype)
+    got, want = fn(x), f(x)
+    assert type(got[0]) is type(want[0]) and got[0] == want[0]
+    assert_same(got[1], want[1])
+    assert len(backend.graphs) == 1

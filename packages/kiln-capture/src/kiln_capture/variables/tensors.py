@@ -206,6 +206,18 @@ def _item_is(t: TensorVar, name: str) -> bool:
     return kind and t.meta.numel() == 1
 
 
+def _exact_cast(t: TensorVar, name: str) -> bool:
+    """Whether ``float(t)`` / ``int(t)`` of one element is exactly a cast then ``item()``: float
+    of an integer or bool tensor, int of a bool tensor (int of a float truncates and raises on
+    nan and inf: not a cast)."""
+    dtype = t.meta.dtype
+    if name == "__float__":
+        kind = not (dtype.is_floating_point or dtype.is_complex)
+    else:
+        kind = dtype == torch.bool
+    return kind and t.meta.numel() == 1
+
+
 class TensorMethodVar(Var):
     def __init__(self, tensor: TensorVar, name: str) -> None:
         self.tensor = tensor
@@ -224,6 +236,13 @@ class TensorMethodVar(Var):
         name, t = self.name, self.tensor
         if name in ("__float__", "__int__") and not args and not kwargs and _item_is(t, name):
             name = "item"  # float(t) of a float tensor is t.item(): a graph value
+        elif name in ("__float__", "__int__") and not args and not kwargs and _exact_cast(t, name):
+            # float(t) of an integer or bool tensor is float(t.item()): the value converted to
+            # double (int64 to double rounds to nearest, as Python's float(int) does) then read;
+            # int(t) of a bool tensor likewise through int64
+            dtype = torch.float64 if name == "__float__" else torch.int64
+            t = tx.out.tensor_op("call_method", "to", [t, ConstVar(dtype)], {})
+            name = "item"
         if name == "numpy" and not args and not kwargs:
             from kiln_capture.variables.arrays import ArrayVar, can_view
 
