@@ -221,11 +221,12 @@ class DepthwiseChain(nn.Module):
         return a, torch.tanh(self.dw2(a)) + b
 
 
+@pytest.mark.parametrize("size", [(12, 10), (4, 4)])  # (4, 4): the backward stays NCHW
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_depthwise_convolutions_inference_and_training(layout):
+def test_depthwise_convolutions_inference_and_training(layout, size):
     torch.manual_seed(0)
     model = DepthwiseChain()
-    x = torch.randn(2, 8, 12, 10)
+    x = torch.randn(2, 8, *size)
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
     with torch.no_grad():

@@ -73,3 +73,22 @@ def test_dense_convolution_and_other_devices_stay():
     _check(dense, inputs, 0)
     gm = aten_graph(depthwise, _randn((2, 6, 9, 10), (6, 1, 7, 7), (6,)))
     assert depthwise_channels_last(gm, torch.device("cuda")) == 0
+
+
+def wide_depthwise_backward(g, x, w):
+    grads = aten.convolution_backward.default(
+        g, x, w, [520], [1, 1], [3, 3], [1, 1], False, [0, 0], 520, [True, True, True]
+    )
+    return grads[0], grads[1], grads[2]
+
+
+def test_depthwise_backward_stays_nchw_where_it_is_faster():
+    # small images, or more than 512 channels: oneDNN's NCHW backward is the faster one
+    small = _randn((2, 6, 4, 4), (2, 6, 4, 4), (6, 1, 7, 7))
+    wide = _randn((1, 520, 8, 8), (1, 520, 8, 8), (520, 1, 7, 7))
+    for fn, inputs in ((depthwise_backward, small), (wide_depthwise_backward, wide)):
+        gm = _check(fn, inputs, 0)
+        (conv,) = _convs(gm)
+        assert not any(a.target is aten.clone.default for a in conv.args[:2])
+    # the forward of the same small convolution still runs channels-last
+    _check(depthwise, _randn((2, 6, 4, 4), (6, 1, 7, 7), (6,)), 1)
