@@ -75,6 +75,30 @@ def test_a_vmapped_torch_function_is_called_as_itself():
     assert len(backend.graphs) == 1
 
 
+def _batched_pair(y, z):
+    a, b = y.clone(), z.clone()
+
+    def g(p, q, k=2.0):
+        return p.acos_(), q * k + scale  # scale: a global read when g runs
+
+    c, d = torch.vmap(g)(a, b)
+    return c, d, a is c, b is d, c is d
+
+
+scale = 1.5
+
+
+def test_a_vmapped_function_defined_in_the_frame_is_one_graph():
+    """torch.vmap(g) of a nested function of two arguments with no cells: the graph calls
+    the transform of g; an in-place result is its input, as in eager."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_batched_pair)
+    y, z = torch.rand(4, 2), torch.rand(4, 10)
+    assert_same(opt(y, z), _batched_pair(y, z))
+    assert_same(opt(y, y), _batched_pair(y, y))
+    assert len(backend.graphs) == 2  # y, y: other sizes
+
+
 def _limits(a, kind):
     return a + np.finfo(kind).max
 

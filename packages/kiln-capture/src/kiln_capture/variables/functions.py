@@ -270,6 +270,20 @@ class NestedFunctionVar(Var):
     def __repr__(self) -> str:
         return f"NestedFunction({self.qualname})"
 
+    def plain_function(self) -> types.FunctionType | None:
+        """The same function as a Python object made now, where that is the function the
+        code makes: no closure cells, constant defaults, no attributes written in the trace
+        (the body runs later and reads the module's globals then, as the code's own would)."""
+        if self.closure or self.kwdefaults or self.special or self.dict.items:
+            return None
+        if not all(d.is_const() for d in self.defaults) or not isinstance(self.globals, dict):
+            return None
+        fn = types.FunctionType(
+            self.code, self.globals, self.code.co_name, tuple(d.as_const() for d in self.defaults)
+        )
+        fn.__qualname__ = self.qualname
+        return fn
+
     def python_type(self) -> type:
         return types.FunctionType
 
@@ -454,6 +468,9 @@ def _process_group_const(tx, v: Var) -> Var:
     return v if group is None else ConstVar(group)
 
 
+_FUNCTION_TRANSFORMS = frozenset({torch.vmap, torch.func.vmap})
+
+
 def _value_of(v: Var) -> object:
     """The Python value of an argument a torch function reads and does not keep: constants,
     and lists of them (``torch.tensor([], dtype=...)``, as HF's cache layers call it: a
@@ -553,6 +570,27 @@ def _has_torch_function(tx, fn, args: list[Var]) -> bool:
     return False
 
 
+class TransformedFunctionVar(Var):
+    """``torch.vmap(g)`` of a function made in the frame (``NestedFunctionVar.plain_function``):
+    a call on tensors is one graph op calling the transformed function."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Transformed({getattr(self.fn, '__qualname__', self.fn)})"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def call(self, tx, args, kwargs) -> Var:
+        if any(contains_tensor(a) for a in args) or any(
+            contains_tensor(v) for v in kwargs.values()
+        ):
+            return tx.out.tensor_op("call_function", self.fn, list(args), kwargs)
+        raise Unsupported(breaks.UNKNOWN_CALLABLE, f"{self!r} called without tensors")
+
+
 class TorchFnVar(Var):
     """A function of the torch namespace, torch.nn.functional or a Tensor method descriptor."""
 
@@ -636,6 +674,14 @@ class TorchFnVar(Var):
             return tx.out.tensor_op("call_function", fn, list(args), kwargs)
         # a ProcessGroup is a guarded constant to queries such as c10d's group size
         args = [_process_group_const(tx, a) for a in args]
+        if fn in _FUNCTION_TRANSFORMS and args and isinstance(args[0], NestedFunctionVar):
+            # torch.vmap(g) of a function defined in the frame: the transform of g as made
+            # now (no cells: the same function), called by the graph as torch.vmap(torch.sum)
+            plain = args[0].plain_function()
+            if plain is not None:
+                rest = [_value_of(a) for a in args[1:]]
+                kw = {k: _value_of(v) for k, v in kwargs.items()}
+                return TransformedFunctionVar(fn(plain, *rest, **kw))
         try:
             consts = [_value_of(a) for a in args]
             kw = {k: _value_of(v) for k, v in kwargs.items()}
