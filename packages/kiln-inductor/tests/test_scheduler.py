@@ -115,19 +115,24 @@ def test_a_row_a_reduction_reduces_stays_fused_with_it():
     assert len(groups(steps)) == 1
 
 
-def test_independent_nodes_move_to_an_earlier_kernel_only_to_share_data():
+def _moves(a, b, y):
+    e = aten.exp.default(a)
+    m = aten.mm.default(e, b)
+    c = aten.mul.Tensor(aten.cos.default(a), 2.0)
+    return (e, m, aten.sin.default(y), aten.cos.default(a), aten.mm.default(c, b))
+
+
+def test_independent_nodes_move_to_an_earlier_kernel_only_to_share_data(monkeypatch):
     # exp(a), a matmul reading it, then sin(y) and cos(a) (graph outputs), and cos(a) * 2
     # (not one): sin(y) shares nothing with the first kernel and stays after the matmul;
     # cos(a), an output alive to the end anyway, joins the first kernel, which reads a too;
     # the intermediate cos(a) * 2 would stay alive longer, so it does not cross the matmul
-    def f(a, b, y):
-        e = aten.exp.default(a)
-        m = aten.mm.default(e, b)
-        c = aten.mul.Tensor(aten.cos.default(a), 2.0)
-        return (e, m, aten.sin.default(y), aten.cos.default(a), aten.mm.default(c, b))
+    # when no move across library calls is allowed (MAX_STEPS_BACK = 0)
+    import kiln_inductor.scheduler.fuse as fuse
 
+    monkeypatch.setattr(fuse, "MAX_STEPS_BACK", 0)
     inputs = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 16)]
-    ir, steps = schedule(f, inputs)
+    ir, steps = schedule(_moves, inputs)
     first, *rest = groups(steps)
     mm = next(k for k, s in enumerate(steps) if isinstance(s, ExternKernel))
     assert steps.index(first) < mm < steps.index(rest[0]) < steps.index(rest[1])
@@ -137,6 +142,17 @@ def test_independent_nodes_move_to_an_earlier_kernel_only_to_share_data():
     # cos(a) * 2, the second matmul's operand, is computed after the first matmul
     assert [len(g.nodes) for g in rest] == [1, 1]
     assert {b for b, _ in rest[0].bound[rest[0].nodes[0].name][3]} == {"arg0"}
+
+
+def test_a_node_joins_a_kernel_a_step_back_that_reads_the_same_data():
+    # by default cos(a) * 2 crosses the one matmul back into exp(a)'s kernel (a backward's
+    # GELU gradient and the GELU recomputed for a weight gradient, both reading the saved
+    # pre-activation): one pass over a instead of two
+    inputs = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 16)]
+    _, steps = schedule(_moves, inputs)
+    first = groups(steps)[0]
+    assert len(first.nodes) == 3, first.nodes
+    assert all({b for b, _ in first.bound[n.name][3]} == {"arg0"} for n in first.nodes)
 
 
 def test_extern_kernels_split_groups_and_epilogues_fuse():

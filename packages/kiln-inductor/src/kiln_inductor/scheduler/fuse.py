@@ -54,6 +54,11 @@ from .access import Access, node_access, own_order
 from .refine import refine_to_finest
 
 MAX_GROUP_NODES = 48
+# a node that shares data with a kernel at most this many steps back joins it even across
+# library calls (its output lives that much longer): a backward's GELU gradient joins the
+# kernel that recomputes the GELU for the weight gradient's matmul, both reading the saved
+# pre-activation
+MAX_STEPS_BACK = 2
 
 
 @dataclass
@@ -406,7 +411,10 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
                 continue
             if pos < len(steps) - 1:
                 shares = _shares_data(step, reads, accesses)
-                if not shares or (pos < last_extern and node.name not in graph_outputs):
+                near = len(steps) - 1 - pos <= MAX_STEPS_BACK
+                if not shares or (
+                    pos < last_extern and node.name not in graph_outputs and not near
+                ):
                     continue  # moved earlier, its output would stay alive longer
             plan = plan_group(step.name, [*step.nodes, node], accesses)
             if plan is not None:
