@@ -108,3 +108,54 @@ def test_property_with_a_c_getter_is_read_and_guarded():
     for flag in (True, False, True):
         assert_same(opt(x, _CGetter(flag)), _by_flag(x, _CGetter(flag)))
     assert len(backend.graphs) == 2
+
+
+def _normal_log_prob(x):
+    normal = torch.distributions.Normal(x, torch.tensor(1))
+    independent = torch.distributions.Independent(normal, 1)
+    return independent.log_prob(x)
+
+
+def test_distribution_objects_are_traced_and_their_validation_flag_guarded():
+    """torch.distributions is traced as Python over tensor ops; the class flag
+    Distribution._validate_args, read through the new object, is guarded: turned on, the
+    code recompiles and raises eager's ValueError on invalid parameters."""
+    Distribution = torch.distributions.Distribution
+    before = Distribution._validate_args
+    try:
+        Distribution.set_default_validate_args(False)
+        backend = CountingBackend()
+        opt = kiln_capture.optimize(backend, fullgraph=True)(_normal_log_prob)
+        x = torch.randn(4, 10)
+        assert_same(opt(x), _normal_log_prob(x))
+        assert len(backend.graphs) == 1
+        Distribution.set_default_validate_args(True)
+        lenient = kiln_capture.optimize(CountingBackend())(_normal_log_prob)
+        with pytest.raises(ValueError, match="Expected parameter loc"):
+            lenient(torch.full((2, 3), float("nan")))
+    finally:
+        Distribution.set_default_validate_args(before)
+
+
+class _Flagged:
+    scale = 2
+
+    def __init__(self, x):
+        self.x = x
+
+
+def _scaled_by_class_flag(x):
+    return x * _Flagged(x).scale
+
+
+def test_class_constant_read_through_a_new_object_is_guarded():
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_scaled_by_class_flag)
+    x = torch.randn(3)
+    try:
+        assert_same(opt(x), _scaled_by_class_flag(x))
+        _Flagged.scale = 5
+        assert_same(opt(x), _scaled_by_class_flag(x))
+        assert len(backend.graphs) == 2
+    finally:
+        _Flagged.scale = 2

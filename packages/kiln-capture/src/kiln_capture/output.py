@@ -94,6 +94,9 @@ _INLINED_TORCH_MODULES = (
     "torch.distributed.algorithms._checkpoint",
     # optimizers: step() and zero_grad() (variables/optimizers.py, "optimizer steps")
     "torch.optim",
+    # distributions: Python objects over tensor ops (Normal(loc, scale).log_prob(x)); their
+    # argument checks read tensor values and break where validation is on
+    "torch.distributions",
 )
 
 

@@ -56,6 +56,11 @@ def lookup_class_attr(tx, obj_var: Var, cls: type, name: str, src):
             if src is not None
             else tx.out.wrap_value(value)
         )
+    if src is None and type(attr) in (bool, int, float, str):
+        # a class's constant read through an instance made in the trace (a flag such as
+        # torch.distributions.Distribution._validate_args, which set_default_validate_args
+        # writes): read through the class, guarded by value
+        return tx.out.wrap(attr, AttrSource(tx.out.const_ref(cls), name))
     return tx.out.wrap(attr, AttrSource(src, name)) if src is not None else tx.out.wrap_value(attr)
 
 
