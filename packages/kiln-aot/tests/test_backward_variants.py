@@ -153,3 +153,30 @@ def test_graph_data_names_targets_and_refuses_what_it_cannot_say():
     bad["nodes"][1] = (op, name, ("operator", "system"), args, kwargs, val, meta)
     with pytest.raises(ValueError):
         graph_from_data(bad)
+
+
+def test_backward_compiled_for_the_strides_the_forward_saves(compiler):
+    # a forward whose library ops return channels-last values (kiln-inductor's depthwise
+    # convolutions on CPU) where the trace said NCHW: the backward reads them as they come
+    def forward_compiler(gm, example_inputs):
+        compiler(gm, example_inputs)
+
+        def run(*args):
+            outs = gm(*args)
+            cl = torch.channels_last
+            return tuple(o.contiguous(memory_format=cl) if o.dim() == 4 else o for o in outs)
+
+        return run
+
+    def f(x):
+        h = x.sin()
+        return h * h
+
+    x = torch.randn(2, 3, 4, 5, requires_grad=True)
+    fn = aot_graph(f, [x], fw_compiler=forward_compiler, bw_compiler=compiler)
+    got = _grads(fn, [x], lambda y: (y * y).sum())
+    assert_close(got[0], _grads(f, [x], lambda y: (y * y).sum())[0])
+    saved = [n for n in compiler.graphs[-1].graph.nodes if n.op == "placeholder"][:-1]
+    assert saved and all(
+        n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in saved
+    )

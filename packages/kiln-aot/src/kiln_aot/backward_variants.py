@@ -100,6 +100,18 @@ def _static(v: Any) -> bool:
 Key = tuple[tuple[int, ...], ...]
 
 
+def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Strides that lay out ``shape`` without gaps or overlaps (a permutation of
+    contiguous ones; dimensions of size 1 aside)."""
+    expect = 1
+    dims = sorted((st, n) for n, st in zip(shape, stride) if n != 1)
+    for st, n in dims:
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
 class BackwardVariants:
     """The backward graph kept uncompiled, and the backward compiled per set of tangent
     strides (module docstring)."""
@@ -119,6 +131,18 @@ class BackwardVariants:
         self.variants: dict[Key, Callable] = dict(compiled or {})
         self.failed: set[Key] = set()
         self.on_compiled: Callable[[], None] | None = None
+        # the strides of the saved values the compiled forward really returns (None where
+        # not a tensor), noted on its first call: the backward is compiled for them
+        self.saved_strides: tuple[tuple[int, ...] | None, ...] | None = None
+
+    def note_saved(self, saved: Sequence[Any]) -> None:
+        """Remember the strides of the saved values the forward returned (once): a library
+        op may return another layout than traced (kiln-inductor's channels-last depthwise
+        convolutions on CPU), and a backward compiled for the traced strides would copy
+        such a value on every call."""
+        self.saved_strides = tuple(
+            tuple(t.stride()) if isinstance(t, torch.Tensor) else None for t in saved
+        )
 
     @staticmethod
     def for_graph(
@@ -197,6 +221,7 @@ class BackwardVariants:
                 "recompiles",
                 f"backward compiled for tangent strides {key} (traced: {self.expected})",
             )
+        self._adopt_saved_strides(placeholders[:first])
         inputs = [n.meta.get("val") for n in placeholders]
         with compiler_running():  # maybe inside a captured frame's backward (kiln_shapes.compiling)
             bw = self.compiler(gm, inputs)
@@ -204,6 +229,20 @@ class BackwardVariants:
             if self.on_compiled is not None:  # the artifact cache's save (pickling sympy)
                 self.on_compiled()
         return bw
+
+    def _adopt_saved_strides(self, placeholders: Sequence[fx.Node]) -> None:
+        strides = self.saved_strides
+        if strides is None or len(strides) != len(placeholders):
+            return
+        for node, stride in zip(placeholders, strides):
+            v = node.meta.get("val")
+            if stride is None or not _static(v) or tuple(v.stride()) == stride:
+                continue
+            if not _dense(v.shape, stride):
+                continue
+            meta = torch.empty_strided(v.shape, stride, dtype=v.dtype, device="meta")
+            node.meta["val"] = FakeTensor(meta, v.device)
+            log("recompiles", f"backward reads saved {node.name} with strides {stride}")
 
     # -- persistence (module docstring) ------------------------------------------------------
 

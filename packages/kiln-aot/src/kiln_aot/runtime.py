@@ -199,6 +199,8 @@ class CompiledFunction(torch.autograd.Function):
             written = {id(args[i]) for i in plan.info.mutated_inputs}
             saved = tuple(s.clone() if id(s) in written else s for s in saved)
         ctx.plan = plan
+        if plan.variants is not None and plan.variants.saved_strides is None:
+            plan.variants.note_saved(saved)
         if plan.saved_ints:
             ctx.saved_ints = [saved[k] for k in plan.saved_ints]
             ints = set(plan.saved_ints)
