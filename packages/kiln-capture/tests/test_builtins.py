@@ -199,3 +199,28 @@ def test_float_and_int_of_a_one_element_tensor_are_graph_values(cast, value, dty
     assert type(got[0]) is type(want[0]) and got[0] == want[0]
     assert_same(got[1], want[1])
     assert len(backend.graphs) == 1
+
+
+def _clamped(a, b):
+    c = a + b
+    a, b = a.sum(), b.sum()
+    a = min(max(a, 0), 1)  # an int or the tensor itself, as the values say
+    return max([c]), a
+
+
+def test_max_of_tensors_breaks_with_a_value_reason_and_keeps_eagers_answer():
+    """max(t, 0) returns t itself or the int 0: which is known only from t's value (torch.clamp
+    would give a tensor where eager gives 0). max([c]) of one item compares nothing."""
+    report = kiln_capture.explain(_clamped)(torch.randn(3), torch.randn(3))
+    brk = report.breaks[0]
+    assert brk.kind is kiln_capture.breaks.TENSOR_BRANCH and "max() of tensors" in brk.detail
+    opt = kiln_capture.optimize(CountingBackend())(_clamped)
+    for a in (torch.full((3,), -1.0), torch.full((3,), 0.1), torch.full((3,), 2.0)):
+        got, want = opt(a, torch.ones(3)), _clamped(a, torch.ones(3))
+        assert type(got[1]) is type(want[1])
+        assert_same(got[0], want[0])
+        if isinstance(want[1], int):
+            assert got[1] == want[1]
+        else:
+            assert_same(got[1], want[1])
+    assert kiln_capture.stats()["eager_frames"] == 0

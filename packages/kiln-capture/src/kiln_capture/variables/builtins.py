@@ -723,6 +723,16 @@ def _minmax(fn):
             found = sizes.min_max(tx, fn, items)
             if found is not None:
                 return found
+        if len(items) == 1 and not kwargs:
+            return items[0]  # one item: returned as it is, nothing compared
+        if any(isinstance(i, TensorVar) for i in items):
+            # eager compares with bool(a > b) and returns one of the items itself (an int
+            # for max(t, 0) where t < 0): which one is known only from the values
+            raise Unsupported(
+                breaks.TENSOR_BRANCH,
+                f"{fn.__name__}() of tensors: which item it returns depends on their values "
+                f"(torch.maximum/torch.minimum/torch.clamp compute it as a tensor)",
+            )
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{fn.__name__}() of non-constants")
 
     return handler
