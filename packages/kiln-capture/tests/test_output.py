@@ -99,6 +99,20 @@ def test_a_vmapped_function_defined_in_the_frame_is_one_graph():
     assert len(backend.graphs) == 2  # y, y: other sizes
 
 
+def _batched_lambda(x):
+    return torch.vmap(lambda row: row * 2 + row.sum())(x)
+
+
+def test_a_vmapped_lambda_is_one_graph():
+    """The graph names the call after the function: a lambda's "<lambda>" is no name FX
+    can write (an internal error ran the frame eagerly)."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_batched_lambda)
+    x = torch.rand(4, 3)
+    assert_same(opt(x), _batched_lambda(x))
+    assert len(backend.graphs) == 1
+
+
 def _limits(a, kind):
     return a + np.finfo(kind).max
 

@@ -154,7 +154,10 @@ class CalledAsItself:
 
     def __init__(self, fn) -> None:
         self.fn = fn
-        self.__name__ = fn.__name__
+        name = fn.__name__
+        if not name.isidentifier():  # torch.vmap(lambda q: ...): FX cannot name "<lambda>"
+            name = "fn_" + "".join(c for c in name if c.isalnum() or c == "_")
+        self.__name__ = name
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
