@@ -224,3 +224,62 @@ def test_max_of_tensors_breaks_with_a_value_reason_and_keeps_eagers_answer():
         else:
             assert_same(got[1], want[1])
     assert kiln_capture.stats()["eager_frames"] == 0
+
+
+class _NoStr:
+    pass
+
+
+def _described(x, given):
+    made = _NoStr()
+    return x + 1, str(made), repr(given), str(given)
+
+
+def test_str_of_an_object_with_objects_repr_is_its_address_at_run_time():
+    """str(obj) of a class without __str__/__repr__ is "<module.Class object at 0x...>":
+    the generated code makes it from the object itself (made in the trace, or the
+    argument), so each call's text is that call's object's."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_described)
+    x, given = torch.randn(3), _NoStr()
+    got, want = opt(x, given), _described(x, given)
+    assert_same(got[0], want[0])
+    assert got[1].split(" object at ")[0] == want[1].split(" object at ")[0]
+    assert got[2] == want[2] == repr(given) and got[3] == want[3] == str(given)
+    assert len(backend.graphs) == 1
+
+
+class _OwnStr:
+    def __init__(self, n):
+        self.n = n
+
+    def __str__(self):
+        return f"own {self.n}"
+
+
+class _OwnRepr:
+    def __repr__(self):
+        return "R"
+
+
+def _described_by_the_class(x):
+    return x * 2, str(_OwnStr(3)), str(_OwnRepr()), repr(_OwnRepr())
+
+
+def test_str_of_an_object_made_in_the_trace_runs_its_classes_str():
+    """A class's own __str__ is traced; str() of a class with __repr__ only is its text."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_described_by_the_class)
+    x = torch.randn(2)
+    assert opt(x)[1:] == _described_by_the_class(x)[1:] == ("own 3", "R", "R")
+    assert len(backend.graphs) == 1
+
+
+def _described_then_read(x):
+    return x + 1, str(_NoStr()).startswith("<")
+
+
+def test_reading_the_text_of_an_address_breaks():
+    report = kiln_capture.explain(_described_then_read)(torch.randn(3))
+    assert report.result[1] is True
+    assert "address is known at run time" in report.breaks[0].detail

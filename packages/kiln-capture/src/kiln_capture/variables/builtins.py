@@ -368,6 +368,10 @@ class BuiltinVar(Var):
             return unary(tx, fn, args[0])
         if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExcVar):
             return args[0].call_method(tx, f"__{fn.__name__}__", [], {})
+        if fn in (str, repr) and len(args) == 1 and not kwargs:
+            text = _object_text(tx, fn, args[0])
+            if text is not None:
+                return text
         if fn is operator.getitem:
             return args[0].getitem(tx, args[1])
         if fn is operator.setitem:
@@ -418,6 +422,60 @@ class BuiltinVar(Var):
         raise Unsupported(
             breaks.UNKNOWN_CALLABLE, f"builtin {getattr(fn, '__name__', fn)} on these arguments"
         )
+
+
+def _object_text(tx, fn, v: Var) -> Var | None:
+    """``str(v)``/``repr(v)`` of a plain object (made in the trace, or read from the frame):
+    its class's Python ``__str__``/``__repr__`` traced (``object.__str__`` is ``repr``), or
+    ``object.__repr__``'s "<module.Class object at 0x...>" (``AddressedReprVar``); None for
+    other values."""
+    from kiln_capture.variables.objects import NewObjectVar, ObjectVar
+
+    if not isinstance(v, NewObjectVar | ObjectVar) or (
+        v.source is None and isinstance(v, ObjectVar)
+    ):
+        return None
+    cls = v.python_type()
+    if not isinstance(cls, type) or type(cls) is not type or issubclass(cls, BaseException):
+        return None
+    method = inspect.getattr_static(cls, "__str__", None) if fn is str else object.__str__
+    if method is object.__str__:
+        method = inspect.getattr_static(cls, "__repr__", None)
+    if method is object.__repr__:
+        return AddressedReprVar(v)
+    if not inspect.isfunction(method) or not isinstance(v, NewObjectVar):
+        return None
+    text = tx.out.wrap_value(method).call(tx, [v], {})
+    if not (text.is_const() and type(text.as_const()) is str):
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{fn.__name__}() of {v!r} returned {text!r}")
+    return text
+
+
+class AddressedReprVar(Var):
+    """``str(obj)`` of an object with ``object``'s ``__repr__``: its text holds the
+    object's address, known only when the object exists, so the generated code calls
+    ``repr`` on the object it rebuilds (``object.__str__`` is ``repr``). The text itself
+    is no value the trace can read: anything done with it breaks the graph."""
+
+    def __init__(self, obj: Var) -> None:
+        self.obj = obj
+
+    def __repr__(self) -> str:
+        return f"Repr({self.obj!r})"
+
+    def python_type(self) -> type:
+        return str
+
+    def children(self) -> list[Var]:
+        return [self.obj]
+
+    def getattr(self, tx, name: str) -> Var:
+        raise Unsupported(
+            breaks.UNSUPPORTED_VALUE, f"str.{name} of {self!r} (its address is known at run time)"
+        )
+
+    def reconstruct(self, cg) -> str:
+        return f"{cg.const(repr)}({cg.rebuild(self.obj)})"
 
 
 _OPERATOR_BINARY = frozenset(BINARY_OPS.values()) | frozenset(COMPARE_OPS.values())
