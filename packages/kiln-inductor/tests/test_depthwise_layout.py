@@ -77,18 +77,30 @@ def test_dense_convolution_and_other_devices_stay():
 
 def wide_depthwise_backward(g, x, w):
     grads = aten.convolution_backward.default(
-        g, x, w, [520], [1, 1], [3, 3], [1, 1], False, [0, 0], 520, [True, True, True]
+        g, x, w, [648], [1, 1], [3, 3], [1, 1], False, [0, 0], 648, [True, True, True]
     )
     return grads[0], grads[1], grads[2]
 
 
 def test_depthwise_backward_stays_nchw_where_it_is_faster():
-    # small images, or more than 512 channels: oneDNN's NCHW backward is the faster one
+    # 7x7 kernels on small images, or past 640 channels: oneDNN's NCHW backward is faster
     small = _randn((2, 6, 4, 4), (2, 6, 4, 4), (6, 1, 7, 7))
-    wide = _randn((1, 520, 8, 8), (1, 520, 8, 8), (520, 1, 7, 7))
+    wide = _randn((1, 648, 8, 8), (1, 648, 8, 8), (648, 1, 7, 7))
     for fn, inputs in ((depthwise_backward, small), (wide_depthwise_backward, wide)):
         gm = _check(fn, inputs, 0)
         (conv,) = _convs(gm)
         assert not any(a.target is aten.clone.default for a in conv.args[:2])
     # the forward of the same small convolution still runs channels-last
     _check(depthwise, _randn((2, 6, 4, 4), (6, 1, 7, 7), (6,)), 1)
+
+
+def small_kernel_backward(g, x, w):
+    grads = aten.convolution_backward.default(
+        g, x, w, [6], [1, 1], [1, 1], [1, 1], False, [0, 0], 6, [True, True, True]
+    )
+    return grads[0], grads[1], grads[2]
+
+
+def test_small_kernel_depthwise_backward_reads_channels_last_at_any_size():
+    # 3x3: oneDNN's channels-last backward is the faster one on small images too
+    _check(small_kernel_backward, _randn((2, 6, 4, 4), (2, 6, 4, 4), (6, 1, 3, 3)), 1)

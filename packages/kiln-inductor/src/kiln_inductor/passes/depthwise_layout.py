@@ -18,14 +18,16 @@ forward alone; this one touches only the depthwise convolutions and their backwa
   strides, and an op that needs the traced strides (an extern, a graph output) gets a
   copy.
 
-Not every backward gains: oneDNN's channels-last depthwise backward (its weight gradient)
-loses at small images and falls off a cliff past 512 channels, while the NCHW one does not
-(``_backward_gains``). Median ms of one 7x7 backward, (2, C, H, H), one thread, NCHW /
-channels-last, torch 2.13 CPU: C=96: H=2 0.29/0.47, H=8 0.79/0.67, H=16 2.8/1.5;
-C=384: H=4 1.1/1.6, H=16 16/11; C=512: H=2 0.86/3.2, H=16 21/13; C=768: H=2 1.2/25,
-H=8 9.0/30, H=16 27/35 (two threads alike: C=768, H=2 0.75/12). The forward gains at every
-size (C=768, H=2: 1.3/0.12), so a forward may run channels-last while its backward reads
-the NCHW values it was traced with.
+Not every backward gains: with 7x7 (and larger) kernels oneDNN's channels-last depthwise
+backward (its weight gradient) loses at small images and falls off a cliff past 640
+channels, while the NCHW one does not (``_backward_gains``). Median ms of one 7x7
+backward, (2, C, H, H), one thread, NCHW / channels-last, torch 2.13 CPU: C=96: H=2
+0.29/0.47, H=8 0.79/0.67, H=16 2.8/1.5; C=384: H=4 1.1/1.6, H=16 16/11; C=640: H=8
+3.8/4.9, H=16 15/10; C=768: H=2 1.2/25, H=8 9.0/30, H=16 27/35 (two threads alike: C=768,
+H=2 0.75/12; 9x9 too: C=768, H=8 7.5/30). 3x3 kernels gain at every size (C=768, H=16
+1.7/0.52), 5x5 about break even (C=768, H=4 1.1/1.4, H=16 9.8/6.6): they stay
+channels-last. The forward gains at every size (7x7, C=768, H=2: 1.3/0.12), so a forward
+may run channels-last while its backward reads the NCHW values it was traced with.
 
 Before: depthwise ``convolution``/``convolution_backward`` with NCHW operands. After:
 the same ops on channels-last operands (a backward only where ``_backward_gains``);
@@ -69,14 +71,18 @@ def _depthwise(x: Any, w: Any, transposed: bool, groups: int) -> bool:
     )
 
 
-# where oneDNN's channels-last depthwise backward beats its NCHW one (module docstring)
+# where oneDNN's channels-last depthwise backward loses to its NCHW one (module docstring):
+# kernels of 7x7 and larger, on images under 64 pixels or past 640 channels
+_BACKWARD_LARGE_KERNEL = 49
 _BACKWARD_MIN_PIXELS = 64
-_BACKWARD_MAX_CHANNELS = 512
+_BACKWARD_MAX_CHANNELS = 640
 
 
-def _backward_gains(x: Any) -> bool:
-    xv = traced_tensor(x)
-    assert xv is not None
+def _backward_gains(x: Any, w: Any) -> bool:
+    xv, wv = traced_tensor(x), traced_tensor(w)
+    assert xv is not None and wv is not None
+    if wv.shape[2] * wv.shape[3] < _BACKWARD_LARGE_KERNEL:
+        return True
     pixels = xv.shape[2] * xv.shape[3]
     return pixels >= _BACKWARD_MIN_PIXELS and xv.shape[1] <= _BACKWARD_MAX_CHANNELS
 
@@ -117,7 +123,7 @@ def depthwise_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> i
             _is_clone_to_channels_last(o) for o in operands
         ):
             continue  # converted already (the pass ran on this graph)
-        if node.target is aten.convolution_backward.default and not _backward_gains(x):
+        if node.target is aten.convolution_backward.default and not _backward_gains(x, w):
             continue  # NCHW is faster for this one
         add = NodeBuilder(gm.graph, node)
         for operand in dict.fromkeys(operands):
