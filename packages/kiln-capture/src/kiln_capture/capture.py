@@ -40,7 +40,7 @@ from kiln_capture.evaluator import UNBOUND, Return, RootFrame
 from kiln_capture.guards import GuardSet, hoist_args
 from kiln_capture.log import log
 from kiln_capture.output import OutputGraph
-from kiln_capture.variables.base import NullVar, Var
+from kiln_capture.variables.base import NULL, NullVar, Var
 from kiln_capture.variables.contexts import ContextMethodVar
 from kiln_capture.variables.exceptions import Reraise
 from kiln_capture.variables.generators import drain_generators
@@ -316,7 +316,9 @@ def _finish_break(
     if ctx.fullgraph and error.kind is not breaks.REGION_BOUNDARY:
         raise GraphBreakError(brk)
     code = root.code
-    stack = list(root.stack)
+    # a 3.12 comprehension's saved local (LOAD_FAST_AND_CLEAR) that was unbound is a NULL
+    # on the stack: the continuation pushes NULL there, and STORE_FAST of it unbinds again
+    stack = [NULL if v is UNBOUND else v for v in root.stack]
 
     def skip(reason: str) -> SkipFrame:
         b = dataclasses.replace(brk, detail=f"{brk.detail}; {reason}", resumed=False)

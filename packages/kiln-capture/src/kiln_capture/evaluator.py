@@ -604,22 +604,30 @@ class Frame:
         value = {0: value, 1: str(value), 2: repr(value), 3: ascii(value)}[conv]
         self.push(ConstVar(format(value, spec)))
 
+    # A comprehension's container is made in the trace, except where a break inside a 3.12
+    # comprehension (inlined, PEP 709) handed it to a continuation: a real list read from
+    # the stack, whose writes are side effects replayed after the graph (they were lost)
+
     def LIST_APPEND(self, ins):
         v = self.pop()
         self.stack[-ins.arg].items.append(v)
+        self.out.side_effects.mutated(self.stack[-ins.arg])
 
     def SET_ADD(self, ins):
         v = self.pop()
         self.stack[-ins.arg].add(self, v)
+        self.out.side_effects.mutated(self.stack[-ins.arg])
 
     def MAP_ADD(self, ins):
         value = self.pop()
         key = self.pop()
         self.stack[-ins.arg].items[key_of(self, key)] = value
+        self.out.side_effects.mutated(self.stack[-ins.arg])
 
     def LIST_EXTEND(self, ins):
         v = self.pop()
         self.stack[-ins.arg].items.extend(v.unpack(self))
+        self.out.side_effects.mutated(self.stack[-ins.arg])
 
     def SET_UPDATE(self, ins):
         v = self.pop()
