@@ -31,7 +31,7 @@ TORCH_SPEC = os.environ.get("KILN_TORCH_SPEC", "torch==2.13.0")
 # packages build without isolation (faster, and no second resolution of torch).
 BUILD_REQUIREMENTS = ["setuptools>=68", "pybind11>=2.12", "wheel"]
 # Test-only requirements shared by every package's suite.
-TEST_REQUIREMENTS = ["pytest>=7", "packaging"]
+TEST_REQUIREMENTS = ["pytest>=7", "packaging", "numpy"]  # numpy: kiln-capture traces numpy code
 
 nox.options.sessions = ["ci"]
 nox.options.reuse_existing_virtualenvs = True
