@@ -79,6 +79,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from breaks import _BreakLog  # noqa: E402  (kiln's breaks log, as breaks.py reads it)
 from provenance import commit  # noqa: E402
 
 CASE_TIMEOUT_S = 120
@@ -310,19 +311,6 @@ def _time_limit(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-
-
-class _BreakLog(logging.Handler):
-    """kiln's ``breaks`` log: one record per break and per frame run eagerly."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if getattr(record, "topic", None) == "breaks" or msg.startswith("[breaks]"):
-            self.lines.append(msg.removeprefix("[breaks] "))
 
 
 BREAK_LOG = _BreakLog()
