@@ -414,3 +414,19 @@ def test_column_sums_walk_the_rows_once_per_tile_of_columns():
     check_compiled(fn, [torch.randn(16, 3, 130)], 1e-4, 1e-4)  # outer (3, 130), a tail
     (src,) = kernel_sources(fn, [torch.randn(300, 100)])  # too narrow for two tiles
     assert "_c[64]" not in src
+
+
+def test_one_element_of_an_input_is_read_once_at_the_kernel_start():
+    """AdamW's bias correction ``beta ** (step + 1)`` reads a 0-d step count: the element
+    is read before the loops (``kc0``), so GCC computes what depends only on it once
+    instead of calling powf for every element; results match eager."""
+    from kiln_inductor.testing import check_compiled
+
+    def fn(x, step):
+        corr = aten.pow.Scalar(0.999, aten.add.Tensor(step, 1.0))
+        return (aten.div.Tensor(x, aten.rsub.Scalar(corr, 1.0)),)
+
+    inputs = [torch.randn(64, 128), torch.tensor(3.0)]
+    (src,) = kernel_sources(fn, inputs)
+    assert_in_order(src, ["const float kc0 = in_ptr", "[0L];", "#pragma omp", "kc0"])
+    check_compiled(fn, inputs, 1e-5, 1e-5)

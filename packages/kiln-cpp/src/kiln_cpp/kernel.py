@@ -165,7 +165,7 @@ class CppKernel:
     def function(self, head: str) -> str:
         """The generated function (after ``generate``) under the name and linkage
         ``head``."""
-        body = self.lines
+        body = [*("  " + line for line in self.h.prologue), *self.lines]
         if self.h.checks:
             body = ["  int64_t kiln_err = 0;", *body, "  return kiln_err;"]
         else:
