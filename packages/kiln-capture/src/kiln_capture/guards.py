@@ -470,15 +470,22 @@ def hoist_reads(guards: list[str]) -> list[str]:
 
 
 def _hoist_reads(guards: list[str]) -> list[str]:
-    trees = [ast.parse(g, mode="eval").body for g in guards]
-    memo: dict[int, tuple[ast.AST, str | None]] = {}
-    shared = _shared_chains(trees, memo)
-    names: dict[str, str] = {}
     lines: list[str] = []
-    for tree in trees:
-        cond = ast.unparse(_Hoist(shared, names, lines, keys=memo).visit(tree))
+    for cond in _hoisted(guards, "__r", lines):
         lines.append(f"if not ({cond}): return False")
     return lines
+
+
+def _hoisted(exprs: list[str], prefix: str, lines: list[str]) -> Iterator[str]:
+    """Each of ``exprs`` with its shared read chains replaced by locals ``<prefix><n>``,
+    whose assignments are appended to ``lines`` as each expression is visited (before it
+    is yielded: a caller interleaving its own lines keeps every read after the guards
+    before it)."""
+    trees = [ast.parse(e, mode="eval").body for e in exprs]
+    memo: dict[int, tuple[ast.AST, str | None]] = {}
+    hoist = _Hoist(_shared_chains(trees, memo), {}, lines, prefix, keys=memo)
+    for tree in trees:
+        yield ast.unparse(hoist.visit(tree))
 
 
 def hoist_args(exprs: list[str], prefix: str) -> tuple[list[str], list[str]]:
@@ -490,15 +497,10 @@ def hoist_args(exprs: list[str], prefix: str) -> tuple[list[str], list[str]]:
     on disk like the guard function (code_cache.py)."""
 
     def make() -> tuple[tuple[str, ...], tuple[str, ...]]:
+        lines: list[str] = []
         with _no_gc():
-            trees = [ast.parse(e, mode="eval").body for e in exprs]
-            memo: dict[int, tuple[ast.AST, str | None]] = {}
-            shared = _shared_chains(trees, memo)
-            names: dict[str, str] = {}
-            lines: list[str] = []
-            hoist = _Hoist(shared, names, lines, prefix, keys=memo)
-            hoisted = [ast.unparse(hoist.visit(t)) for t in trees]
-        return tuple(lines), tuple(hoisted)
+            hoisted = tuple(_hoisted(exprs, prefix, lines))
+        return tuple(lines), hoisted
 
     lines, hoisted = code_cache.cached("args", "\0".join([prefix, *exprs]), (tuple, tuple), make)
     return list(lines), list(hoisted)
