@@ -25,6 +25,7 @@ def test_tensor_defaults_are_read_from_the_function():
     reads them on each call, as eager does."""
     backend = CountingBackend()
     compiled = kiln_capture.optimize(backend)(_call_bump)
+    kiln_capture.reset()
     saved = (_bump.__defaults__, _bump.__kwdefaults__)
     try:
         for i in range(4):
@@ -35,6 +36,8 @@ def test_tensor_defaults_are_read_from_the_function():
         _bump.__kwdefaults__ = {"kw": torch.ones(1)}
         x, kw = compiled()
         assert_same((x, kw), (torch.full((3, 4), 2.0), torch.full((1,), 2.0)))
+        stats = kiln_capture.stats()
+        assert backend.graphs and stats["eager_frames"] == 0 and stats["breaks"] == 0, stats
     finally:
         _bump.__defaults__, _bump.__kwdefaults__ = saved
 
