@@ -260,9 +260,8 @@ def _attribute(prof, steps: int) -> dict:
     device = Counter()
     kernels = Counter()
     spans: list[tuple[float, float, str]] = []  # device work on the timeline (us)
-    labelled = (
-        Counter()
-    )  # device time of each kiln kernel (its range's kernels), forward and backward
+    # device time of each kiln kernel (its range's kernels), forward and backward
+    labelled = Counter()
     for e in prof.events():
         if e.name.startswith("kiln::") and e.device_time_total:
             labelled[e.name.split(" ", 1)[1]] += e.device_time_total
