@@ -34,6 +34,9 @@ def lookup_class_attr(tx, obj_var: Var, cls: type, name: str, src):
         return None
     from kiln_capture.variables.functions import BoundMethodVar
 
+    if src is not None and not inspect.isdatadescriptor(attr):
+        _guard_not_shadowed(tx, obj_var, name, src)
+
     if isinstance(attr, staticmethod):
         return tx.out.wrap_value(attr.__func__)
     if isinstance(attr, classmethod):
@@ -64,6 +67,26 @@ def lookup_class_attr(tx, obj_var: Var, cls: type, name: str, src):
     return tx.out.wrap(attr, AttrSource(src, name)) if src is not None else tx.out.wrap_value(attr)
 
 
+def _guard_not_shadowed(tx, obj_var: Var, name: str, src) -> None:
+    """A class attribute read through an instance (a method, a class constant) stands only
+    while the instance's own ``__dict__`` lacks the name: ``m.forward = MethodType(...)``
+    or ``obj.f = other`` after the capture must fail the guards, not run the old code."""
+    d = getattr(getattr(obj_var, "value", None), "__dict__", None)
+    if type(d) is not dict or isinstance(obj_var.value, type) or not tx.out.guards_reads_in(src):
+        return
+    g, e = tx.out.guards, src.expr()
+    g.add(f"{g.const(name)} not in {e}.__dict__", f"{e} has no attribute {name!r} of its own")
+
+
+def _class_attr(cls: type, name: str) -> object:
+    """``name`` as the class (its MRO, not its metaclass) defines it, else ``_MISSING``."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _MISSING
+
+
+_MISSING = object()
 _call_ids = itertools.count()
 
 
@@ -112,12 +135,23 @@ class ModuleVar(Var):
         pending = tx.out.side_effects.pending_attr(self, name)
         if pending is not None:
             return pending
-        for table in ("_parameters", "_buffers", "_modules"):
-            if name in d.get(table, {}):
-                return self._entry(tx, table, name)
+        # Python's order: the class's data descriptors (properties), the instance's
+        # ``__dict__``, other class attributes (methods, class constants), and only then
+        # nn.Module.__getattr__'s parameters, buffers and submodules: a method named as a
+        # submodule (``def activation`` beside ``self.activation = nn.ReLU()``) wins
+        static = _class_attr(type(m), name)
+        if static is not _MISSING and inspect.isdatadescriptor(static):
+            return lookup_class_attr(tx, self, type(m), name, self.source)
         src = AttrSource(self.source, name) if self.source is not None else None
         if name in d:
             return tx.out.wrap(d[name], src) if src is not None else tx.out.wrap_value(d[name])
+        if static is not _MISSING:
+            found = lookup_class_attr(tx, self, type(m), name, self.source)
+            if found is not None:
+                return found
+        for table in ("_parameters", "_buffers", "_modules"):
+            if name in d.get(table, {}):
+                return self._entry(tx, table, name)
         found = lookup_class_attr(tx, self, type(m), name, self.source)
         if found is not None:
             return found
