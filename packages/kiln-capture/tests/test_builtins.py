@@ -283,3 +283,28 @@ def test_reading_the_text_of_an_address_breaks():
     report = kiln_capture.explain(_described_then_read)(torch.randn(3))
     assert report.result[1] is True
     assert "address is known at run time" in report.breaks[0].detail
+
+
+def test_slice_builtin_is_a_slice_of_the_trace():
+    def fn(x, n):
+        return x[slice(n)] + x[slice(1, n)].sum() + x[slice(None, None, 2)].mean()
+
+    backend = CountingBackend()
+    x = torch.randn(8)
+    out = kiln_capture.optimize(backend, fullgraph=True)(fn)(x, 5)
+    assert_same(out, fn(x, 5))
+    assert len(backend.graphs) == 1
+
+
+def test_a_slice_bounded_by_a_tensor_is_not_a_constant():
+    # the slice is made in eager code before the compiled frame sees it
+    def fn(x, s):
+        return x[s] * 2
+
+    x = torch.randn(10)
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend)(fn)
+    for bound in (2, 5):
+        s = slice(torch.tensor(bound), None)
+        assert_same(opt(x, s), fn(x, s))
+    assert kiln_capture.stats()["eager_frames"] == 0

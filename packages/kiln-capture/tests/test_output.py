@@ -127,3 +127,33 @@ def test_numpy_dtypes_and_finfo_are_constants_guarded_by_dtype():
     assert len(backend.graphs) == 4  # the dtype, the string, the type, the finfo
     assert_same(opt(a, np.dtype(np.float16)), _limits(a, np.dtype(np.float16)))
     assert len(backend.graphs) == 5
+
+
+class _ThroughLayers(torch.autograd.Function):
+    """An autograd.Function taking a list of modules and a flag beside its tensor."""
+
+    @staticmethod
+    def forward(ctx, x, layers, flag):
+        for layer in layers:
+            x = layer(x)
+        return x * 2 if flag else x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+def test_a_call_with_a_class_or_module_argument_runs_eagerly_not_into_the_graph():
+    # FX spells arguments by repr: ``[Linear(...)]`` and ``<class ...>`` are not code
+    layers = [torch.nn.Linear(4, 4)]
+
+    def fn(x):
+        return _ThroughLayers.apply(x.cos(), layers, True) + 1
+
+    backend = CountingBackend()
+    x = torch.randn(3, 4)
+    out = kiln_capture.optimize(backend)(fn)(x)
+    assert_same(out, fn(x))
+    assert backend.graphs and kiln_capture.stats()["eager_frames"] == 0
+    for gm in backend.graphs:
+        assert "Linear(" not in gm.code and "<class" not in gm.code

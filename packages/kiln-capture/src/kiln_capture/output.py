@@ -1148,7 +1148,35 @@ def _to_node(v: Var):
         item = getattr(value, "item", None)
         if item is not None and getattr(value, "shape", None) == ():
             return item()
+    if not _graph_literal(value):
+        # the graph's code names an argument by its repr: a class, a module, a function or
+        # another object would print as code that does not parse or names nothing
+        # (``autograd.Function.apply(x, [Linear(...)])``): the call runs eagerly instead
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{v!r} as an argument of a tensor op")
     return value
+
+
+_GRAPH_LITERAL_TYPES = (
+    *LITERAL_TYPES,
+    range,
+    torch.dtype,
+    torch.device,
+    torch.memory_format,
+    torch.layout,
+)
+
+
+def _graph_literal(value: object) -> bool:
+    """Whether FX's generated code can spell ``value`` as an argument."""
+    if isinstance(value, _GRAPH_LITERAL_TYPES):
+        return True
+    if isinstance(value, slice):
+        return all(_graph_literal(p) for p in (value.start, value.stop, value.step))
+    if type(value) in (tuple, list, torch.Size):
+        return all(_graph_literal(p) for p in value)
+    if type(value) is dict:
+        return all(type(k) is str and _graph_literal(p) for k, p in value.items())
+    return hasattr(value, "_custom_fx_repr_fn")
 
 
 def _to_meta(v: Var, on_device: bool = False):

@@ -877,7 +877,20 @@ def _repeat(tx, value, times=None) -> Var:
     return IteratorVar([value] * max(int(times.as_const()), 0))
 
 
+def _slice(tx, *parts) -> Var:
+    """``slice(stop)`` / ``slice(start, stop[, step])``, as BUILD_SLICE makes it."""
+    from kiln_capture.variables.containers import SliceVar
+
+    if not 1 <= len(parts) <= 3:
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"slice() of {len(parts)} arguments")
+    none = ConstVar(None)
+    if len(parts) == 1:
+        return SliceVar(none, parts[0], none)
+    return SliceVar(*parts, *[none] * (3 - len(parts)))
+
+
 _HANDLERS = {
+    slice: _slice,
     itertools.repeat: _repeat,
     itertools.islice: _islice,
     itertools.zip_longest: _zip_longest,

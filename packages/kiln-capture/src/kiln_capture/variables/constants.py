@@ -38,6 +38,8 @@ IMMUTABLE_TYPES = LITERAL_TYPES + (
 
 
 def is_constant_value(value: object) -> bool:
+    if isinstance(value, slice):  # a slice is as constant as its bounds (a tensor's is not)
+        return all(is_constant_value(v) for v in (value.start, value.stop, value.step))
     if isinstance(value, IMMUTABLE_TYPES):
         return True
     if type(value) in (tuple, frozenset):
