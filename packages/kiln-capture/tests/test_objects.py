@@ -159,3 +159,34 @@ def test_class_constant_read_through_a_new_object_is_guarded():
         assert len(backend.graphs) == 2
     finally:
         _Flagged.scale = 2
+
+
+class _Output(collections.OrderedDict):
+    """A dict subclass reading itself through items() and keys() (transformers' ModelOutput)."""
+
+    def __getitem__(self, k):
+        if isinstance(k, str):
+            return {key: v for key, v in self.items()}[k]
+        return self.to_tuple()[k]
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+
+def test_views_of_a_dict_subclass_are_read_in_the_trace_and_their_keys_guarded():
+    def fn(out):
+        total = out["a"] * out[1]
+        for k, v in out.items():
+            total = total + v.sum() * len(k)
+        return total + sum(v.mean() for v in out.values())
+
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(fn)
+    first = _Output(a=torch.randn(4), bb=torch.randn(4))
+    assert_same(opt(first), fn(first))
+    other = _Output(a=torch.randn(4), bb=torch.randn(4))
+    assert_same(opt(other), fn(other))
+    assert len(backend.graphs) == 1
+    third = _Output(a=torch.randn(4), ccc=torch.randn(4), bb=torch.randn(4))
+    assert_same(opt(third), fn(third))  # other keys: the guard fails, a new graph
+    assert len(backend.graphs) == 2

@@ -24,6 +24,7 @@ from kiln_capture.variables.constants import ConstMethodVar, ConstVar, is_consta
 from kiln_capture.variables.containers import (
     DequeVar,
     DictVar,
+    ListVar,
     NamedTupleVar,
     TupleVar,
     make_counter,
@@ -136,6 +137,8 @@ class ObjectVar(Var):
         if inspect.isfunction(inspect.getattr_static(type(v), "__getattribute__", None)):
             return self._real_getattr(tx, name)
         static = inspect.getattr_static(type(v), name, None)
+        if name in _DICT_VIEWS and self.source is not None and static in _DICT_VIEWS[name]:
+            return _DictViewMethodVar(self, name)
         if (
             name in _READ_ONLY_METHODS
             and self.source is not None
@@ -1014,6 +1017,45 @@ _READ_ONLY_METHODS = frozenset(
         "count",
     }
 )
+
+
+_DICT_VIEWS = {
+    name: (getattr(dict, name), getattr(collections.OrderedDict, name))
+    for name in ("keys", "values", "items")
+}
+
+
+class _DictViewMethodVar(Var):
+    """``keys()``, ``values()`` or ``items()`` of a dict subclass's instance that does not
+    override them (transformers' ModelOutput, an OrderedDict of parameters): a list of its
+    entries, read through ``dict.__getitem__`` (not the class's own ``__getitem__``), with
+    its keys guarded."""
+
+    def __init__(self, obj: ObjectVar, name: str) -> None:
+        self.obj = obj
+        self.name = name
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self.name}() with arguments")
+        from kiln_capture.sources import CallSource
+
+        real, src, g = self.obj.value, self.obj.source, tx.out.guards
+        keys = tuple(dict.keys(real))
+        if tx.out.guards_reads_in(src):
+            e = src.expr()
+            g.add(
+                f"tuple({g.const(dict.keys)}({e})) == {g.const(keys)}",
+                f"keys of {e} are {keys!r}",
+            )
+        get = tx.out.const_ref(dict.__getitem__)
+        keys_v = [tx.out.wrap_value(k) for k in keys]
+        if self.name == "keys":
+            return ListVar(keys_v)
+        vals = [tx.out.wrap(dict.__getitem__(real, k), CallSource(get, src, (k,))) for k in keys]
+        if self.name == "values":
+            return ListVar(vals)
+        return ListVar([TupleVar([k, v]) for k, v in zip(keys_v, vals)])
 
 
 class ReadOnlyCMethodVar(Var):
