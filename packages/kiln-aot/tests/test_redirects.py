@@ -45,3 +45,51 @@ def test_bool_mask_conversion_stays_on_the_query_device():
         for n in gm.graph.nodes
         if n.target is torch.ops.aten.scalar_tensor.default
     )
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_mask_constant_along_keys_runs_the_fused_kernel_unmasked(monkeypatch, mask_kind):
+    """A mask expanded along the keys (last stride 0) keeps CUDA's fused kernels away, so
+    eager runs the math kernel: kiln runs the fused kernel without the mask and zeroes the
+    fully masked rows, as the math kernel does. The rule is for CUDA; here it is switched
+    on for the CPU so that the result can be compared with the math kernel."""
+    from kiln_aot import redirects
+
+    monkeypatch.setattr(redirects, "ROW_MASK_DEVICES", ("cpu",))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    rows = torch.rand(2, 1, 16, 1) > 0.3
+    rows[0, 0, 3] = False  # at least one fully masked row
+    if mask_kind == "bool":
+        mask = rows.expand(2, 1, 16, 16)
+    else:
+        shift = torch.randn(2, 1, 16, 1)
+        mask = torch.where(rows, shift, float("-inf")).expand(2, 1, 16, 16)
+    assert mask.stride(-1) == 0
+
+    def attend(q, k, v):
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3),)
+
+    gm = kiln_aot.trace(attend, [q, k, v])
+    attention = [n for n in gm.graph.nodes if "flash_attention" in str(n.target)]
+    assert attention and all(n.kwargs.get("attn_mask") is None for n in attention)
+    got = gm(q, k, v)[0]
+    math_mask = mask if mask_kind == "float" else torch.where(mask, 0.0, float("-inf"))
+    expected = torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, math_mask, 0.0, False, None, scale=0.3
+    )[0]
+    assert got[0, :, 3].abs().max() == 0 and not got.isnan().any()
+    torch.testing.assert_close(got, expected)
+    grads = torch.autograd.grad(got.pow(2).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad(expected.pow(2).sum(), (q, k, v))
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e)
+
+
+def test_mask_constant_along_keys_is_left_alone_on_the_cpu():
+    """On the CPU the fused kernel takes such a mask as it is: the call is not rewritten."""
+    q = torch.randn(2, 2, 8, 4)
+    mask = (torch.rand(2, 1, 8, 1) > 0.5).expand(2, 1, 8, 8)
+    gm = kiln_aot.trace(lambda q: (F.scaled_dot_product_attention(q, q, q, attn_mask=mask),), [q])
+    attention = [n for n in gm.graph.nodes if "flash_attention" in str(n.target)]
+    assert attention and all(n.kwargs.get("attn_mask") is not None for n in attention)

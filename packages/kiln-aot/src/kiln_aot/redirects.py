@@ -9,6 +9,16 @@ math implementation. With ``fused_attention`` off it is sent to the math impleme
 here, so attention becomes matmuls, softmax and (when ``dropout_p > 0``) dropout on every
 device.
 
+A mask that is the same along the keys (stride 0 in its last dimension: an expanded
+per-query mask, as transformers 5.17 builds for an encoder without padding under a
+compiler) keeps every fused kernel away on CUDA (they need the mask's last stride to be 1),
+so eager runs the math kernel there. Such a mask either masks a query's whole row or none
+of it: the math kernel gives 0 for a fully masked row (``_safe_softmax``) and ignores a
+constant shift of the others. ``sdpa_row_mask`` computes exactly that with the fused
+kernel and no mask, zeroing the fully masked rows, so the compiled step runs the kernel
+eager would run without the mask (BERT-base training on the H200: memory-efficient
+attention instead of matmuls and a softmax over 8 x 12 x 512 x 512 scores per layer).
+
 ``adaptive_avg_pool2d`` to 1x1 is a mean in C++, restrided in place (``as_strided_``,
 which a functional graph cannot hold) for a channels-last input; it is sent to the pooling
 op ``_adaptive_avg_pool2d`` itself, which keeps the input's memory format.
@@ -42,13 +52,49 @@ def sdpa_math(
     )[0]
 
 
+# devices whose fused attention kernels reject a mask with last stride 0
+ROW_MASK_DEVICES = ("cuda",)
+
+
+def _row_constant(query, attn_mask) -> bool:
+    return (
+        isinstance(attn_mask, torch.Tensor)
+        and query.device.type in ROW_MASK_DEVICES
+        and attn_mask.dim() >= 1
+        and attn_mask.size(-1) > 1
+        and attn_mask.stride(-1) == 0
+        and not query.is_nested
+    )
+
+
+def sdpa_row_mask(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """``scaled_dot_product_attention`` with a mask constant along the keys handled as the
+    row mask it is (module docstring); any other call goes through unchanged."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    kwargs = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": enable_gqa}
+    if not _row_constant(query, attn_mask):
+        return sdpa(query, key, value, attn_mask, is_causal=is_causal, **kwargs)
+    row = attn_mask[..., :1]  # one value per query row, broadcast over the output's width
+    out = sdpa(query, key, value, None, is_causal=is_causal, **kwargs)
+    if row.dtype == torch.bool:
+        return torch.where(row, out, 0.0)
+    # an additive row: -inf masks the row; a finite shift cancels in the softmax; NaN and
+    # +inf make the row NaN as the math kernel does ((row - row) is 0 for finite values)
+    return torch.where(row == float("-inf"), 0.0, out + (row - row).to(out.dtype))
+
+
 def adaptive_avg_pool2d(input, output_size):
     size = [output_size] * 2 if isinstance(output_size, int) else list(output_size)
     size = [input.shape[i - 2] if n is None else n for i, n in enumerate(size)]
     return aten._adaptive_avg_pool2d.default(input, size)
 
 
-REDIRECTS: dict[Any, Any] = {torch.nn.functional.adaptive_avg_pool2d: adaptive_avg_pool2d}
+REDIRECTS: dict[Any, Any] = {
+    torch.nn.functional.adaptive_avg_pool2d: adaptive_avg_pool2d,
+    torch.nn.functional.scaled_dot_product_attention: sdpa_row_mask,
+}
 
 # Redirected only while fused attention is off.
 MATH_ATTENTION_REDIRECTS: dict[Any, Any] = {
@@ -72,4 +118,5 @@ def redirect_mode() -> RedirectMode:
     """The torch-function mode a trace runs under."""
     if config.current().fused_attention:
         return RedirectMode(REDIRECTS)
+    # all attention goes to the math kernel, which takes any mask as it is
     return RedirectMode({**REDIRECTS, **MATH_ATTENTION_REDIRECTS})
