@@ -55,3 +55,30 @@ def test_bias_read_by_a_pointwise_op_stays_in_the_kernel():
     fill_meta(gm)
     assert fold_matmul_bias(gm) == 0  # the relu kernel adds the bias for free
     assert aten.mm.default in _targets(gm)
+
+
+def bias_saved_and_activated(x, w, b):
+    """A forward graph's MLP: the biased pre-activation is saved (an output) and activated."""
+    pre = aten.add.Tensor(aten.mm.default(x, w), b)
+    return (aten.gelu.default(pre, approximate="tanh"), pre)
+
+
+def test_bias_of_a_saved_sum_goes_into_addmm():
+    """The sum is written anyway (a graph output): addmm writes it, the GELU kernel reads it
+    and writes only its own result, so no kernel re-reads the matmul's output."""
+    inputs = _inputs()
+    gm = aten_graph(bias_saved_and_activated, inputs)
+    fill_meta(gm)
+    assert fold_matmul_bias(gm) == 1
+    assert aten.addmm.default in _targets(gm) and aten.mm.default not in _targets(gm)
+    ir = GraphLowering(aten_graph(bias_saved_and_activated, inputs), inputs).run()
+    groups = [s for s in fuse_nodes(ir) if isinstance(s, FusedGroup)]
+    assert len(groups) == 1 and len(groups[0].outputs) == 1
+
+
+def test_saved_sum_stays_in_the_kernel_when_matmuls_take_epilogues():
+    """With matmul templates (max-autotune) the product is never written: no folding."""
+    inputs = _inputs()
+    gm = aten_graph(bias_saved_and_activated, inputs)
+    fill_meta(gm)
+    assert fold_matmul_bias(gm, templates=True) == 0

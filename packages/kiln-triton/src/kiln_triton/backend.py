@@ -119,6 +119,10 @@ class TritonBackend:
         }
         return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
 
+    def matmul_templates(self) -> bool:
+        """Whether matmuls may be fused with their epilogues now (``template_accepts``)."""
+        return bool(read_triton_config().max_autotune)
+
     def template_accepts(
         self, extern: ExternKernel, epilogue: FusedGroup, buffers: dict[str, Buffer]
     ) -> bool:

@@ -12,7 +12,7 @@ under ``KILN_LOG=passes`` and, with a debug directory, writes the graph after ea
 | ``broadcast_bmm`` | ``broadcast_bmm.py`` | ``bmm`` with a batch-broadcast weight is one ``mm`` |
 | ``patch_conv`` | ``patch_conv.py`` | patch convolutions (kernel == stride) and their backward are matmuls (CPU) |
 | ``depthwise_layout`` | ``depthwise_layout.py`` | depthwise convolutions read channels-last operands (CPU) |
-| ``matmul_bias`` | ``matmul_bias.py`` | bias adds only library kernels read are back in ``addmm`` |
+| ``matmul_bias`` | ``matmul_bias.py`` | bias adds only library kernels read, or kept in memory anyway, are back in ``addmm`` |
 | ``layout`` | ``layout.py`` | channels-last where configured (result: whether it applied) |
 | ``collectives`` | ``collectives.py`` | collectives start after their inputs, their waits come before their first reader |
 
@@ -33,6 +33,7 @@ import torch
 import torch.fx
 
 from .. import log
+from ..backend import registered_backends
 from .broadcast_bmm import fold_broadcast_bmm
 from .collectives import schedule_collectives
 from .cse import eliminate_common_subexpressions
@@ -42,6 +43,14 @@ from .matmul_bias import fold_matmul_bias
 from .meta import fill_meta
 from .node_builder import NodeBuilder, finish_pass, traced_tensor
 from .patch_conv import rewrite_patch_convolutions
+
+
+def matmul_templates(device: torch.device) -> bool:
+    """Whether the device's backend now fuses matmuls with their epilogues (its
+    ``matmul_templates()``, kiln-triton's max-autotune)."""
+    backend = registered_backends().get(device.type)
+    probe = getattr(backend, "matmul_templates", None)
+    return bool(probe()) if probe is not None else False
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,7 @@ PASSES: list[GraphPass] = [
     GraphPass("broadcast_bmm", lambda gm, device: fold_broadcast_bmm(gm)),
     GraphPass("patch_conv", rewrite_patch_convolutions),
     GraphPass("depthwise_layout", depthwise_channels_last),
-    GraphPass("matmul_bias", lambda gm, device: fold_matmul_bias(gm)),
+    GraphPass("matmul_bias", lambda gm, device: fold_matmul_bias(gm, matmul_templates(device))),
     GraphPass("layout", to_channels_last),
     GraphPass("collectives", lambda gm, device: schedule_collectives(gm)),
 ]

@@ -57,3 +57,10 @@ def has_extern_reader(node: torch.fx.Node) -> bool:
         if user.target in VIEWS and has_extern_reader(user):
             return True
     return False
+
+
+def is_output(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s value, directly or through views, is an output of the graph."""
+    return any(
+        user.op == "output" or (user.target in VIEWS and is_output(user)) for user in node.users
+    )
