@@ -60,6 +60,13 @@ def checked_args(names: Sequence[str], buffers: dict[str, Buffer]) -> list[int]:
     return [k for k, n in enumerate(names) if not isinstance(buffers[n], fixed)]
 
 
+# split reductions (TritonBackend.reduction_splits)
+SPLIT_MAX_OUTPUTS = 8192
+SPLIT_MIN_ELEMENTS = 4096
+SPLIT_MIN_PIECE = 256
+SPLIT_PARTIALS = 32768
+
+
 class TritonBackend:
     name = "triton"
     # kiln-inductor lowers cumsum/cumprod to Scan nodes for backends that say so
@@ -118,6 +125,23 @@ class TritonBackend:
             "epilogue": self.codegen_kernel(group.epilogue, buffers),
         }
         return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
+
+    def reduction_splits(self, device: Any, outputs: int, elements: int) -> int:
+        """Into how many pieces kiln-inductor splits a reduction of ``elements`` elements into
+        each of ``outputs`` outputs (its lowering/reduction.py, "Split reductions"): with
+        fewer than 8192 outputs over 4096+ elements, pieces of at least 256 elements (a
+        power of two dividing ``elements``), until there are 32768 partial results (a weight
+        gradient of 768 columns over 8 x 512 rows: 16 pieces; a loss over 4096 tokens: 16)."""
+        if outputs >= SPLIT_MAX_OUTPUTS or elements < SPLIT_MIN_ELEMENTS:
+            return 1
+        splits = 1
+        while (
+            outputs * splits < SPLIT_PARTIALS
+            and elements % (2 * splits) == 0
+            and elements // (2 * splits) >= SPLIT_MIN_PIECE
+        ):
+            splits *= 2
+        return splits
 
     def matmul_templates(self) -> bool:
         """Whether matmuls may be fused with their epilogues now (``template_accepts``)."""

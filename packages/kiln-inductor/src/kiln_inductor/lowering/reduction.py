@@ -4,6 +4,16 @@ any/all, var/std/var_mean (one Welford pass), and softmax/log_softmax.
 Producers are inlined into the reduction body (the pointwise → reduction fusion); the
 reduction result is realized into a buffer that the scheduler may keep in a register when
 only its own kernel reads it.
+
+Split reductions: a reduction into few outputs over many elements (a weight or bias
+gradient summing 4096 rows into 768 columns, a loss) gives a GPU too few programs: one per
+block of outputs. Where the backend asks for it (``reduction_splits(device, outputs,
+elements)``, kiln-triton on GPUs), such a reduction is two: the first reduces each of
+``splits`` equal pieces of every output's elements into a partial buffer of shape
+``(splits, *outputs)`` (the piece index first, so that neighbouring programs read
+neighbouring outputs), the second reduces the partials. Only associative reductions of
+static sizes whose element count the split divides are split; the order of a sum changes
+(pieces of a few hundred elements, then their sum), as in any parallel reduction.
 """
 
 from __future__ import annotations
@@ -14,9 +24,10 @@ from typing import Any
 import sympy
 import torch
 
+from ..backend import registered_backends
 from ..ir.nodes import Reduction, TensorValue
 from ..ir.ops import ops
-from ..ir.symbols import Expr, product
+from ..ir.symbols import Expr, product, unflatten_index
 from .context import current_graph
 from .pointwise import div, exp, sub
 from .registry import register_lowering
@@ -51,20 +62,72 @@ def reduce(
         v = loader(full)
         return ops.to_dtype(v, src_dtype) if xdt != src_dtype else v
 
-    red = Reduction(
-        x.device,
-        out_dtype,
-        tuple(x.size[k] for k in kept),
-        tuple(x.size[k] for k in rdims),
-        rtype,
-        inner,
-        src_dtype,
-    )
-    out: TensorValue = current_graph().realize_reduction(red)
+    out_size = tuple(x.size[k] for k in kept)
+    r_size = tuple(x.size[k] for k in rdims)
+    splits = _splits(x.device, rtype, out_size, r_size)
+    out: TensorValue
+    if splits > 1:
+        out = _split_reduce(x.device, rtype, out_dtype, src_dtype, out_size, r_size, inner, splits)
+    else:
+        red = Reduction(x.device, out_dtype, out_size, r_size, rtype, inner, src_dtype)
+        out = current_graph().realize_reduction(red)
     if keepdim:
         for d in rdims:
             out = unsqueeze(out, d)
     return out
+
+
+SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
+
+
+def _splits(device: torch.device, rtype: str, out_size: tuple, r_size: tuple) -> int:
+    """Into how many pieces the backend splits this reduction's elements (1: not split)."""
+    if rtype not in SPLITTABLE or not r_size:
+        return 1
+    outputs, elements = product(out_size), product(r_size)
+    if not (outputs.is_Integer and elements.is_Integer):
+        return 1
+    hint = getattr(registered_backends().get(device.type), "reduction_splits", None)
+    splits = int(hint(device, int(outputs), int(elements))) if hint is not None else 1
+    return splits if splits > 1 and int(elements) % splits == 0 else 1
+
+
+def _split_reduce(
+    device: torch.device,
+    rtype: str,
+    out_dtype: torch.dtype,
+    src_dtype: torch.dtype,
+    out_size: tuple,
+    r_size: tuple,
+    inner: Any,
+    splits: int,
+) -> TensorValue:
+    """The reduction as partial results of ``splits`` pieces, then their reduction (module
+    docstring, "Split reductions")."""
+    chunk = int(product(r_size)) // splits
+
+    def partial_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        flat = index[0] * chunk + rindex[0]
+        return inner(index[1:], unflatten_index(flat, r_size))
+
+    part = Reduction(
+        device,
+        out_dtype,
+        (sympy.Integer(splits), *out_size),
+        (sympy.Integer(chunk),),
+        rtype,
+        partial_fn,
+        src_dtype,
+    )
+    load = current_graph().realize_reduction(part).make_loader()
+
+    def final_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        return load([rindex[0], *index])
+
+    final = Reduction(
+        device, out_dtype, out_size, (sympy.Integer(splits),), rtype, final_fn, out_dtype
+    )
+    return current_graph().realize_reduction(final)
 
 
 def _sum_dtype(x: TensorValue, dtype: torch.dtype | None) -> torch.dtype:

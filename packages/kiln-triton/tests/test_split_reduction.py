@@ -1,0 +1,91 @@
+"""Reductions into few outputs over many elements are split in two kernels (kiln-inductor's
+lowering/reduction.py, "Split reductions"; TritonBackend.reduction_splits): partial results
+of equal pieces, then their reduction. Results equal eager's, under the interpreter and on
+the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln_inductor import compile_aten_graph
+from kiln_inductor.graph import GraphLowering
+from kiln_inductor.ir.nodes import Reduction
+from kiln_inductor.testing import aten_graph
+from kiln_triton.backend import TritonBackend
+from kiln_triton.testing import use_triton_for_cpu
+
+aten = torch.ops.aten
+
+
+def weight_grad_and_loss(x, w, ids):
+    """A bias/weight-style gradient (sum over batch and tokens), a max over everything, a
+    boolean any, and a mean cross-entropy-style loss."""
+    col = aten.sum.dim_IntList(aten.mul.Tensor(x, w), [0, 1])
+    big = aten.amax.default(x, [0, 1, 2])
+    anyneg = aten.any.default(aten.lt.Scalar(x, -4.5))
+    picked = aten.gather.default(aten.view.default(x, [4096, 768]), 1, ids)
+    loss = aten.mean.default(picked)
+    return (col, big, anyneg, loss)
+
+
+def _inputs(device):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 512, 768, generator=g)
+    w = torch.randn(8, 512, 768, generator=g)
+    ids = torch.randint(0, 768, (4096, 1), generator=g)
+    return [t.to(device) for t in (x, w, ids)]
+
+
+def _reductions(fn, inputs):
+    with use_triton_for_cpu():
+        ir = GraphLowering(aten_graph(fn, inputs), inputs).run()
+    return [n.body for n in ir.nodes if isinstance(getattr(n, "body", None), Reduction)]
+
+
+def test_the_hint_splits_few_outputs_over_many_elements():
+    b, cpu = TritonBackend(), torch.device("cpu")
+    assert b.reduction_splits(cpu, 768, 4096) == 16  # pieces of 256 rows
+    assert b.reduction_splits(cpu, 3072, 4096) == 16
+    assert b.reduction_splits(cpu, 1, 4096) == 16
+    assert b.reduction_splits(cpu, 30522, 4096) == 1  # enough outputs already
+    assert b.reduction_splits(cpu, 4096, 768) == 1  # rows too short to split
+    assert b.reduction_splits(cpu, 768, 4097) == 1  # no power of two divides it
+
+
+def test_split_reductions_are_two_and_equal_eager():
+    inputs = _inputs("cpu")
+    bodies = _reductions(weight_grad_and_loss, inputs)
+    # each of the four reductions is a partial one and a final one
+    partial = [r for r in bodies if len(r.size) >= 1 and r.size[0] == 16 and r.reduction_ranges]
+    assert len(bodies) == 8 and len(partial) >= 1
+    assert {r.reduction_type for r in bodies} == {"sum", "max", "any"}
+    with use_triton_for_cpu():
+        compiled = compile_aten_graph(aten_graph(weight_grad_and_loss, inputs), inputs)
+    assert compiled.artifact is None or not compiled.artifact.stats["fallbacks"]
+    for got, expected in zip(compiled(*inputs), weight_grad_and_loss(*inputs)):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_split_keeps_nan_and_short_reductions_whole():
+    x = torch.randn(4, 4096)
+    x[2, 1000] = float("nan")
+
+    def fn(x):
+        return (aten.amax.default(x, [1]), aten.sum.dim_IntList(x, [0]))
+
+    bodies = _reductions(fn, [x])
+    assert len(bodies) == 3  # the row max is split (4 outputs), the column sum is not
+    with use_triton_for_cpu():
+        got = compile_aten_graph(aten_graph(fn, [x]), [x])(x)
+    for g, e in zip(got, fn(x)):
+        torch.testing.assert_close(g, e, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_split_reductions_on_the_gpu():
+    inputs = _inputs("cuda")
+    compiled = compile_aten_graph(aten_graph(weight_grad_and_loss, inputs), inputs)
+    for got, expected in zip(compiled(*inputs), weight_grad_and_loss(*inputs)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
