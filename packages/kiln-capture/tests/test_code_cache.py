@@ -23,6 +23,7 @@ from kiln_capture import code_cache, hook
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("KILN_CAPTURE_CACHE", "1")
+    monkeypatch.setenv("KILN_CAPTURE_FRAMES", "0")  # whole captures: test_frame_store.py
     code_cache.reset()
     yield tmp_path
     code_cache.reset()

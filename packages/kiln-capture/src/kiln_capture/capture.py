@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from kiln_capture import breaks
+from kiln_capture import breaks, frame_store, graph_data
 from kiln_capture import stats as counters
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.bytecode.resume import keeps_first_slot, live_locals, make_resume_code
@@ -91,6 +91,7 @@ class CacheEntry:
     params: list[str]
     globals: dict
     graphs: list[fx.GraphModule] = field(default_factory=list)
+    traced_code: frozenset[tuple[str, str]] = frozenset()  # (file, name); frame_store.py
 
 
 @dataclass
@@ -188,6 +189,18 @@ def _compile_graph(
     # for a call whose data takes the other side (_eager_when_assumption_fails)
     eager = _graph_copy(gm) if out.shape_env.has_unbacked else None
     log("graphs", f"captured graph {len(ctx.graphs)} ({out.ops} ops)\n{gm.code}")
+    exprs = [s.expr() for s in inputs]
+    if eager is None and frame_store.enabled(ctx):  # kept as it is before the backend sees it
+        gm.meta["kiln_capture_data"] = graph_data.describe(gm, exprs)
+    index = len(ctx.graphs)
+    compiled = compile_captured(ctx, gm, examples, exprs, out.guards)
+    if eager is not None:
+        compiled = _eager_when_assumption_fails(compiled, eager, index)
+    return compiled, gm, exprs
+
+
+def compile_captured(ctx, gm: fx.GraphModule, examples: list, exprs: list[str], guards: GuardSet):
+    """``ctx.backend``'s callable for a captured graph (or one frame_store.py rebuilt)."""
     start = time.perf_counter()
     try:
         compiled = ctx.backend(gm, examples)
@@ -196,20 +209,17 @@ def _compile_graph(
     except Exception as e:
         raise BackendError(ctx.backend, e) from e
     ctx.backend_seconds += time.perf_counter() - start
-    exprs = [s.expr() for s in inputs]
     fast = getattr(compiled, "kiln_guarded_call", None)
-    if callable(fast) and out.guards.guards_tensors(exprs, examples):
+    if callable(fast) and guards.guards_tensors(exprs, examples):
         # every input's dtype, device, shape, stride and requires_grad is guarded before
         # the graph runs: the backend may skip its own checks of them (kiln_aot.api,
         # "Guarded calls")
         compiled = fast
-    if eager is not None:
-        compiled = _eager_when_assumption_fails(compiled, eager, len(ctx.graphs))
     counters.bump("graphs")
     ctx.graphs.append(gm)
     if ctx.recorder is not None:
         ctx.recorder.graphs.append(gm)
-    return compiled, gm, exprs
+    return compiled
 
 
 def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -289,7 +299,13 @@ def _entry(out, root, cg, compiled, gm, body, extra_ns) -> CacheEntry:
         + "\n  ".join(lines),
     )
     return CacheEntry(
-        guard, run, out.guards, root.param_names, out.globals, [gm] if gm is not None else []
+        guard,
+        run,
+        out.guards,
+        root.param_names,
+        out.globals,
+        [gm] if gm is not None else [],
+        frozenset(out.traced_code),
     )
 
 

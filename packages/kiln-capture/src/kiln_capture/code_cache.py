@@ -100,7 +100,7 @@ def key_of(kind: str, text: str) -> str:
     return h.hexdigest()
 
 
-def _warn_once(what: str, message: str) -> None:
+def warn_once(what: str, message: str) -> None:
     if what not in _warned:
         _warned.add(what)
         warnings.warn(f"kiln-capture: {message}", RuntimeWarning, stacklevel=4)
@@ -110,68 +110,68 @@ def _path(key: str) -> Path:
     return cache_root() / key[:2] / key
 
 
-def _load(key: str, shape: tuple[type, ...]) -> tuple | None:
-    path = _path(key)
+def reject(path: Path, why: str, what: str = "code cache") -> None:
+    """Warn once that the entry at ``path`` is damaged, and remove it."""
+    warn_once(
+        f"damaged:{path}",
+        f"a damaged entry in the {what} ({path}: {why}) was removed and is made again",
+    )
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def read_entry(path: Path, magic: bytes, fmt: int, key: str, what: str) -> object | None:
+    """The value kept at ``path`` (the file layout of the design note above), or None:
+    missing, or damaged (then warned once and removed)."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
     try:
-        if not data.startswith(MAGIC):
+        if not data.startswith(magic):
             raise ValueError("no magic line")
-        end = data.index(b"\n", len(MAGIC))
-        header = json.loads(data[len(MAGIC) : end])
+        end = data.index(b"\n", len(magic))
+        header = json.loads(data[len(magic) : end])
         payload = data[end + 1 :]
-        if header.get("format") != FORMAT or header.get("key") != key:
+        if header.get("format") != fmt or header.get("key") != key:
             raise ValueError("another format or key")
         if header.get("size") != len(payload):
             raise ValueError("truncated")
         if header.get("sha256") != hashlib.sha256(payload).hexdigest():
             raise ValueError("checksum differs")
-        value = marshal.loads(payload)
-        if (
-            type(value) is not tuple
-            or len(value) != len(shape)
-            or not all(isinstance(v, t) for v, t in zip(value, shape, strict=True))
-        ):
-            raise ValueError("unexpected contents")
+        return marshal.loads(payload)
     except (ValueError, EOFError, TypeError, json.JSONDecodeError) as e:
-        _warn_once(
-            f"damaged:{key}",
-            f"a damaged entry in the code cache ({path}: {e}) was removed and is made again",
-        )
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        reject(path, str(e), what)
         return None
-    return value
 
 
-def _save(key: str, value: tuple) -> None:
+def write_entry(path: Path, magic: bytes, fmt: int, key: str, value: object) -> None:
+    """Write ``value`` (``marshal``-able) to ``path`` atomically; a directory that cannot
+    be written warns once and is not tried again."""
     if _read_only:
         return
     payload = marshal.dumps(value)
     header = json.dumps(
         {
-            "format": FORMAT,
+            "format": fmt,
             "key": key,
             "size": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),
         }
     ).encode()
-    path = _path(key)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + header + b"\n" + payload)
+            f.write(magic + header + b"\n" + payload)
         os.replace(tmp, path)
         tmp = None
     except OSError as e:
         _read_only.append(True)
-        _warn_once(
+        warn_once(
             "read-only",
             f"the code cache directory {cache_root()} cannot be written ({e}); generated "
             "code is made in this process only (set KILN_CACHE_DIR to a writable directory, "
@@ -183,6 +183,23 @@ def _save(key: str, value: tuple) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def _load(key: str, shape: tuple[type, ...]) -> tuple | None:
+    path = _path(key)
+    value = read_entry(path, MAGIC, FORMAT, key, "code cache")
+    if value is not None and (
+        type(value) is not tuple
+        or len(value) != len(shape)
+        or not all(isinstance(v, t) for v, t in zip(value, shape, strict=True))
+    ):
+        reject(path, "unexpected contents")
+        return None
+    return value
+
+
+def _save(key: str, value: tuple) -> None:
+    write_entry(_path(key), MAGIC, FORMAT, key, value)
 
 
 def cached(kind: str, text: str, shape: tuple[type, ...], make: Callable[[], tuple]) -> tuple:

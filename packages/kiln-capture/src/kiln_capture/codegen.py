@@ -132,22 +132,27 @@ class CodeGen:
             visit(r)
 
     def namespace(self, compiled, extra: dict) -> dict:
-        from kiln_capture import _C
+        return namespace_of(self.out.guards.consts, self.out.globals, compiled, extra)
 
-        ns = {
-            "__k_C": self.out.guards.consts,
-            "__k_G": self.out.globals,
-            "__k_graph": compiled,
-            "__k_new_object": _new_object,
-            "__k_MethodType": types.MethodType,
-            "__k_FunctionType": types.FunctionType,
-            "__k_enable": _C.set_enabled,
-            "__k_cell": types.CellType,
-            "torch": torch,
-            "math": math,
-        }
-        ns.update(extra)
-        return ns
+
+def namespace_of(consts: list, globals_dict: dict, compiled, extra: dict) -> dict:
+    """The names a run function reads (frame_store.py builds one for a kept capture)."""
+    from kiln_capture import _C
+
+    ns = {
+        "__k_C": consts,
+        "__k_G": globals_dict,
+        "__k_graph": compiled,
+        "__k_new_object": _new_object,
+        "__k_MethodType": types.MethodType,
+        "__k_FunctionType": types.FunctionType,
+        "__k_enable": _C.set_enabled,
+        "__k_cell": types.CellType,
+        "torch": torch,
+        "math": math,
+    }
+    ns.update(extra)
+    return ns
 
 
 def build_function(name: str, params: list[str], body: list[str], ns: dict) -> types.FunctionType:

@@ -47,6 +47,13 @@ class CaptureConfig:
         "meeting the same frame again loads it instead of generating and compiling it; "
         "0: make it in every process",
     )
+    capture_frames: bool = setting(
+        "KILN_CAPTURE_FRAMES",
+        True,
+        "keep whole captures on disk (frame_store.py): a process meeting the same frame "
+        "with the same code and guards runs its compiled graph without tracing it; 0: "
+        "capture in every process (KILN_CAPTURE_CACHE=0 turns this off too)",
+    )
     log_topics: frozenset[str] = setting(
         "KILN_LOG", frozenset(), "comma-separated log topics: graphs, guards, breaks, recompiles"
     )

@@ -149,6 +149,7 @@ class Frame:
             raise Unsupported(breaks.UNSUPPORTED_BYTECODE, f"coroutine {name}")
         self.out = out
         self.code = code
+        out.traced_code.add((code.co_filename, code.co_name))
         self.globals = globals_dict
         self.locals: dict[str, Var] = dict(local_vars)
         self.cells: dict[str, CellVar] = dict(cells)

@@ -287,15 +287,7 @@ class GuardSet:
         src, code = code_cache.cached(
             "guard", "\0".join([head, *conds]), (str, types.CodeType), make
         )
-        ns = {
-            "__k_C": self.consts,
-            "__k_G": globals_dict,
-            "__k_tensor_check": tensor_check,
-            "__k_tensors": self.native.check if self.native is not None else None,
-            "__k_attrs": CHECK_ATTRS,
-            "__k_same_literal": same_literal,
-            "__k_shapes": self.shapes.call if self.shapes is not None else None,
-        }
+        ns = guard_namespace(self, globals_dict)
         exec(code, ns)
         fn = ns["__guard"]
         fn.__kiln_source__ = src
@@ -361,6 +353,19 @@ class GuardSet:
             if why is not None:
                 return why
         return "no single guard failed"
+
+
+def guard_namespace(gs: GuardSet, globals_dict: dict) -> dict:
+    """The names a guard function of ``gs`` reads (frame_store.py builds one too)."""
+    return {
+        "__k_C": gs.consts,
+        "__k_G": globals_dict,
+        "__k_tensor_check": tensor_check,
+        "__k_tensors": gs.native.check if gs.native is not None else None,
+        "__k_attrs": CHECK_ATTRS,
+        "__k_same_literal": same_literal,
+        "__k_shapes": gs.shapes.call if gs.shapes is not None else None,
+    }
 
 
 _SCOPES = (ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.Lambda)

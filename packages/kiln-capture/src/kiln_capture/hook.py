@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from kiln_shapes.compiling import compiling
 
-from kiln_capture import _C
+from kiln_capture import _C, frame_store
 from kiln_capture import stats as counters
 from kiln_capture.bytecode.rewrite import make_trampoline
 from kiln_capture.capture import EAGER_RESUME_CODES, CacheEntry, SkipFrame, compile_frame
@@ -41,6 +41,9 @@ _cache: dict[tuple[types.CodeType, int, bool | None], list[CacheEntry]] = {}
 _eager_codes: dict[tuple[types.CodeType, int, bool | None], str] = {}
 # what earlier compiles of a frame saw, for automatic dynamic shapes (dynamic.py)
 _frame_shapes: dict[tuple[types.CodeType, int, bool | None], FrameShapes] = {}
+# frames met in this process: the disk is read for kept captures once per frame, also
+# after reset() (a process that captured a frame knows it better than the disk)
+_met: set[tuple[types.CodeType, int, bool | None]] = set()
 
 
 def _dir(p: str) -> str:
@@ -178,6 +181,11 @@ def _callback(code: types.CodeType, func, args: tuple):
     ):
         _skip.add(code)
         return RUN_DEFAULT
+    if not entries and key not in _met:  # the first meeting in this process: maybe kept
+        _met.add(key)
+        loaded = _load_kept(ctx, key, code, func, args)
+        if loaded is not None:
+            return loaded.run(func, *args)
     why = None
     if entries:
         e = entries[0]
@@ -233,7 +241,51 @@ def _callback(code: types.CodeType, func, args: tuple):
     _cache.setdefault(key, []).insert(0, result)
     if code not in _trampolines:
         _trampolines[code] = make_trampoline(code)
+    _keep(ctx, code, func, args, result, frame_shapes)
     return result.run(func, *args)
+
+
+def _load_kept(ctx: Context, key: tuple, code: types.CodeType, func, args: tuple):
+    """The entry a process captured for this frame before (frame_store.py), installed."""
+    start, backend_before = time.perf_counter(), ctx.backend_seconds
+    try:
+        with saved_tensor_hooks_suspended():
+            found = frame_store.load(code, func, args, ctx)
+    except (GraphBreakError, BackendError, DynamicShapeError):
+        raise
+    except Exception as e:  # a bug in kiln: capture the frame as if nothing was kept
+        if config.raise_internal:
+            raise
+        frame_store.warn_once(
+            "internal", f"loading a kept capture failed ({type(e).__name__}: {e}); capturing"
+        )
+        return None
+    if found is None:
+        return None
+    entry, shapes = found
+    if ctx.dynamic is None:
+        frame_store.restore_shapes(_frame_shapes.setdefault(key, FrameShapes()), shapes)
+    log(
+        "timings",
+        f"kept capture of {code.co_qualname}: frame_s={time.perf_counter() - start:.4f} "
+        f"backend_s={ctx.backend_seconds - backend_before:.4f}",
+    )
+    _cache.setdefault(key, []).insert(0, entry)
+    if code not in _trampolines:
+        _trampolines[code] = make_trampoline(code)
+    return entry
+
+
+def _keep(ctx: Context, code: types.CodeType, func, args: tuple, entry, frame_shapes) -> None:
+    """Keep a new capture on disk (frame_store.py); never fails the call."""
+    try:
+        frame_store.save(code, func, args, ctx, entry, frame_shapes)
+    except Exception as e:
+        if config.raise_internal:
+            raise
+        frame_store.warn_once(
+            "internal-save", f"keeping a capture failed ({type(e).__name__}: {e})"
+        )
 
 
 @contextlib.contextmanager

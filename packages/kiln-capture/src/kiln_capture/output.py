@@ -204,6 +204,8 @@ class OutputGraph:
         self.frame_shapes = frame_shapes
         self.fullgraph = fullgraph
         self.module_sources: set[Source] = set()
+        # (file, name) of the code the trace evaluated (frame_store.py checks the files)
+        self.traced_code: set[tuple[str, str]] = set()
         self._size_nodes: dict[tuple[fx.Node, str, int], fx.Node] = {}
         self.guards = GuardSet()
         self.guards.shapes = ShapeGuards(self.shape_env)
