@@ -248,8 +248,13 @@ def _record(entry, code, func, args, frame_shapes) -> dict:
             raise NotPersistable(f"code that is not read from a file ({name} in {f})")
     paths = _identity_paths(gs)
     class_attributes(gs.consts, paths)
+    texts = [entry.guard.__kiln_source__, entry.run.__kiln_source__, *(g.code for g in gs.guards)]
+    used = {int(i) for text in texts for i in _CONST.findall(text)}
     consts = []
-    for c in gs.consts:
+    for i, c in enumerate(gs.consts):
+        if i not in used:  # made while tracing, read by no code of the entry
+            consts.append(("v", None))
+            continue
         consts.append(recipe_of(c, paths))
         files.update(files_of(c) if not isinstance(c, tuple) else ())
         if isinstance(c, tuple):

@@ -16,7 +16,7 @@ process can follow, and a fingerprint of what the trace relied on.
 
 A fingerprint says what identity meant in the capturing process, where another process
 could give a different object: a function's code (its bytecode, constants, names, file
-and line) and its defaults' recipes; a code object's digest; an instance's class (by import path); a class's or a
+and line) and its defaults' recipes; a code object's digest; a builtin's import path; an instance's class (by import path); a class's or a
 module's import path. ``resolve`` checks it and raises ``Unresolved`` when the object
 found is not what was captured with. The source files a recipe's class or function lives
 in are named by ``files_of`` (frame_store.py checks their contents too).
@@ -134,6 +134,11 @@ def fingerprint(obj: Any) -> tuple:
         return ("fn", code_digest(obj.__code__), defaults, kw)
     if isinstance(obj, types.CodeType):
         return ("code", code_digest(obj))
+    if isinstance(obj, types.BuiltinFunctionType):  # torch._C._nn.gelu: what its name names
+        r = import_recipe(obj)
+        if r is None:
+            raise NotPersistable(f"builtin {obj!r:.60} has no import path")
+        return ("builtin", r[1], r[2])
     if isinstance(obj, types.ModuleType):
         return ("mod", obj.__name__)
     if isinstance(obj, type):
@@ -151,7 +156,9 @@ def files_of(obj: Any) -> list[str]:
     """The source files whose contents a recipe of ``obj`` depends on: the module file of
     its class and every class above it (their methods may have been traced)."""
     cls = obj if isinstance(obj, type) else type(obj)
-    if isinstance(obj, (types.FunctionType, types.ModuleType, types.CodeType)):
+    if isinstance(obj, (types.FunctionType, types.ModuleType, types.CodeType)) or isinstance(
+        obj, types.BuiltinFunctionType
+    ):
         return []  # a function's code is in its fingerprint; a module's version elsewhere
     out = []
     for c in cls.__mro__:
