@@ -11,7 +11,9 @@ call's time includes capture and compilation, not imports (those are reported ap
 kiln's warm rows also break the first call down: the backend (artifact cache key and
 load), the steady-state call, and the rest (capture: bytecode analysis, guards, and the
 torch modules its meta tensors import on first use), plus whether the cache hit (and,
-in the JSON, whether kiln-capture's generated guard and entry code came from disk).
+in the JSON, whether kiln-capture's generated guard and entry code came from disk), and
+whether the whole capture was loaded from disk ("kept capture": kiln-capture's
+frame_store.py; "traced" when the frame was evaluated again).
 "kiln-whole" is kiln's cold first call with regional reuse off (``KILN_REGIONAL_REUSE=0``:
 every layer traced and lowered), in a cache directory of its own.
 
@@ -157,6 +159,12 @@ def worker(name: str, layers: int, mode: str) -> dict:
 
         # kiln-capture's generated guard/entry code loaded from disk (code_cache.py)
         result["code_cache"] = {"hits": CODE.hits, "misses": CODE.misses}
+        from kiln_capture.frame_store import STATS as FRAMES
+
+        # whole captures kept on disk (frame_store.py): loaded ones were not traced
+        result["frames"] = {
+            k: getattr(FRAMES, k) for k in ("saved", "unsaved", "loaded", "skipped")
+        }
         result["capture_s"] = result["first_s"] - backend_s[0] - result["steady_s"]
         result["stats"] = kiln.stats()
     return result
@@ -238,7 +246,7 @@ def _table(rows: list[dict], modes: list[str]) -> str:
         return f"{r['first_s']:.3f}" if "first_s" in r else "error"
 
     head = ["model", "layers", *(f"{m} first (s)" for m in modes), "warm/eager"]
-    head += ["warm: capture", "of it imports", "backend", "load", "hit"]
+    head += ["warm: capture", "of it imports", "backend", "load", "hit", "kept capture"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in rows:
         cells = [row["model"], str(row["layers"]), *(sec(row[m]) for m in modes)]
@@ -254,6 +262,7 @@ def _table(rows: list[dict], modes: list[str]) -> str:
                 f"{warm['backend_s']:.3f}",
                 f"{art['load_s']:.3f}",
                 f"{art['hits']}/{art['hits'] + art['misses']}",
+                "loaded" if warm.get("frames", {}).get("loaded") else "traced",
             ]
         lines.append(" | ".join(cells))
     by = {(r["model"], r["layers"]): r for r in rows}

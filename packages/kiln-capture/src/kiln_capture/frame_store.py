@@ -17,8 +17,9 @@ What makes a loaded entry the one a fresh capture would make:
 
 - the key: sha256 of this module's ``FORMAT``, the frame's code object (its bytecode,
   constants, names, file, first line; nested code too), Python's version and bytecode
-  magic, torch's version, kiln-capture's version and the digest of its sources (every
-  module and extension of the package: the capture engine itself), the ``affects_cache``
+  magic, torch's version, kiln-capture's version and the digest of its sources (path,
+  size and time of every module and extension of the package: the capture engine
+  itself), the ``affects_cache``
   settings, and the ``dynamic``/``fullgraph`` of the optimize call. The backend is not
   part of it: the graph is handed to whichever backend the process uses now.
 - the code the trace ran: every source file whose code the trace evaluated (the frame's,
@@ -130,7 +131,8 @@ _digest: list[str] = []
 
 
 def _sources_digest() -> str:
-    """kiln-capture's version and every module and extension of the package."""
+    """kiln-capture's version and every module and extension of the package (path, size
+    and modification time: an edited source never reuses a record)."""
     if not _digest:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -141,11 +143,9 @@ def _sources_digest() -> str:
         h = hashlib.sha256(ver.encode())
         root = Path(__file__).resolve().parent
         for path in sorted(root.rglob("*")):
-            if path.suffix in (".py", ".so", ".pyd"):
-                h.update(str(path.relative_to(root)).encode() + b"\0")
-                h.update(
-                    path.read_bytes() if path.suffix == ".py" else str(path.stat().st_size).encode()
-                )
+            if path.suffix in (".py", ".so", ".pyd"):  # as Python's own .pyc check: size, time
+                st = path.stat()
+                h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
         _digest.append(h.hexdigest())
     return _digest[0]
 
@@ -349,6 +349,7 @@ def _resolve_consts(recipes: tuple, evaluate_in, consts: list) -> None:
     """Fill ``consts`` (the list ``evaluate_in`` reads as ``__k_C``) in place, each
     constant resolved before the first path that names it."""
     done = [False] * len(recipes)
+    memo: dict = {}
     busy: set[int] = set()
 
     def const(i: int) -> Any:
@@ -356,7 +357,7 @@ def _resolve_consts(recipes: tuple, evaluate_in, consts: list) -> None:
             if i in busy:
                 raise Unresolved("constants that name each other")
             busy.add(i)
-            consts[i] = resolve(recipes[i], evaluate)
+            consts[i] = resolve(recipes[i], evaluate, memo)
             done[i] = True
         return consts[i]
 

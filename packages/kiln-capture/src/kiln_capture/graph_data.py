@@ -4,8 +4,8 @@
 per node its op, name, target (a function by its import path, recipes.py), arguments
 (another node by name; literals, slices, dtypes, devices by value) and metadata
 (``meta["val"]`` as a meta tensor's shape, strides, offset, dtype and requires_grad;
-``nn_module_stack`` with each class by import path; the other entries whose values are
-plain data). ``rebuild`` makes an equal ``GraphModule`` from it: the same code, so the
+``nn_module_stack`` with each class by import path; ``stack_trace`` by lines, each line
+written once; the other entries whose values are plain data). ``rebuild`` makes an equal ``GraphModule`` from it: the same code, so the
 backend's own caches (kiln-inductor's artifact cache keys the graph's code and metadata)
 find what an earlier process compiled. A graph this cannot describe (symbolic sizes, a
 target without an import path, an attribute or submodule of its own) gives None.
@@ -88,6 +88,8 @@ def _dec(d: tuple, nodes: dict[str, fx.Node]) -> Any:
             else torch.empty_strided(shape, stride, dtype=t.dtype, device="meta")
         )
         return t.requires_grad_(True) if requires_grad else t
+    if kind == "lines":
+        return "\n".join(d[1])
     if kind in ("torch", "device", "size"):
         return resolve(d, _no_paths)
     raise Unresolved(f"unknown graph value kind {kind!r}")
@@ -97,7 +99,9 @@ def _no_paths(expr: str) -> Any:
     raise Unresolved(f"a graph value cannot name a path ({expr})")
 
 
-def _meta(meta: dict) -> tuple:
+def _meta(meta: dict, same: dict) -> tuple:
+    """A node's metadata; ``same`` makes equal strings and recipes one object, which
+    ``marshal`` writes once (a stack trace's lines repeat over every node of a layer)."""
     out = []
     for k, v in meta.items():
         if k == "nn_module_stack":
@@ -106,8 +110,13 @@ def _meta(meta: dict) -> tuple:
                 r = import_recipe(cls)
                 if r is None:
                     raise NotPersistable(f"module class {cls.__qualname__} has no import path")
-                calls.append((key, path, r))
+                calls.append(
+                    (same.setdefault(key, key), same.setdefault(path, path), same.setdefault(r, r))
+                )
             out.append((k, ("stack", tuple(calls))))
+            continue
+        if k == "stack_trace" and type(v) is str:
+            out.append((k, ("lines", tuple(same.setdefault(line, line) for line in v.split("\n")))))
             continue
         try:
             out.append((k, _enc(v)))
@@ -121,6 +130,7 @@ def _meta(meta: dict) -> tuple:
 def describe(gm: fx.GraphModule, inputs: list[str]) -> tuple | None:
     """``gm`` as plain data, with the source expressions of its inputs; None when it holds
     something that is not plain data (module docstring)."""
+    same: dict = {}
     try:
         nodes = []
         for n in gm.graph.nodes:
@@ -132,7 +142,7 @@ def describe(gm: fx.GraphModule, inputs: list[str]) -> tuple | None:
                     raise NotPersistable(f"target {n.target!r} has no import path")
             else:
                 target = ("v", n.target)
-            nodes.append((n.op, n.name, target, _enc(n.args), _enc(n.kwargs), _meta(n.meta)))
+            nodes.append((n.op, n.name, target, _enc(n.args), _enc(n.kwargs), _meta(n.meta, same)))
     except NotPersistable:
         return None
     return (FORMAT, tuple(nodes), tuple(inputs))
@@ -145,14 +155,15 @@ def rebuild(data: tuple) -> tuple[fx.GraphModule, list[str]]:
         raise Unresolved(f"graph data of format {fmt}")
     graph = fx.Graph()
     nodes: dict[str, fx.Node] = {}
+    memo: dict = {}
     for op, name, target, args, kwargs, meta in described:
-        fn = resolve(target, _no_paths)
+        fn = resolve(target, _no_paths, memo)
         node = graph.create_node(op, fn, _dec(args, nodes), _dec(kwargs, nodes), name=name)
         if node.name != name:
             raise Unresolved(f"node {name} was named {node.name}")
         for k, v in meta:
             if v[0] == "stack":
-                node.meta[k] = {key: (path, resolve(r, _no_paths)) for key, path, r in v[1]}
+                node.meta[k] = {key: (path, resolve(r, _no_paths, memo)) for key, path, r in v[1]}
             else:
                 node.meta[k] = _dec(v, nodes)
         nodes[name] = node

@@ -45,9 +45,24 @@ class Unresolved(Exception):
     """A recipe this process cannot follow, or whose object differs from the captured one."""
 
 
+_DIGESTS: dict[int, tuple[types.CodeType, str]] = {}  # id -> (the code, held; digest)
+
+
 def code_digest(code: types.CodeType) -> str:
     """sha256 of what a code object runs: bytecode, constants (nested code objects by
-    their own digests), names, file, line and flags."""
+    their own digests), names, file, line and flags (once per code object: they are
+    immutable)."""
+    hit = _DIGESTS.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    if len(_DIGESTS) >= 4096:
+        _DIGESTS.clear()
+    digest = _code_digest(code)
+    _DIGESTS[id(code)] = (code, digest)
+    return digest
+
+
+def _code_digest(code: types.CodeType) -> str:
     parts: list[Any] = [
         code.co_code,
         code.co_names,
@@ -224,15 +239,29 @@ def recipe_of(obj: Any, paths: dict[int, str | tuple]) -> tuple:
     raise NotPersistable(f"a constant of type {t.__qualname__} ({obj!r:.60})")
 
 
-def resolve(recipe: tuple, evaluate) -> Any:
+def resolve(recipe: tuple, evaluate, memo: dict | None = None) -> Any:
     """The object ``recipe`` names in this process; ``evaluate(expr)`` evaluates a path
-    against the new frame. Raises ``Unresolved``."""
+    against the new frame. Raises ``Unresolved``. ``memo`` keeps what import paths gave
+    during one load (a model names the same classes and functions hundreds of times)."""
+    if memo is not None and recipe[0] in _MEMO_KINDS:
+        obj = memo.get(recipe, _MISSING)
+        if obj is _MISSING:
+            obj = memo[recipe] = _resolve(recipe, evaluate, memo)
+        return obj
+    return _resolve(recipe, evaluate, memo)
+
+
+_MEMO_KINDS = frozenset({"import", "globals", "torch"})
+_MISSING = object()
+
+
+def _resolve(recipe: tuple, evaluate, memo: dict | None) -> Any:
     kind = recipe[0]
     try:
         if kind == "v":
             return recipe[1]
         if kind == "t":
-            return tuple(resolve(r, evaluate) for r in recipe[1])
+            return tuple(resolve(r, evaluate, memo) for r in recipe[1])
         if kind == "torch":
             obj = getattr(torch, recipe[1])
             if not isinstance(obj, _TORCH_SINGLETONS):
