@@ -76,3 +76,91 @@ def test_forward_set_on_the_instance_after_capture_recompiles():
     assert_same(opt(x), x.sin() / 2 + x.exp())
     assert len(backend.graphs) == 3
     assert kiln_capture.stats()["eager_frames"] == 0
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, act) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(6, 6)
+        self.second = torch.nn.Linear(6, 6)
+        self.act = act
+
+    def forward(self, x):
+        for layer in (self.first, self.second):
+            y = layer(x)
+            # a module compares by identity; a function or module attribute is true
+            x = y.relu() if layer == self.first else y.sigmoid()
+        if self.act:
+            x = self.act(x)
+        return x
+
+
+def test_truth_of_functions_and_identity_of_modules():
+    x = torch.randn(2, 6)
+    for act in (torch.nn.functional.gelu, torch.nn.Tanh(), None):
+        block = _Block(act)
+        backend = CountingBackend()
+        assert_same(kiln_capture.optimize(backend, fullgraph=True)(block)(x), block(x))
+        assert len(backend.graphs) == 1
+
+
+def test_multihead_attention_without_weights_is_one_graph():
+    # F.multi_head_attention_forward returns (out, None) and reads query.is_nested
+    attn = torch.nn.MultiheadAttention(8, 2).eval()
+
+    def fn(x):
+        return attn(x, x, x, need_weights=False)[0] * 2
+
+    x = torch.randn(5, 8)
+    backend = CountingBackend()
+    assert_same(kiln_capture.optimize(backend, fullgraph=True)(fn)(x), fn(x))
+    assert len(backend.graphs) == 1
+
+
+class _Reversed(torch.nn.ModuleList):
+    """A ModuleList whose indexing and iteration are its own."""
+
+    def __getitem__(self, i):
+        return super().__getitem__(len(self) - 1 - i)
+
+    def __iter__(self):
+        return iter([self[i] for i in range(len(self) - 1)])  # the first layer held back
+
+
+class _Indexed(torch.nn.Module):
+    """A plain module indexed as ``self[i]`` through its own ``__getitem__``/``__len__``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = _Reversed([torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Sigmoid()])
+
+    def __getitem__(self, i):
+        return self.layers[i]
+
+    def __len__(self):
+        return len(self.layers)
+
+    def forward(self, x):
+        for i in range(len(self)):
+            x = self[i](x) * (i + 2)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_indexing_length_and_iteration_a_module_class_defines_are_inlined():
+    m = _Indexed()
+    x = torch.randn(3, 4)
+    backend = CountingBackend()
+    assert_same(kiln_capture.optimize(backend, fullgraph=True)(m)(x), m(x))
+    assert len(backend.graphs) == 1
+
+
+def test_a_container_subclass_indexing_its_own_way_is_not_read_as_a_plain_container():
+    layers = _Reversed([torch.nn.Linear(4, 4), torch.nn.Tanh()])
+
+    def fn(x):
+        return layers[0](x)  # the Tanh: _Reversed counts from the end
+
+    x = torch.randn(3, 4)
+    assert_same(kiln_capture.optimize(CountingBackend())(fn)(x), x.tanh())

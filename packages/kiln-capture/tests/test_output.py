@@ -157,3 +157,27 @@ def test_a_call_with_a_class_or_module_argument_runs_eagerly_not_into_the_graph(
     assert backend.graphs and kiln_capture.stats()["eager_frames"] == 0
     for gm in backend.graphs:
         assert "Linear(" not in gm.code and "<class" not in gm.code
+
+
+def test_a_torch_query_of_global_state_is_guarded():
+    # evaluated while capturing: another state must recompile, not take the old branch
+    def fn(x):
+        if torch.are_deterministic_algorithms_enabled():
+            x = x + 1
+        return x.to(torch.get_default_dtype()) * 2
+
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend)(fn)
+    x = torch.randn(4)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        for flag in (False, True, False):
+            torch.use_deterministic_algorithms(flag)
+            assert_same(opt(x), fn(x))
+        torch.set_default_dtype(torch.float64)
+        assert_same(opt(x), fn(x))
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.use_deterministic_algorithms(before)
+    assert len(backend.graphs) == 3
+    assert kiln_capture.stats()["eager_frames"] == 0

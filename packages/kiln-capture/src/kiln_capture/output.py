@@ -11,6 +11,7 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import functools
 import os
 import re
 import sys
@@ -895,6 +896,9 @@ class OutputGraph:
             if isinstance(r, torch.Tensor):
                 item.meta["val"] = r
                 items.append(TensorVar(item, r, device))
+            elif r is None:
+                self.graph.erase_node(item)
+                items.append(ConstVar(None))
             else:
                 items.append(self._wrap_sequence(item, r, device))
         if isinstance(result, list):
@@ -950,11 +954,16 @@ _SPECULATION_TRIES = 4  # sides of data branches tried inside one op (tensor_op)
 
 
 def _tensor_tree(result) -> bool:
-    """Tensors, or non-empty tuples/lists of them, at every leaf."""
+    """Tensors, or non-empty tuples/lists of them, at every leaf; a leaf may be None
+    where another is a tensor (``F.multi_head_attention_forward(..., need_weights=False)``
+    returns ``(out, None)``: whether it is None follows from the arguments)."""
     if isinstance(result, torch.Tensor):
         return True
     return (
-        isinstance(result, tuple | list) and bool(result) and all(_tensor_tree(r) for r in result)
+        isinstance(result, tuple | list)
+        and bool(result)
+        and all(r is None or _tensor_tree(r) for r in result)
+        and any(r is not None for r in result)
     )
 
 
@@ -1150,35 +1159,33 @@ def _to_node(v: Var):
         item = getattr(value, "item", None)
         if item is not None and getattr(value, "shape", None) == ():
             return item()
-    if not _graph_literal(value):
-        # the graph's code names an argument by its repr: a class, a module, a function or
-        # another object would print as code that does not parse or names nothing
+    if _unspellable(value):
+        # the graph's code names an argument by its repr: a class, a module or a function
+        # prints as code that does not parse or names something else
         # (``autograd.Function.apply(x, [Linear(...)])``): the call runs eagerly instead
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{v!r} as an argument of a tensor op")
     return value
 
 
-_GRAPH_LITERAL_TYPES = (
-    *LITERAL_TYPES,
-    range,
-    torch.dtype,
-    torch.device,
-    torch.memory_format,
-    torch.layout,
+_UNSPELLABLE = (
+    type,
+    nn.Module,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    functools.partial,
 )
 
 
-def _graph_literal(value: object) -> bool:
-    """Whether FX's generated code can spell ``value`` as an argument."""
-    if isinstance(value, _GRAPH_LITERAL_TYPES):
-        return True
-    if isinstance(value, slice):
-        return all(_graph_literal(p) for p in (value.start, value.stop, value.step))
-    if type(value) in (tuple, list, torch.Size):
-        return all(_graph_literal(p) for p in value)
+def _unspellable(value: object) -> bool:
+    """Whether FX's generated code cannot spell ``value`` as an argument."""
+    if isinstance(value, _UNSPELLABLE) and not hasattr(value, "_custom_fx_repr_fn"):
+        return not isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket)
+    if type(value) in (tuple, list):
+        return any(_unspellable(p) for p in value)
     if type(value) is dict:
-        return all(type(k) is str and _graph_literal(p) for k, p in value.items())
-    return hasattr(value, "_custom_fx_repr_fn")
+        return any(_unspellable(p) for p in value.values())
+    return False
 
 
 def _to_meta(v: Var, on_device: bool = False):

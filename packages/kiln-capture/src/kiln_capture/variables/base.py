@@ -28,6 +28,14 @@ class Var:
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self!r} is not a Python constant")
 
     def truth(self, tx: Frame) -> bool:
+        # Python's rule: an object whose type has neither __bool__ nor __len__ is true
+        # (``if self.activation:`` holding F.relu, a module, a method)
+        try:
+            cls = self.python_type()
+        except Unsupported:
+            cls = None
+        if isinstance(cls, type) and not (hasattr(cls, "__bool__") or hasattr(cls, "__len__")):
+            return True
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"truth value of {self!r}")
 
     def getattr(self, tx: Frame, name: str) -> Var:

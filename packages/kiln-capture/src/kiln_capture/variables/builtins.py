@@ -170,6 +170,9 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
             a.call_method(tx, f"{name}_update" if name != "union" else "update", [b], {})
             return a
         return a.call_method(tx, name, [b], {})
+    if plain in (operator.eq, operator.ne) and _default_eq_module(a) and _default_eq_module(b):
+        # nn.Modules compare by identity (``layer == self.layer0``), as object.__eq__ does
+        return ConstVar(identical(tx, a, b) == (plain is operator.eq))
     dunder = getattr(a, "dunder_call", None)
     if dunder is not None:
         return dunder(tx, fn, b)
@@ -177,6 +180,10 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
     if compared is not None:
         return compared
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"operator {fn.__name__} on {a!r} and {b!r}")
+
+
+def _default_eq_module(v: Var) -> bool:
+    return type(v).__name__ == "ModuleVar" and type(v.value).__eq__ is object.__eq__
 
 
 _SET_OPERATORS = {

@@ -16,7 +16,7 @@ from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.sources import AttrSource, CellSource, ClosureSource, ItemSource
 from kiln_capture.variables.base import CellObjectVar, CellVar, Var
-from kiln_capture.variables.constants import ConstVar
+from kiln_capture.variables.constants import ConstVar, is_constant_value
 from kiln_capture.variables.containers import DictVar, TupleVar
 from kiln_capture.variables.generators import make_generator_cm
 from kiln_capture.variables.rng import call_rng_function, rng_function
@@ -570,6 +570,21 @@ def _has_torch_function(tx, fn, args: list[Var]) -> bool:
     return False
 
 
+def _state_query(tx, fn) -> Var:
+    """A torch function called without arguments that returns a plain value reads global
+    state (``torch.autograd._profiler_enabled()``, ``torch.get_default_dtype()``,
+    ``torch.are_deterministic_algorithms_enabled()``): its answer now, outside the meta
+    device the probe ran under, guarded by calling it again, so that another state
+    recompiles instead of running code that took the other branch."""
+    value = fn()
+    if not is_constant_value(value):
+        return tx.out.wrap_value(value)
+    g = tx.out.guards
+    name = getattr(fn, "__qualname__", repr(fn))
+    g.add(f"{g.const(fn)}() == {g.const(value)}", f"{name}() == {value!r}")
+    return ConstVar(value)
+
+
 class TransformedFunctionVar(Var):
     """``torch.vmap(g)`` of a function made in the frame (``NestedFunctionVar.plain_function``):
     a call on tensors is one graph op calling the transformed function."""
@@ -701,4 +716,6 @@ class TorchFnVar(Var):
             made = tx.out.tensor_op("call_function", fn, list(args), kwargs)
             _record_index_value(made, fn, consts, probe)
             return made
+        if not consts and not kw:
+            return _state_query(tx, fn)
         return tx.out.wrap_value(probe)

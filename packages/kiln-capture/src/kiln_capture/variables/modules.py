@@ -278,6 +278,9 @@ class ModuleVar(Var):
 
     def unpack(self, tx) -> list[Var]:
         m = self.value
+        it = self._user_dunder(tx, "__iter__", [])
+        if it is not None:
+            return it.unpack(tx)
         if isinstance(m, nn.ModuleDict | nn.ParameterDict):
             return [
                 ConstVar(k) for k in (m._modules if isinstance(m, nn.ModuleDict) else m._parameters)
@@ -286,8 +289,20 @@ class ModuleVar(Var):
             return self._children(tx)
         return super().unpack(tx)
 
+    def _user_dunder(self, tx, name: str, args: list[Var]) -> Var | None:
+        """``name`` (``__getitem__``, ``__len__``) as the module's class defines it in
+        Python (a model that indexes its layers as ``self[i]``), inlined; None when the
+        class has no such method of its own."""
+        fn = inspect.getattr_static(type(self.value), name, None)
+        if not inspect.isfunction(fn) or (fn.__module__ or "").startswith("torch.nn.modules"):
+            return None  # torch's containers' own, modeled by this class
+        return self.getattr(tx, name).call(tx, args, {})
+
     def length(self, tx) -> int:
-        if isinstance(self.value, _CONTAINERS):
+        n = self._user_dunder(tx, "__len__", [])
+        if n is not None and n.is_const() and type(n.as_const()) is int:
+            return n.as_const()
+        if n is None and isinstance(self.value, _CONTAINERS):
             self._children(tx)
             return len(self.value)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"len() of {type(self.value).__name__}")
@@ -299,6 +314,9 @@ class ModuleVar(Var):
 
     def getitem(self, tx, key: Var) -> Var:
         m = self.value
+        item = self._user_dunder(tx, "__getitem__", [key])
+        if item is not None:
+            return item
         k = key.as_const()
         if isinstance(m, nn.ModuleDict):
             return self._entry(tx, "_modules", k)

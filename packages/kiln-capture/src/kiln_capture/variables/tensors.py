@@ -108,6 +108,7 @@ class TensorVar(Var):
             "layout",
             "is_sparse",
             "is_quantized",
+            "is_nested",
             "is_leaf",
         ):
             return ConstVar(getattr(m, name))
