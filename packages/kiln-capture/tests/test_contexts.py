@@ -1,5 +1,8 @@
 """Context managers modeled in the trace (variables/contexts.py)."""
 
+import contextlib
+
+import pytest
 import torch
 from helpers import CountingBackend, assert_same
 
@@ -27,3 +30,49 @@ def test_grad_mode_decorator_applied_in_the_trace():
     with torch.no_grad():
         assert_same(compiled(x), _decorated_here(x))
     assert kiln_capture.stats()["eager_frames"] == 0
+
+
+@pytest.mark.parametrize("outer", [True, False])
+def test_grad_modes_applied_to_functions_in_the_trace(outer):
+    def fn(x):
+        def double(t):
+            return t * 2
+
+        with torch.set_grad_enabled(outer):
+            plain = torch.no_grad(double)  # the class applied to the function
+            called = torch.enable_grad()(double)
+            flipped = torch.set_grad_enabled(not outer)(double)  # mode put back at once
+            assert torch.is_grad_enabled() == outer
+            return plain(x), called(x), flipped(x), double(x)
+
+    backend = CountingBackend()
+    x = torch.randn(3, requires_grad=True)
+    out = kiln_capture.optimize(backend, fullgraph=True)(fn)(x)
+    expected = fn(x)
+    assert [o.requires_grad for o in out] == [e.requires_grad for e in expected]
+    assert_same(out, expected)
+    assert len(backend.graphs) == 1
+
+
+def test_a_contextmanager_made_in_the_trace_is_entered_in_the_graph():
+    events = []
+
+    def make(scale):
+        @contextlib.contextmanager
+        def scaled(t):
+            events.append("enter")
+            try:
+                yield t * scale
+            finally:
+                events.append("exit")
+
+        return scaled
+
+    def fn(x):
+        with make(3)(x) as y:
+            return y.sin()
+
+    backend = CountingBackend()
+    x = torch.randn(4)
+    assert_same(kiln_capture.optimize(backend, fullgraph=True)(fn)(x), (x * 3).sin())
+    assert events == ["enter", "exit"] and len(backend.graphs) == 1

@@ -99,12 +99,15 @@ class GradModeVar(ContextVar):
         """``torch.no_grad()(fn)``: a decorator applied in the trace."""
         fn = args[0] if len(args) == 1 and not kwargs else None
         code = getattr(getattr(fn, "fn", None), "__code__", None) or getattr(fn, "code", None)
-        if (
-            self.cls not in (torch.no_grad, torch.enable_grad)
-            or code is None
-            or code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE)
-        ):
+        if code is None or code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE):
             return super().call(tx, args, kwargs)
+        if self.cls is torch.set_grad_enabled:
+            # set_grad_enabled(mode) took effect when made; as a decorator it puts the
+            # mode back (torch's __call__) and sets it around each call of the function
+            if self.prev is None:
+                return super().call(tx, args, kwargs)
+            tx.out.set_grad(self.prev)
+            return GradModeDecoratedVar(self.cls, fn, self.target)
         return GradModeDecoratedVar(self.cls, fn)
 
 
@@ -112,8 +115,8 @@ class GradModeDecoratedVar(Var):
     """A function decorated in the trace with ``torch.no_grad()`` / ``enable_grad()``:
     each call runs it in that grad mode."""
 
-    def __init__(self, cls: type, fn: Var) -> None:
-        self.cls, self.fn = cls, fn
+    def __init__(self, cls: type, fn: Var, mode: bool | None = None) -> None:
+        self.cls, self.fn, self.mode = cls, fn, mode
 
     def __repr__(self) -> str:
         return f"{self.cls.__name__}()({self.fn!r})"
@@ -122,7 +125,10 @@ class GradModeDecoratedVar(Var):
         return types.FunctionType
 
     def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
-        mode = GradModeVar(tx, self.cls, [])
+        if self.mode is None:
+            mode = GradModeVar(tx, self.cls, [])
+        else:  # set_grad_enabled(m): the mode is set as the object is made
+            mode = GradModeVar(tx, self.cls, [ConstVar(self.mode)])
         mode.enter(tx)
         try:
             return self.fn.call(tx, args, kwargs)
@@ -133,7 +139,10 @@ class GradModeDecoratedVar(Var):
         return [self.fn]
 
     def reconstruct(self, cg) -> str:
-        return f"{cg.const(self.cls)}()({cg.rebuild(self.fn)})"
+        if self.mode is None:
+            return f"{cg.const(self.cls)}()({cg.rebuild(self.fn)})"
+        # made and applied at once: the mode set by the making is put back by the call
+        return f"{cg.const(self.cls)}({self.mode!r})({cg.rebuild(self.fn)})"
 
 
 class AutocastVar(ContextVar):

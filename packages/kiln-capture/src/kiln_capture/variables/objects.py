@@ -689,6 +689,9 @@ def construct(tx, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if cls is torch.autograd.profiler.record_function:  # a profiling range: not a graph op
         return construct(tx, contextlib.nullcontext, [], {})
     if cls in GRAD_MODE_CLASSES:
+        if cls in (torch.no_grad, torch.enable_grad) and len(args) == 1 and not kwargs:
+            # ``torch.no_grad(fn)``: the class applied to a function decorates it
+            return GradModeVar(tx, cls, []).call(tx, args, {})
         return GradModeVar(tx, cls, args)
     if issubclass(cls, torch.amp.autocast):
         return AutocastVar.construct(tx, cls, args, kwargs)
@@ -876,6 +879,16 @@ class NewObjectVar(Var):
 
     def setattr(self, tx, name, value) -> None:
         self.attrs[name] = value
+
+    def delattr(self, tx, name: str) -> None:
+        # ``del self.args`` (contextlib's _GeneratorContextManager.__enter__): an attribute
+        # the trace set goes; one it did not is left to eager code
+        if name not in self.attrs or inspect.getattr_static(self.cls, "__delattr__", None) not in (
+            None,
+            object.__delattr__,
+        ):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"del {self!r}.{name}")
+        del self.attrs[name]
 
     def unpack(self, tx) -> list[Var]:
         return unpack_by_protocol(tx, self, self.cls)
