@@ -45,12 +45,13 @@ def _reductions(fn, inputs):
 
 def test_the_hint_splits_few_outputs_over_many_elements():
     b, cpu = TritonBackend(), torch.device("cpu")
-    assert b.reduction_splits(cpu, 768, 4096) == 16  # pieces of 256 rows
-    assert b.reduction_splits(cpu, 3072, 4096) == 16
-    assert b.reduction_splits(cpu, 1, 4096) == 16
-    assert b.reduction_splits(cpu, 30522, 4096) == 1  # enough outputs already
-    assert b.reduction_splits(cpu, 4096, 768) == 1  # rows too short to split
-    assert b.reduction_splits(cpu, 768, 4097) == 1  # no power of two divides it
+    assert b.reduction_splits(cpu, 768, 4096, False) == 16  # columns, pieces of 256 rows
+    assert b.reduction_splits(cpu, 3072, 4096, False) == 16
+    assert b.reduction_splits(cpu, 1, 4096, True) == 16
+    assert b.reduction_splits(cpu, 30522, 4096, False) == 1  # enough outputs already
+    assert b.reduction_splits(cpu, 4096, 32000, True) == 1  # a program per row fills it
+    assert b.reduction_splits(cpu, 4096, 768, True) == 1  # rows too short to split
+    assert b.reduction_splits(cpu, 768, 4097, False) == 1  # no power of two divides it
 
 
 def test_split_reductions_are_two_and_equal_eager():

@@ -62,6 +62,7 @@ def checked_args(names: Sequence[str], buffers: dict[str, Buffer]) -> list[int]:
 
 # split reductions (TritonBackend.reduction_splits)
 SPLIT_MAX_OUTPUTS = 8192
+SPLIT_MAX_ROWS = 256
 SPLIT_MIN_ELEMENTS = 4096
 SPLIT_MIN_PIECE = 256
 SPLIT_PARTIALS = 32768
@@ -126,13 +127,17 @@ class TritonBackend:
         }
         return KernelSource(kernel.source, "triton", (*group.inputs, *group.outputs), meta)
 
-    def reduction_splits(self, device: Any, outputs: int, elements: int) -> int:
-        """Into how many pieces kiln-inductor splits a reduction of ``elements`` elements into
-        each of ``outputs`` outputs (its lowering/reduction.py, "Split reductions"): with
-        fewer than 8192 outputs over 4096+ elements, pieces of at least 256 elements (a
-        power of two dividing ``elements``), until there are 32768 partial results (a weight
-        gradient of 768 columns over 8 x 512 rows: 16 pieces; a loss over 4096 tokens: 16)."""
-        if outputs >= SPLIT_MAX_OUTPUTS or elements < SPLIT_MIN_ELEMENTS:
+    def reduction_splits(self, device: Any, outputs: int, elements: int, inner: bool) -> int:
+        """Into how many pieces kiln-inductor splits a reduction of ``elements`` elements
+        into each of ``outputs`` outputs (its lowering/reduction.py, "Split reductions"):
+        over 4096+ elements, into fewer than 8192 outputs when they are columns (a program
+        takes a block of up to 64 of them) or fewer than 256 when they are rows (``inner``:
+        a program per row or a few), pieces of at least 256 elements (a power of two
+        dividing ``elements``), until there are 32768 partial results (a weight gradient of
+        768 columns over 8 x 512 rows: 16 pieces; a loss over 4096 tokens: 16; a
+        log-softmax over 4096 rows of 32000 logits: none)."""
+        limit = SPLIT_MAX_ROWS if inner else SPLIT_MAX_OUTPUTS
+        if outputs >= limit or elements < SPLIT_MIN_ELEMENTS:
             return 1
         splits = 1
         while (

@@ -8,7 +8,8 @@ only its own kernel reads it.
 Split reductions: a reduction into few outputs over many elements (a weight or bias
 gradient summing 4096 rows into 768 columns, a loss) gives a GPU too few programs: one per
 block of outputs. Where the backend asks for it (``reduction_splits(device, outputs,
-elements)``, kiln-triton on GPUs), such a reduction is two: the first reduces each of
+elements, inner)``, kiln-triton on GPUs; ``inner``: the reduced dimensions are the
+innermost, so that each output is a row of its own), such a reduction is two: the first reduces each of
 ``splits`` equal pieces of every output's elements into a partial buffer of shape
 ``(splits, *outputs)`` (the piece index first, so that neighbouring programs read
 neighbouring outputs), the second reduces the partials. Only associative reductions of
@@ -64,7 +65,8 @@ def reduce(
 
     out_size = tuple(x.size[k] for k in kept)
     r_size = tuple(x.size[k] for k in rdims)
-    splits = _splits(x.device, rtype, out_size, r_size)
+    inner_dims = rdims == list(range(ndim - len(rdims), ndim))
+    splits = _splits(x.device, rtype, out_size, r_size, inner_dims)
     out: TensorValue
     if splits > 1:
         out = _split_reduce(x.device, rtype, out_dtype, src_dtype, out_size, r_size, inner, splits)
@@ -80,15 +82,16 @@ def reduce(
 SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
 
 
-def _splits(device: torch.device, rtype: str, out_size: tuple, r_size: tuple) -> int:
-    """Into how many pieces the backend splits this reduction's elements (1: not split)."""
+def _splits(device: torch.device, rtype: str, out_size: tuple, r_size: tuple, inner: bool) -> int:
+    """Into how many pieces the backend splits this reduction's elements (1: not split);
+    ``inner``: the reduced dimensions are the innermost ones (rows, not columns)."""
     if rtype not in SPLITTABLE or not r_size:
         return 1
     outputs, elements = product(out_size), product(r_size)
     if not (outputs.is_Integer and elements.is_Integer):
         return 1
     hint = getattr(registered_backends().get(device.type), "reduction_splits", None)
-    splits = int(hint(device, int(outputs), int(elements))) if hint is not None else 1
+    splits = int(hint(device, int(outputs), int(elements), inner)) if hint is not None else 1
     return splits if splits > 1 and int(elements) % splits == 0 else 1
 
 
