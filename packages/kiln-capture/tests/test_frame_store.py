@@ -247,6 +247,26 @@ def test_a_changed_attribute_is_guarded_as_on_a_cache_hit(cache_dir):
     torch.testing.assert_close(out, other(x))
 
 
+def test_a_loaded_entry_recompiles_as_a_captured_one(cache_dir):
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(3, 8)
+    _fresh(m, x)
+    kiln_capture.reset()
+    hook._met.clear()
+    b = CountingBackend()
+    opt = kiln_capture.optimize(b)(m)
+    loaded = frame_store.STATS.loaded
+    torch.testing.assert_close(opt(x), m(x))
+    assert frame_store.STATS.loaded == loaded + 1
+    y = torch.randn(5, 8)  # the loaded entry's tensor guard fails: a recompile, named
+    torch.testing.assert_close(opt(y), m(y))
+    assert len(b.graphs) == 2 and kiln_capture.stats()["recompiles"] == 1
+    (entry,) = [e for e in hook.cache_entries(Net.forward.__code__) if e.graphs[0] is b.graphs[0]]
+    assert "x: float32[3, 8]" in entry.guard_set.first_failure(
+        m.forward.__func__, entry.params, (m, y), entry.globals
+    )
+
+
 def test_explain_captures(cache_dir):
     m, x = Net(), torch.randn(3, 8)
     _fresh(m, x)

@@ -134,12 +134,9 @@ def _sources_digest() -> str:
     """kiln-capture's version and every module and extension of the package (path, size
     and modification time: an edited source never reuses a record)."""
     if not _digest:
-        from importlib.metadata import PackageNotFoundError, version
+        import kiln_capture  # its version, read once at import
 
-        try:
-            ver = version("kiln-capture")
-        except PackageNotFoundError:
-            ver = "unknown"
+        ver = getattr(kiln_capture, "__version__", "unknown")
         h = hashlib.sha256(ver.encode())
         root = Path(__file__).resolve().parent
         for path in sorted(root.rglob("*")):
@@ -211,17 +208,36 @@ def _identity_paths(gs: GuardSet) -> dict[int, str]:
     return paths
 
 
-def _evaluator(params: list[str], func, args: tuple, consts: list):
+def _evaluator(params: list[str], func, args: tuple, consts: list, codes: dict | None = None):
+    """``evaluate(expr)``: ``expr`` read against the frame (``codes``: each expression
+    compiled when the record was made, so a load compiles none of them)."""
     ns = dict(zip(params, args, strict=True))
     ns.update(__k_fn=func, __k_G=func.__globals__, __k_C=consts)
+    codes = codes or {}
 
     def evaluate(expr: str) -> Any:
         try:
-            return eval(expr, ns)
+            return eval(codes.get(expr, expr), ns)
         except Exception as e:  # the user's objects: anything may raise
             raise Unresolved(f"{expr}: {type(e).__name__}: {e}") from None
 
     return evaluate
+
+
+def _path_exprs(consts: list, tensors: list) -> set[str]:
+    """The expressions a load evaluates: each path recipe's, each tensor input's."""
+    found = {t[0] for t in tensors}
+
+    def walk(r: tuple) -> None:
+        if r[0] == "path":
+            found.add(r[1])
+        elif r[0] == "t":
+            for x in r[1]:
+                walk(x)
+
+    for r in consts:
+        walk(r)
+    return found
 
 
 def _record(entry, code, func, args, frame_shapes) -> dict:
@@ -302,6 +318,7 @@ def _record(entry, code, func, args, frame_shapes) -> dict:
         "native": gs.native is not None,
         "consts": tuple(consts),
         "tensors": tuple(tensors),
+        "codes": {e: compile(e, "<kiln recipe>", "eval") for e in _path_exprs(consts, tensors)},
         "graph": graph,
         "files": tuple(file_shas),
         "frame_shapes": (
@@ -378,7 +395,10 @@ def _install(rec: dict, code, func, args: tuple, ctx):
     if len(params) != len(args):
         raise Unresolved("another number of arguments")
     consts: list = [None] * len(rec["consts"])
-    evaluate = _evaluator(params, func, args, consts)
+    codes = rec["codes"]
+    if type(codes) is not dict or not all(type(c) is types.CodeType for c in codes.values()):
+        raise Unresolved("damaged expression codes")
+    evaluate = _evaluator(params, func, args, consts, codes)
     _resolve_consts(rec["consts"], evaluate, consts)
     native = None
     if rec["native"]:
