@@ -53,7 +53,6 @@ warning). ``KILN_CAPTURE_FRAMES=0`` (or ``KILN_CAPTURE_CACHE=0``) turns it off.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.util
 import marshal
@@ -86,6 +85,8 @@ from kiln_capture.recipes import (
 FORMAT = 1
 MAGIC = b"kiln-capture-frame\n"
 _CONST = re.compile(r"__k_C\[(\d+)\]")
+_CHAIN = re.compile(r"[\w.\[\]()'\", -]+")  # names, attributes, items, calls of sources
+_LOOSE_SPACE = re.compile(r"[^,] ")  # a space not after a comma: an operator or keyword
 # names a run function may read besides its constants and the compiled graph (codegen.py)
 _RUN_NAMES = frozenset(
     {
@@ -198,13 +199,12 @@ def _identity_paths(gs: GuardSet) -> dict[int, str]:
                 else:
                     expr = f"{base}.__closure__[{key}].cell_contents"
                 paths.setdefault(id(value), expr)
-        if " is __k_C[" not in g.code:
-            continue
-        tree = ast.parse(g.code, mode="eval").body
-        if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Is):
-            m = _CONST.fullmatch(ast.unparse(tree.comparators[0]))
-            if m is not None:
-                paths.setdefault(id(gs.consts[int(m.group(1))]), ast.unparse(tree.left))
+        lhs, sep, rhs = g.code.rpartition(" is ")
+        m = _CONST.fullmatch(rhs) if sep else None
+        # ``<source> is __k_C[i]`` (GuardSet.id_is, type_is): the source a read chain, so
+        # that nothing of lower precedence (``and``, ``or``, ``not``) belongs to the left
+        if m is not None and _CHAIN.fullmatch(lhs) and not _LOOSE_SPACE.search(lhs):
+            paths.setdefault(id(gs.consts[int(m.group(1))]), lhs)
     return paths
 
 
