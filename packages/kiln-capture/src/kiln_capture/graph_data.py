@@ -18,7 +18,14 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln_capture.recipes import PLAIN, NotPersistable, Unresolved, import_recipe, resolve
+from kiln_capture.recipes import (
+    PLAIN,
+    NotPersistable,
+    Unresolved,
+    import_recipe,
+    resolve,
+    torch_value_recipe,
+)
 
 FORMAT = 1
 
@@ -52,14 +59,9 @@ def _enc(v: Any) -> tuple:
             str(v.dtype).removeprefix("torch."),
             v.requires_grad,
         )
-    if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
-        name = str(v).removeprefix("torch.")
-        if getattr(torch, name, None) is v:
-            return ("torch", name)
-    if t is torch.device:
-        return ("device", str(v))
-    if t is torch.Size:
-        return ("size", tuple(v))
+    r = torch_value_recipe(v)
+    if r is not None:
+        return r
     raise NotPersistable(f"a graph value of type {t.__qualname__}")
 
 

@@ -184,6 +184,19 @@ def files_of(obj: Any) -> list[str]:
     return out
 
 
+def torch_value_recipe(obj: Any) -> tuple | None:
+    """A dtype, layout or memory format by its name in ``torch``; a device; a size."""
+    if isinstance(obj, _TORCH_SINGLETONS):
+        name = str(obj).removeprefix("torch.")
+        if getattr(torch, name, None) is obj:
+            return ("torch", name)
+    if type(obj) is torch.device:
+        return ("device", str(obj))
+    if type(obj) is torch.Size:
+        return ("size", tuple(obj))
+    return None
+
+
 def class_attributes(objs: list, into: dict[int, str | tuple]) -> None:
     """Name each value in the ``__dict__`` of the classes among ``objs`` by its import
     path (``("import", module, "Output.__dataclass_fields__")``), for ``recipe_of``."""
@@ -208,14 +221,9 @@ def recipe_of(obj: Any, paths: dict[int, str | tuple]) -> tuple:
         return ("v", obj)
     if t is tuple:
         return ("t", tuple(recipe_of(v, paths) for v in obj))
-    if isinstance(obj, _TORCH_SINGLETONS):
-        name = str(obj).removeprefix("torch.")
-        if getattr(torch, name, None) is obj:
-            return ("torch", name)
-    if t is torch.device:
-        return ("device", str(obj))
-    if t is torch.Size:
-        return ("size", tuple(obj))
+    r = torch_value_recipe(obj)
+    if r is not None:
+        return r
     if isinstance(obj, enum.Enum):
         r = import_recipe(t)
         if r is not None and _follow(r[1], f"{r[2]}.{obj.name}") is obj:
