@@ -67,6 +67,33 @@ def _release_free_memory() -> None:
         pass
 
 
+def _allocated_peak_mb(run) -> float:
+    """The most bytes ``run()`` had allocated through torch's CPU allocator at once, above
+    what was allocated when it started (the profiler's memory events; the CPU's
+    counterpart of ``torch.cuda.max_memory_allocated``). Unlike the process's peak RSS it
+    does not depend on what the C allocator kept from earlier calls."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    finally:
+        os.unlink(path)
+    mem = [e["args"] for e in events if e.get("name") == "[memory]" and "args" in e]
+    if not mem:
+        return 0.0
+    start = mem[0]["Total Allocated"] - mem[0]["Bytes"]
+    return max(0, max(m["Total Allocated"] for m in mem) - start) / 2**20
+
+
 def _rss_field_mb(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
