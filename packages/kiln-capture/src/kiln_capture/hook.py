@@ -27,6 +27,7 @@ from kiln_shapes.compiling import compiling
 from kiln_capture import _C, frame_store
 from kiln_capture import stats as counters
 from kiln_capture.bytecode.rewrite import make_trampoline
+from kiln_capture.capture import _RESUME_ORIGIN as RESUME_ORIGIN
 from kiln_capture.capture import EAGER_RESUME_CODES, CacheEntry, SkipFrame, compile_frame
 from kiln_capture.config import config
 from kiln_capture.dynamic import FrameShapes
@@ -181,7 +182,9 @@ def _callback(code: types.CodeType, func, args: tuple):
     ):
         _skip.add(code)
         return RUN_DEFAULT
-    if not entries and key not in _met:  # the first meeting in this process: maybe kept
+    # the first meeting in this process: maybe kept (a continuation of a graph break is
+    # this process's own code: never kept)
+    if not entries and key not in _met and code not in RESUME_ORIGIN:
         _met.add(key)
         loaded = _load_kept(ctx, key, code, func, args)
         if loaded is not None:
@@ -241,7 +244,8 @@ def _callback(code: types.CodeType, func, args: tuple):
     _cache.setdefault(key, []).insert(0, result)
     if code not in _trampolines:
         _trampolines[code] = make_trampoline(code)
-    _keep(ctx, code, func, args, result, frame_shapes)
+    if code not in RESUME_ORIGIN:
+        _keep(ctx, code, func, args, result, frame_shapes)
     return result.run(func, *args)
 
 
