@@ -76,3 +76,49 @@ def test_a_contextmanager_made_in_the_trace_is_entered_in_the_graph():
     x = torch.randn(4)
     assert_same(kiln_capture.optimize(backend, fullgraph=True)(fn)(x), (x * 3).sin())
     assert events == ["enter", "exit"] and len(backend.graphs) == 1
+
+
+@kiln_capture.disable
+def _leave_the_graph():
+    pass
+
+
+def test_a_grad_mode_made_before_a_break_and_entered_after_it():
+    # set_grad_enabled takes effect when made and restores, on exit, the mode it found
+    def fn(x):
+        y = x * 2
+        ctx = torch.set_grad_enabled(False)
+        _leave_the_graph()
+        z = y * 3
+        with ctx:
+            w = y * 4
+        return z, w, y * 5, torch.is_grad_enabled()
+
+    x = torch.randn(3, requires_grad=True)
+    expected = fn(x)
+    assert torch.is_grad_enabled()
+    out = kiln_capture.optimize(CountingBackend())(fn)(x)
+    assert torch.is_grad_enabled()
+    assert [getattr(o, "requires_grad", o) for o in out] == [
+        getattr(e, "requires_grad", e) for e in expected
+    ]
+    assert_same(out, expected)
+    assert kiln_capture.stats()["eager_frames"] == 0
+
+
+@pytest.mark.parametrize("setter", [torch.set_grad_enabled, torch._C._set_grad_enabled])
+def test_a_grad_mode_set_by_a_call_holds_across_a_break(setter):
+    def fn(x):
+        y = x * 2
+        setter(False)
+        _leave_the_graph()
+        z = y * 3  # eager computes it without grad
+        setter(True)
+        return z, y * 4
+
+    x = torch.randn(3, requires_grad=True)
+    expected = fn(x)
+    out = kiln_capture.optimize(CountingBackend())(fn)(x)
+    assert [o.requires_grad for o in out] == [e.requires_grad for e in expected]
+    assert_same(out, expected)
+    assert torch.is_grad_enabled() and kiln_capture.stats()["eager_frames"] == 0

@@ -481,11 +481,18 @@ def _finish_break(
 
     step = _step_lines(ins, stack, base, root.kw_names, calls, reraise)
     compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
+    # the graph left the grad mode it found; the blocks re-entered above (cg.preamble)
+    # set theirs, and a mode set without a block (``torch.set_grad_enabled(False)`` as
+    # a call) is set again, after them, for the step and the continuation
+    regrad = []
+    if out.grad_enabled != out.initial_grad:
+        regrad = [f"torch._C._set_grad_enabled({out.grad_enabled})"]
     body = (
         out.prelude
         + _graph_call(root, compiled, inputs, extra)
         + make_cells
         + cg.preamble
+        + regrad
         + fill_cells
         + temps
         + [locals_line]

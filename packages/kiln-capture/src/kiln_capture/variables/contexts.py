@@ -67,6 +67,7 @@ class GradModeVar(ContextVar):
         else:
             self.target = bool(args[0].as_const())
         self.prev: bool | None = None
+        self.entered = False
         if cls is torch.set_grad_enabled:  # takes effect at construction, like torch's
             self.prev = tx.out.set_grad(self.target)
 
@@ -79,6 +80,9 @@ class GradModeVar(ContextVar):
     def enter(self, tx) -> Var:
         if self.cls is not torch.set_grad_enabled:
             self.prev = tx.out.set_grad(self.target)
+        else:  # its __enter__ sets the mode again; __exit__ restores the one before making
+            tx.out.set_grad(self.target)
+        self.entered = True
         tx.contexts.append(self)
         return ConstVar(None)
 
@@ -88,12 +92,24 @@ class GradModeVar(ContextVar):
                 breaks.UNSUPPORTED_VALUE, "exit of a grad-mode context that was not entered"
             )
         tx.out.set_grad(self.prev)
+        self.entered = False
         if tx.contexts and tx.contexts[-1] is self:
             tx.contexts.pop()
 
     def constructor(self, cg) -> str:
         arg = repr(self.target) if self.cls is torch.set_grad_enabled else ""
         return f"{cg.const(self.cls)}({arg})"
+
+    def reconstruct(self, cg) -> str:
+        """A grad mode made but not entered, live across a graph break (``ctx =
+        torch.set_grad_enabled(True)`` before a break, ``with ctx:`` after it): an equal
+        real object. ``set_grad_enabled`` keeps the mode it found when made, which it
+        restores on exit: rebuilt holding that mode, without setting any."""
+        if self.entered:
+            return super().reconstruct(cg)
+        if self.cls is not torch.set_grad_enabled:
+            return self.constructor(cg)
+        return f"{cg.const(_made_set_grad_enabled)}({self.prev!r}, {self.target!r})"
 
     def call(self, tx, args: list[Var], kwargs: dict[str, Var]) -> Var:
         """``torch.no_grad()(fn)``: a decorator applied in the trace."""
@@ -109,6 +125,14 @@ class GradModeVar(ContextVar):
             tx.out.set_grad(self.prev)
             return GradModeDecoratedVar(self.cls, fn, self.target)
         return GradModeDecoratedVar(self.cls, fn)
+
+
+def _made_set_grad_enabled(prev: bool, mode: bool) -> torch.set_grad_enabled:
+    """A ``torch.set_grad_enabled(mode)`` made when the mode was ``prev`` (its state: what
+    its ``__init__`` records), without changing the mode now."""
+    made = torch.set_grad_enabled.__new__(torch.set_grad_enabled)
+    made.prev, made.mode = prev, mode
+    return made
 
 
 class GradModeDecoratedVar(Var):
