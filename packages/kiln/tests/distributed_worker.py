@@ -1,7 +1,7 @@
 """One rank of test_distributed.py: ``python distributed_worker.py RANK WORLD INIT DEBUG SUITES``
 (a script, so that each rank is a fresh process that imports nothing from the tests).
-SUITES is a comma-separated list of ``collectives``, ``ddp``, ``fsdp``, ``fsdp_unchanged``,
-``fsdp_hf`` (fsdp_worker.py holds the FSDP2 ones)."""
+SUITES is a comma-separated list of ``collectives``, ``ddp``, ``ddp_accumulate``, ``fsdp``,
+``fsdp_options``, ``fsdp_unchanged``, ``fsdp_hf`` (fsdp_worker.py holds the FSDP2 ones)."""
 
 from __future__ import annotations
 
@@ -91,10 +91,16 @@ def main(rank: int, world: int, init: str, debug: str, suites: list[str]) -> Non
         if "ddp" in suites:
             for name, make_model in _models().items():
                 _check_ddp(name, make_model, rank)
+        if "ddp_accumulate" in suites:
+            for name in ("mlp", "hf_gpt2"):
+                for sync in ("no_sync", "every"):
+                    _check_ddp_accumulation(name, _models()[name], rank, sync)
         import fsdp_worker
 
         if "fsdp" in suites:
             fsdp_worker.check_fsdp(rank, world)
+        if "fsdp_options" in suites:
+            fsdp_worker.check_fsdp_options(rank, world)
         if "fsdp_unchanged" in suites:
             fsdp_worker.check_unchanged(rank, world)
         if "fsdp_hf" in suites:
@@ -221,54 +227,105 @@ def _models():
     }
 
 
+def _ddp_pair(make_model, **ddp_options):
+    """Two DDP models from one seed (small buckets: several pieces per graph), the second
+    compiled by kiln: (eager, wrapped model, compiled)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import kiln
+
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(DDP(make_model(), bucket_cap_mb=0.02, **ddp_options))
+    eager, mine = models
+    return eager, mine, kiln.compile(mine)
+
+
+def _ddp_batch(name: str, g: torch.Generator):
+    if name == "hf_gpt2":
+        ids = torch.randint(0, 128, (2, 16), generator=g)
+        return (ids,), ids
+    return (torch.randn(16, 64, generator=g),), torch.randn(16, 8, generator=g)
+
+
+def _ddp_loss(name: str, model, args, target):
+    out = model(*args)
+    if name == "hf_gpt2":
+        logits = out.logits[:, :-1].reshape(-1, 128)
+        return torch.nn.functional.cross_entropy(logits, target[:, 1:].reshape(-1))
+    return ((out - target) ** 2).mean()
+
+
+def _assert_ddp_counts(what: str) -> dict:
+    import kiln
+    import kiln.distributed
+
+    stats = kiln.stats()
+    assert stats["graphs"] >= 1, (what, stats)
+    assert stats["breaks"] == stats["fallbacks"] == stats["eager_frames"] == 0, (what, stats)
+    splits = kiln.distributed.SPLITS
+    assert splits and min(splits) >= 2, (what, splits)
+    return stats
+
+
+def _check_ddp_accumulation(name: str, make_model, rank: int, sync: str) -> None:
+    """Gradient accumulation: 3 optimizer steps of 3 micro-batches each (loss / 3), the
+    first two micro-batches under ``no_sync()`` (``sync="no_sync"``: local gradients,
+    one all-reduce of the sum on the last) or all synchronized (``"every"``). After each
+    micro-batch's backward every gradient equals eager DDP's on this rank (under
+    ``no_sync`` they are this rank's own, unreduced), and after the steps every
+    parameter does; with gradient_as_bucket_view (gradients living in DDP's buckets)."""
+    import contextlib
+
+    import kiln
+
+    kiln.reset()
+    eager, mine, compiled = _ddp_pair(make_model, gradient_as_bucket_view=True)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
+    g = torch.Generator().manual_seed(300 + rank)
+    what = f"ddp accumulation {name} sync={sync} on rank {rank}"
+    for step in range(3):
+        for micro in range(3):
+            args, target = _ddp_batch(name, g)
+            for model, fn in ((eager, eager), (mine, compiled)):
+                local = sync == "no_sync" and micro < 2
+                with model.no_sync() if local else contextlib.nullcontext():
+                    (_ddp_loss(name, fn, args, target) / 3).backward()
+            for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+                where = f"{what}: grad of {pname}, step {step} micro {micro}"
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=where)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=f"{what}: {pname}")
+    print(f"[rank {rank}] {what}: {_assert_ddp_counts(what)}", flush=True)
+
+
 def _check_ddp(name: str, make_model, rank: int) -> None:
     """``kiln.compile(DDP(model))`` with small buckets: the graph is split into several
     pieces (one per bucket), and after SGD steps (the last two accumulated under
     ``no_sync()`` then synchronized) every parameter equals eager DDP's on this rank."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     import kiln
-    import kiln.distributed
 
     kiln.reset()
-    models = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        models.append(DDP(make_model(), bucket_cap_mb=0.02))
-    eager, mine = models
-    compiled = kiln.compile(mine)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    eager, mine, compiled = _ddp_pair(make_model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
     g = torch.Generator().manual_seed(100 + rank)
-
-    def batch():
-        if name == "hf_gpt2":
-            ids = torch.randint(0, 128, (2, 16), generator=g)
-            return (ids,), ids
-        return (torch.randn(16, 64, generator=g),), torch.randn(16, 8, generator=g)
-
-    def loss(model, args, target):
-        out = model(*args)
-        if name == "hf_gpt2":
-            logits = out.logits[:, :-1].reshape(-1, 128)
-            return torch.nn.functional.cross_entropy(logits, target[:, 1:].reshape(-1))
-        return ((out - target) ** 2).mean()
-
     for step in range(4):
-        args, target = batch()
-        for model, fn, opt in zip(models, (eager, compiled), opts):
+        args, target = _ddp_batch(name, g)
+        for model, fn, opt in zip((eager, mine), (eager, compiled), opts):
             if step == 2:  # accumulate locally, then synchronize on the next step
                 with model.no_sync():
-                    loss(fn, args, target).backward()
+                    _ddp_loss(name, fn, args, target).backward()
                 continue
-            loss(fn, args, target).backward()
+            _ddp_loss(name, fn, args, target).backward()
             opt.step()
             opt.zero_grad()
     for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=f"{name}: {pname}")
-    stats = kiln.stats()
-    assert stats["graphs"] >= 1, stats
-    assert stats["breaks"] == stats["fallbacks"] == stats["eager_frames"] == 0, (name, stats)
-    assert kiln.distributed.SPLITS and min(kiln.distributed.SPLITS) >= 2, kiln.distributed.SPLITS
+    _assert_ddp_counts(f"ddp {name} on rank {rank}")
 
 
 def _assert_wait_after_independent_work(folder: str) -> None:

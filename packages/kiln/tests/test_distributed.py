@@ -9,13 +9,14 @@ exists and its wait just before the first kernel that reads the result
 
 ``kiln.compile(DDP(model))`` splits the graph at gradient buckets (kiln/distributed.py):
 an MLP and HF GPT-2 train to the parameters eager DDP reaches, with several pieces per
-graph, ``no_sync()`` included.
+graph, ``no_sync()`` and gradient accumulation included.
 
 FSDP2 (``fully_shard`` per block and at the root, fsdp_worker.py): an MLP, a GPT-style
 model and HF LLaMA / GPT-2 compiled at the root and per block, with activation
-checkpointing inside and around the sharded blocks, reach eager FSDP2's parameter shards
-on every rank with no break (kiln/fsdp.py); kiln.compile leaves the user's modules as
-they were."""
+checkpointing inside and around the sharded blocks, explicit prefetching and
+reshard_after_forward=False, issue eager FSDP2's collectives in eager's order and reach its
+parameter shards on every rank with no break (kiln/fsdp.py); kiln.compile leaves the user's
+modules as they were."""
 
 from __future__ import annotations
 
@@ -81,12 +82,33 @@ def test_ddp_trains_like_eager(tmp_path, world):
     _run_ranks(tmp_path, world, "ddp")
 
 
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_ddp_gradient_accumulation(tmp_path, world):
+    """Gradient accumulation under kiln.compile(DDP(model)), MLP and HF GPT-2: 3 steps of
+    3 micro-batches, the first two under no_sync() or all synchronized, gradients as bucket
+    views: every gradient after every micro-batch and every parameter after the steps
+    equal eager DDP's on every rank; the graph split into pieces, 0 breaks."""
+    _run_ranks(tmp_path, world, "ddp_accumulate")
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp_trains_like_eager(tmp_path, world):
     """FSDP2 MLP and GPT-style model compiled at the root and per block, activation
     checkpointing none, inside, around the sharded blocks and as checkpoint_wrapper
-    (fsdp_worker.CASES): parameter shards equal eager FSDP2's, 0 breaks."""
+    (fsdp_worker.CASES): each step issues eager FSDP2's all-gathers, reshards and
+    reduce-scatters in eager's order (per-block compiled units included: FSDP's root finds
+    them), parameter shards equal eager's, 0 breaks."""
     _run_ranks(tmp_path, world, "fsdp")
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_fsdp_options_train_like_eager(tmp_path, world):
+    """FSDP2 with explicit forward/backward prefetching (set_modules_to_forward_prefetch /
+    set_modules_to_backward_prefetch) and with reshard_after_forward=False, MLP and
+    GPT-style model, compiled at the root and per block (fsdp_worker.FSDP_OPTION_CASES):
+    eager's sequence of all-gathers, reshards and reduce-scatters every step, parameter
+    shards equal eager's, 0 breaks."""
+    _run_ranks(tmp_path, world, "fsdp_options")
 
 
 def test_fsdp_leaves_modules_unchanged(tmp_path):

@@ -88,11 +88,12 @@ def compile(
         # hooks (kiln/fsdp.py), in place only while the compiled object's call (and its
         # backward) runs: the user's modules are left as they are
         regions = fsdp.compile_units(model, optimize)
-        if fsdp.is_unit(model):
-            call = functools.partial(torch.nn.Module.__call__, model)
-        else:
-            call = optimize(model).forward
-        return _compiled_module(model, fsdp.scoped(regions, call))
+        if not fsdp.is_unit(model):
+            return _compiled_module(model, fsdp.scoped(regions, optimize(model).forward))
+        call = functools.partial(torch.nn.Module.__call__, model)
+        compiled = _compiled_module(model, fsdp.scoped(regions, call))
+        fsdp.share_state(compiled, model)  # FSDP's root finds the unit through it
+        return compiled
     if isinstance(model, torch.nn.Module):
         return _compiled_module(model, optimize(model))
     return optimize(model)

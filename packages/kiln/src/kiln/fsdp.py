@@ -88,6 +88,22 @@ def is_unit(module: object) -> bool:
     return cls is not None and isinstance(module, cls)
 
 
+def share_state(compiled: torch.nn.Module, unit: torch.nn.Module) -> None:
+    """Make ``compiled`` (``kiln.compile(unit)``: another object, sharing ``unit``'s
+    ``__dict__``) a module FSDP knows as ``unit``. FSDP finds a module's state by the
+    module object (``torch.distributed._composable_state``'s weak map), not through its
+    ``__dict__``; without this, ``model.blocks[i] = kiln.compile(block)`` hides the block
+    from the root's lazy init, so each compiled block became a root of its own (its own
+    communication context, not resharded after forward) and a prefetch of a block not yet
+    run failed. ``compiled``'s FQN in FSDP's labels stays unset (FSDP names a unit's
+    parameter group by the original module, which the tree no longer holds)."""
+    from torch.distributed import _composable_state
+
+    state = _composable_state._get_module_state(unit)
+    if state is not None and _composable_state._get_module_state(compiled) is None:
+        _composable_state._insert_module_state(compiled, state)
+
+
 def compile_units(model: torch.nn.Module, optimize: Optimize) -> list[tuple[Any, Callable]]:
     """A region (``optimize`` of its class's forward) for each unit under ``model``, for
     ``scoped``; the user's modules are left as they are. Each ``kiln.compile`` call makes
@@ -271,4 +287,4 @@ def _is_fsdp_hook(hook: object) -> bool:
     return (getattr(hook, "__module__", None) or "").startswith("torch.distributed.fsdp")
 
 
-__all__ = ["compile_units", "is_unit", "scoped", "units"]
+__all__ = ["compile_units", "is_unit", "scoped", "share_state", "units"]
