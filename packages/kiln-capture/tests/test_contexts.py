@@ -122,3 +122,30 @@ def test_a_grad_mode_set_by_a_call_holds_across_a_break(setter):
     assert [o.requires_grad for o in out] == [e.requires_grad for e in expected]
     assert_same(out, expected)
     assert torch.is_grad_enabled() and kiln_capture.stats()["eager_frames"] == 0
+
+
+def test_a_contextmanager_entered_across_a_break_is_one_object():
+    # the break inside __enter__ runs it eagerly on a real manager; the local holding the
+    # manager must be that very object, whose generator then stops at __exit__
+    events = []
+
+    @contextlib.contextmanager
+    def tracked(t):
+        try:
+            _leave_the_graph()
+            events.append("entered")
+            yield t + 1
+        finally:
+            events.append("exited")
+
+    def fn(x):
+        ctx = tracked(x)
+        y = ctx.__enter__()
+        ctx.__exit__(None, None, None)
+        return y * 2
+
+    x = torch.randn(3)
+    out = kiln_capture.optimize(CountingBackend())(fn)(x)
+    assert_same(out, (x + 1) * 2)
+    assert events == ["entered", "exited"]
+    assert kiln_capture.stats()["eager_frames"] == 0

@@ -38,6 +38,7 @@ _MUTABLE_NEW = frozenset(
         "EnumerateVar",
         "ZipVar",
         "GeneratorVar",
+        "GeneratorCMVar",  # a manager made in the trace: one object for the step and locals
         "PullIteratorVar",
     }
 )
