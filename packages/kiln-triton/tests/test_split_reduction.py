@@ -90,3 +90,30 @@ def test_split_reductions_on_the_gpu():
     compiled = compile_aten_graph(aten_graph(weight_grad_and_loss, inputs), inputs)
     for got, expected in zip(compiled(*inputs), weight_grad_and_loss(*inputs)):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
+
+
+def batch_norm_stats(x):
+    """Batch norm's training statistics: var_mean over (N, H, W) for each channel."""
+    var, mean = aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)
+    return (aten.mul.Tensor(aten.sub.Tensor(x, mean), aten.rsqrt.default(var)), mean, var)
+
+
+def test_split_welford_equals_eager():
+    """Welford's mean and M2 over pieces, combined as Chan et al. do: batch norm's
+    statistics over 8 x 32 x 32 positions of 48 channels are pieces of 256."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 48, 32, 32, generator=g) * 3 + 10  # far from zero: M2 matters
+    bodies = _reductions(batch_norm_stats, [x])
+    kinds = sorted(r.reduction_type for r in bodies)
+    assert kinds == ["sum", "sum", "sum", "welford_m2", "welford_mean"], kinds
+    with use_triton_for_cpu():
+        got = compile_aten_graph(aten_graph(batch_norm_stats, [x]), [x])(x)
+    for g_, e in zip(got, batch_norm_stats(x)):
+        torch.testing.assert_close(g_, e, rtol=1e-4, atol=1e-4)
+
+
+def test_layer_norm_rows_are_not_split():
+    """512 rows of 4096: a program per row fills a GPU already."""
+    x = torch.randn(512, 4096)
+    bodies = _reductions(lambda x: aten.var_mean.correction(x, [1], correction=0), [x])
+    assert sorted(r.reduction_type for r in bodies) == ["welford_m2", "welford_mean"]

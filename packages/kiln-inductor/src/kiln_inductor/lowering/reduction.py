@@ -9,12 +9,13 @@ Split reductions: a reduction into few outputs over many elements (a weight or b
 gradient summing 4096 rows into 768 columns, a loss) gives a GPU too few programs: one per
 block of outputs. Where the backend asks for it (``reduction_splits(device, outputs,
 elements, inner)``, kiln-triton on GPUs; ``inner``: the reduced dimensions are the
-innermost, so that each output is a row of its own), such a reduction is two: the first reduces each of
-``splits`` equal pieces of every output's elements into a partial buffer of shape
-``(splits, *outputs)`` (the piece index first, so that neighbouring programs read
-neighbouring outputs), the second reduces the partials. Only associative reductions of
-static sizes whose element count the split divides are split; the order of a sum changes
-(pieces of a few hundred elements, then their sum), as in any parallel reduction.
+innermost, so that each output is a row of its own), such a reduction is two: the first
+reduces each of ``splits`` equal pieces of every output's elements into a partial buffer of
+shape ``(splits, *outputs)`` (the piece index first, so that neighbouring programs read
+neighbouring outputs), the second reduces the partials. Only associative reductions (and
+Welford's mean and M2, combined as Chan et al. do) of static sizes whose element count the
+split divides are split; the order of a sum changes (pieces of a few hundred elements, then
+their sum), as in any parallel reduction.
 """
 
 from __future__ import annotations
@@ -47,10 +48,27 @@ def reduce(
     src_dtype: torch.dtype | None = None,
 ) -> TensorValue:
     """Realize a reduction of ``x`` over ``dims`` (all when empty) into a buffer."""
+    src_dtype = compute_dtype(src_dtype or x.dtype)
+    rdims, out_size, r_size, inner, inner_dims = _body(x, dims, src_dtype)
+    splits = _splits(x.device, rtype, out_size, r_size, inner_dims)
+    out: TensorValue
+    if splits > 1:
+        out = _split_reduce(x.device, rtype, out_dtype, src_dtype, out_size, r_size, inner, splits)
+    else:
+        red = Reduction(x.device, out_dtype, out_size, r_size, rtype, inner, src_dtype)
+        out = current_graph().realize_reduction(red)
+    if keepdim:
+        for d in rdims:
+            out = unsqueeze(out, d)
+    return out
+
+
+def _body(x: TensorValue, dims: Any, src_dtype: torch.dtype) -> tuple:
+    """``(reduced dims, output sizes, reduced sizes, inner_fn(index, rindex), whether the
+    reduced dims are the innermost)`` of a reduction of ``x`` over ``dims``."""
     ndim = x.ndim
     rdims = normalize_dims(dims, ndim)
     kept = [k for k in range(ndim) if k not in rdims]
-    src_dtype = compute_dtype(src_dtype or x.dtype)
     loader = x.make_loader()
     xdt = x.dtype
 
@@ -65,18 +83,8 @@ def reduce(
 
     out_size = tuple(x.size[k] for k in kept)
     r_size = tuple(x.size[k] for k in rdims)
-    inner_dims = rdims == list(range(ndim - len(rdims), ndim))
-    splits = _splits(x.device, rtype, out_size, r_size, inner_dims)
-    out: TensorValue
-    if splits > 1:
-        out = _split_reduce(x.device, rtype, out_dtype, src_dtype, out_size, r_size, inner, splits)
-    else:
-        red = Reduction(x.device, out_dtype, out_size, r_size, rtype, inner, src_dtype)
-        out = current_graph().realize_reduction(red)
-    if keepdim:
-        for d in rdims:
-            out = unsqueeze(out, d)
-    return out
+    innermost = rdims == list(range(ndim - len(rdims), ndim))
+    return rdims, out_size, r_size, inner, innermost
 
 
 SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
@@ -95,6 +103,18 @@ def _splits(device: torch.device, rtype: str, out_size: tuple, r_size: tuple, in
     return splits if splits > 1 and int(elements) % splits == 0 else 1
 
 
+def _pieces(inner: Any, r_size: tuple, splits: int) -> tuple[int, Any]:
+    """``(piece length, body)``: the body reduces piece ``index[0]`` of the elements
+    ``inner`` reduces, for the outputs ``index[1:]``."""
+    chunk = int(product(r_size)) // splits
+
+    def partial_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
+        flat = index[0] * chunk + rindex[0]
+        return inner(index[1:], unflatten_index(flat, r_size))
+
+    return chunk, partial_fn
+
+
 def _split_reduce(
     device: torch.device,
     rtype: str,
@@ -107,12 +127,7 @@ def _split_reduce(
 ) -> TensorValue:
     """The reduction as partial results of ``splits`` pieces, then their reduction (module
     docstring, "Split reductions")."""
-    chunk = int(product(r_size)) // splits
-
-    def partial_fn(index: Sequence[Expr], rindex: Sequence[Expr]) -> Any:
-        flat = index[0] * chunk + rindex[0]
-        return inner(index[1:], unflatten_index(flat, r_size))
-
+    chunk, partial_fn = _pieces(inner, r_size, splits)
     part = Reduction(
         device,
         out_dtype,
@@ -227,9 +242,56 @@ def _any_all(x: TensorValue, dim: Any = None, keepdim: bool = False) -> TensorVa
 def welford(x: TensorValue, dims: Any, keepdim: bool) -> tuple[TensorValue, TensorValue]:
     """(mean, sum of squared deviations) of one Welford pass over ``dims``."""
     acc = compute_dtype(x.dtype if x.dtype.is_floating_point else torch.get_default_dtype())
+    rdims, out_size, r_size, inner, innermost = _body(x, dims, acc)
+    splits = _splits(x.device, "sum", out_size, r_size, innermost)
+    if splits > 1:
+        m, m2 = _split_welford(x.device, acc, out_size, r_size, inner, splits)
+        if keepdim:
+            for d in rdims:
+                m, m2 = unsqueeze(m, d), unsqueeze(m2, d)
+        return m, m2
     m = reduce(x, dims, keepdim, "welford_mean", acc, acc)
     m2 = _shared_reduce(m, x, dims, keepdim, "welford_m2", acc)
     return m, m2
+
+
+def _split_welford(
+    device: torch.device, acc: torch.dtype, out_size: tuple, r_size: tuple, inner: Any, splits: int
+) -> tuple[TensorValue, TensorValue]:
+    """Welford over ``splits`` equal pieces (one pass, mean and M2 of each piece from one
+    accumulator), then the pieces combined (Chan et al.): with n elements a piece, the mean
+    is the pieces' mean and M2 = sum(M2_i) + n * sum((mean_i - mean)^2). Batch norm's
+    statistics over (N, H, W) for a few hundred channels fill a GPU this way."""
+    graph = current_graph()
+    chunk, partial_fn = _pieces(inner, r_size, splits)
+    psize = (sympy.Integer(splits), *out_size)
+    pieces = (sympy.Integer(chunk),)
+    # one body for both, so that the backend computes them from one accumulator
+    means = graph.realize_reduction(
+        Reduction(device, acc, psize, pieces, "welford_mean", partial_fn, acc)
+    ).make_loader()
+    m2s = graph.realize_reduction(
+        Reduction(device, acc, psize, pieces, "welford_m2", partial_fn, acc)
+    ).make_loader()
+    whole = (sympy.Integer(splits),)
+    total = graph.realize_reduction(
+        Reduction(device, acc, out_size, whole, "sum", lambda i, r: means([r[0], *i]), acc)
+    )
+    mean = pointwise(lambda t: ops.truediv(t, ops.constant(float(splits), acc)), [total], acc)
+    mean_at = graph.realize(mean).make_loader()
+
+    def spread(i: Sequence[Expr], r: Sequence[Expr]) -> Any:
+        d = ops.sub(means([r[0], *i]), mean_at(i))
+        return ops.mul(d, d)
+
+    between = graph.realize_reduction(Reduction(device, acc, out_size, whole, "sum", spread, acc))
+    within = graph.realize_reduction(
+        Reduction(device, acc, out_size, whole, "sum", lambda i, r: m2s([r[0], *i]), acc)
+    )
+    m2 = pointwise(
+        lambda w, b: ops.add(w, ops.mul(b, ops.constant(float(chunk), acc))), [within, between], acc
+    )
+    return graph.realize(mean), m2
 
 
 def _shared_reduce(
