@@ -117,3 +117,28 @@ def test_layer_norm_rows_are_not_split():
     x = torch.randn(512, 4096)
     bodies = _reductions(lambda x: aten.var_mean.correction(x, [1], correction=0), [x])
     assert sorted(r.reduction_type for r in bodies) == ["welford_m2", "welford_mean"]
+
+
+@pytest.mark.gpu
+def test_split_welford_and_batch_norm_training_on_the_gpu():
+    """Batch norm statistics split on the GPU, and a conv + batch norm training step (split
+    weight/bias gradients, split statistics) against eager."""
+    import kiln
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(8, 48, 32, 32, generator=g) * 3 + 10).cuda()
+    got = compile_aten_graph(aten_graph(batch_norm_stats, [x]), [x])(x)
+    for g_, e in zip(got, batch_norm_stats(x)):
+        torch.testing.assert_close(g_, e, rtol=1e-4, atol=1e-4)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU()
+    ).cuda()
+    ref = __import__("copy").deepcopy(net)
+    img = torch.randn(16, 3, 64, 64, device="cuda")
+    kiln.compile(net)(img).square().mean().backward()
+    ref(img).square().mean().backward()
+    assert kiln.stats()["graphs"] >= 1 and kiln.stats()["fallbacks"] == 0
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+    torch.testing.assert_close(net[1].running_var, ref[1].running_var)
