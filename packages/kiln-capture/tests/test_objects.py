@@ -190,3 +190,27 @@ def test_views_of_a_dict_subclass_are_read_in_the_trace_and_their_keys_guarded()
     third = _Output(a=torch.randn(4), ccc=torch.randn(4), bb=torch.randn(4))
     assert_same(opt(third), fn(third))  # other keys: the guard fails, a new graph
     assert len(backend.graphs) == 2
+
+
+class _Reordered(collections.OrderedDict):
+    def keys(self):  # overridden: values() and items() stay OrderedDict's own
+        return super().keys()
+
+
+def test_views_of_an_ordered_dict_subclass_follow_its_own_order():
+    def fn(x, d):
+        y = x * 0
+        for i, v in enumerate(d.values()):
+            y = y + (x * v).sin() * (i + 1)
+        return y + sum(k * v for k, v in d.items())
+
+    d = _Reordered()
+    d[2], d[3] = 4.0, 5.0
+    d.move_to_end(2)  # OrderedDict's order only: dict.keys(d) still says (2, 3)
+    x = torch.randn(4)
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(fn)
+    assert_same(opt(x, d), fn(x, d))
+    d.move_to_end(3)
+    assert_same(opt(x, d), fn(x, d))
+    assert len(backend.graphs) == 2

@@ -1041,8 +1041,8 @@ _DICT_VIEWS = {
 class _DictViewMethodVar(Var):
     """``keys()``, ``values()`` or ``items()`` of a dict subclass's instance that does not
     override them (transformers' ModelOutput, an OrderedDict of parameters): a list of its
-    entries, read through ``dict.__getitem__`` (not the class's own ``__getitem__``), with
-    its keys guarded."""
+    entries in its order (an OrderedDict's own), read through ``dict.__getitem__`` (not the
+    class's own ``__getitem__``), with its keys guarded."""
 
     def __init__(self, obj: ObjectVar, name: str) -> None:
         self.obj = obj
@@ -1054,11 +1054,14 @@ class _DictViewMethodVar(Var):
         from kiln_capture.sources import CallSource
 
         real, src, g = self.obj.value, self.obj.source, tx.out.guards
-        keys = tuple(dict.keys(real))
+        # an OrderedDict keeps its own order (move_to_end), which dict.keys does not see
+        ordered = isinstance(real, collections.OrderedDict)
+        keys_of = collections.OrderedDict.keys if ordered else dict.keys
+        keys = tuple(keys_of(real))
         if tx.out.guards_reads_in(src):
             e = src.expr()
             g.add(
-                f"tuple({g.const(dict.keys)}({e})) == {g.const(keys)}",
+                f"tuple({g.const(keys_of)}({e})) == {g.const(keys)}",
                 f"keys of {e} are {keys!r}",
             )
         get = tx.out.const_ref(dict.__getitem__)
