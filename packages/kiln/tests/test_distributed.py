@@ -16,7 +16,10 @@ model and HF LLaMA / GPT-2 compiled at the root and per block, with activation
 checkpointing inside and around the sharded blocks, explicit prefetching and
 reshard_after_forward=False, issue eager FSDP2's collectives in eager's order and reach its
 parameter shards on every rank with no break (kiln/fsdp.py); kiln.compile leaves the user's
-modules as they were."""
+modules as they were.
+
+A whole training step compiled (forward, backward, optimizer step) under DDP and FSDP2
+trains like eager; its graph breaks are kiln-capture's (distributed_worker.KNOWN_STEP_BREAKS)."""
 
 from __future__ import annotations
 
@@ -109,6 +112,15 @@ def test_fsdp_options_train_like_eager(tmp_path, world):
     eager's sequence of all-gathers, reshards and reduce-scatters every step, parameter
     shards equal eager's, 0 breaks."""
     _run_ranks(tmp_path, world, "fsdp_options")
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_compiled_training_step(tmp_path, world):
+    """kiln.compile of a whole training step (zero_grad, forward, backward, SGD with
+    momentum) of an MLP under DDP and under FSDP2: losses and parameters equal eager's on
+    every rank, graphs built, no fallback or eager frame; the graph breaks it takes are
+    kiln-capture's, each listed with why in distributed_worker.KNOWN_STEP_BREAKS."""
+    _run_ranks(tmp_path, world, "train_step")
 
 
 def test_fsdp_leaves_modules_unchanged(tmp_path):
