@@ -214,3 +214,26 @@ def test_views_of_an_ordered_dict_subclass_follow_its_own_order():
     d.move_to_end(3)
     assert_same(opt(x, d), fn(x, d))
     assert len(backend.graphs) == 2
+
+
+class _Config(dict):
+    """A dict subclass used as a config (attribute access on top)."""
+
+    __getattr__ = dict.get
+
+
+def test_iteration_len_and_get_of_a_dict_subclass_passed_in():
+    cfg = _Config(scale=2.0, shift=1.0)
+
+    def fn(x):
+        for key in cfg:
+            x = x * len(key)
+        return x * cfg.get("scale", 3.0) + cfg.get("bias", 0.5) + len(cfg) + cfg.shift
+
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(fn)
+    x = torch.randn(4)
+    assert_same(opt(x), fn(x))
+    cfg["bias"] = -1.0  # a new key: the guards fail, a new graph
+    assert_same(opt(x), fn(x))
+    assert len(backend.graphs) == 2

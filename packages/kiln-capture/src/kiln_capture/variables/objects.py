@@ -143,8 +143,11 @@ class ObjectVar(Var):
             name in _READ_ONLY_METHODS
             and self.source is not None
             and callable(static)
-            and (getattr(static, "__module__", "") or "").startswith(
-                ("collections", "_collections_abc", "os")
+            and (
+                (getattr(static, "__module__", "") or "").startswith(
+                    ("collections", "_collections_abc", "os")
+                )
+                or static in _DICT_C_READS  # a dict subclass's inherited get()
             )
         ):
             return ReadOnlyCMethodVar(getattr(type(v), name), self)
@@ -166,18 +169,36 @@ class ObjectVar(Var):
                 return tx.out.wrap(value, AttrSource(self.source, name))
         if inspect.isfunction(ga):
             return tx.out.wrap_value(ga).call(tx, [self, ConstVar(name)], {})
+        if ga in _DICT_C_READS and self.source is not None:  # ``__getattr__ = dict.get``
+            return ReadOnlyCMethodVar(ga, self).call(tx, [ConstVar(name)], {})
         raise AttributeError(name)
+
+    def _dict_keys(self, dunder: str) -> list[Var] | None:
+        """The keys of a dict subclass's instance passed in, for ``for k in d`` and
+        ``len(d)`` where the class keeps dict's own ``dunder`` (guarded as keys())."""
+        if not isinstance(self.value, dict) or self.source is None:
+            return None
+        static = inspect.getattr_static(type(self.value), dunder, None)
+        if static not in (getattr(dict, dunder), getattr(collections.OrderedDict, dunder)):
+            return None
+        return _DictViewMethodVar(self, "keys")
 
     def unpack(self, tx) -> list[Var]:
         if isinstance(self.value, type | types.ModuleType):
             return super().unpack(tx)
         if isinstance(self.value, _IMMUTABLE_C_CONTAINERS):
             return [tx.out.wrap_value(v) for v in self.value]
+        keys = self._dict_keys("__iter__")
+        if keys is not None:
+            return keys.call(tx, [], {}).unpack(tx)
         return unpack_by_protocol(tx, self, type(self.value))
 
     def length(self, tx) -> int:
         if isinstance(self.value, _IMMUTABLE_C_CONTAINERS):
             return len(self.value)
+        keys = self._dict_keys("__len__")
+        if keys is not None:
+            return len(keys.call(tx, [], {}).unpack(tx))
         return length_by_protocol(tx, self, type(self.value))
 
     def contains(self, tx, item: Var) -> bool:
@@ -1032,6 +1053,11 @@ _READ_ONLY_METHODS = frozenset(
 )
 
 
+_DICT_C_READS = frozenset(
+    getattr(cls, name)
+    for cls in (dict, collections.OrderedDict)
+    for name in ("get", "__getitem__", "__contains__", "__len__")
+)
 _DICT_VIEWS = {
     name: (getattr(dict, name), getattr(collections.OrderedDict, name))
     for name in ("keys", "values", "items")
