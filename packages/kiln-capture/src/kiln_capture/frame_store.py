@@ -406,13 +406,19 @@ def _install(rec: dict, code, func, args: tuple, ctx):
             raise Unresolved("the native tensor guard is not built")
         native = TensorGuards()
     tensor_meta = {}
+    kinds: dict[tuple, tuple] = {}  # (class, dtype, device) -> their objects: few per model
     for expr, cls, dtype, device, shape, stride, requires_grad, keys in rec["tensors"]:
         t = evaluate(expr)
-        kind = resolve(cls, evaluate)
-        if type(t) is not kind or _marked(t):  # marks: what they ask is a capture's to decide
+        kind = kinds.get((cls, dtype, device))
+        if kind is None:
+            kind = kinds[cls, dtype, device] = (
+                resolve(cls, evaluate),
+                getattr(torch, dtype),
+                torch.device(device),
+            )
+        if type(t) is not kind[0] or _marked(t):  # marks: what they ask is a capture's to decide
             return None
-        expected = (kind, getattr(torch, dtype), torch.device(device), shape, stride)
-        expected += (requires_grad,)
+        expected = (*kind, shape, stride, requires_grad)
         if tensor_metadata(t) != expected or str(torch._C._dispatch_keys(t)) != keys:
             return None  # this record's tensor guard fails for these arguments
         if native is not None:
