@@ -374,12 +374,23 @@ def _hf_model(kind: str, mesh, checkpointing: bool):
     return model
 
 
-# (model, optimizer, HF gradient checkpointing)
-HF_CASES = [("llama", "adamw", False), ("llama", "sgd", True), ("gpt2", "adamw", False)]
+# (model, optimizer, HF gradient checkpointing, where kiln.compile is applied)
+HF_CASES = [
+    ("llama", "adamw", False, "root"),
+    ("llama", "sgd", True, "root"),
+    ("gpt2", "adamw", False, "root"),
+    ("llama", "sgd", True, "layers"),
+    ("gpt2", "adamw", False, "layers"),
+]
+
+
+def _hf_layers(model: nn.Module) -> nn.ModuleList:
+    return model.model.layers if hasattr(model, "model") else model.transformer.h
 
 
 def check_hf(rank: int, world: int) -> None:
-    """An HF LLaMA and GPT-2 (2 layers, hidden 64) under FSDP2 compiled at the root:
+    """An HF LLaMA and GPT-2 (2 layers, hidden 64) under FSDP2 compiled at the root or
+    per decoder layer (HF_CASES): each step issues eager's collectives in eager's order,
     after 3 steps every parameter shard equals eager FSDP2's on this rank; no break,
     fallback or eager frame (transformers' ``capture_outputs`` wrapper, whose closure
     cells a region boundary resumes, is captured too), at least one graph."""
@@ -388,10 +399,16 @@ def check_hf(rank: int, world: int) -> None:
     import kiln
 
     mesh = init_device_mesh("cpu", (world,))
-    for kind, optimizer, checkpointing in HF_CASES:
+    for kind, optimizer, checkpointing, how in HF_CASES:
         kiln.reset()
         eager, mine = (_hf_model(kind, mesh, checkpointing) for _ in range(2))
-        compiled = kiln.compile(mine)
+        if how == "layers":  # each decoder layer compiled alone, the root eager
+            layers = _hf_layers(mine)
+            for k, layer in enumerate(layers):
+                layers[k] = kiln.compile(layer)
+            compiled = mine
+        else:
+            compiled = kiln.compile(mine)
         # AdamW's step divides by the gradient's running size, so an element whose
         # gradient is near 0 turns last-bit differences into up to lr per step: its
         # tolerance is a tenth of one step (SGD's is 1e-5)
@@ -402,13 +419,18 @@ def check_hf(rank: int, world: int) -> None:
         )
         opts = [make(m.parameters(), lr=lr) for m in (eager, mine)]
         g = torch.Generator().manual_seed(100 + rank)
-        for _ in range(3):
-            ids = torch.randint(0, 128, (2, 16), generator=g)
-            for model, opt in zip((eager, compiled), opts):
-                model(ids, labels=ids).loss.backward()
-                opt.step()
-                opt.zero_grad()
-        what = f"fsdp hf {kind} {optimizer} checkpointing={checkpointing} on rank {rank}"
+        what = f"fsdp hf {kind} {optimizer} checkpointing={checkpointing} at the {how}"
+        what += f" on rank {rank}"
+        with _CommLog(eager, mine) as comms:
+            for step in range(3):
+                ids = torch.randint(0, 128, (2, 16), generator=g)
+                seen = []
+                for model, opt in zip((eager, compiled), opts):
+                    model(ids, labels=ids).loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    seen.append(comms.take())
+                assert seen[0] == seen[1], f"{what}, step {step}:\neager {seen[0]}\nkiln  {seen[1]}"
         for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
             _assert_shard_close(q, p, atol, f"{what}: {pname}")
         stats = _assert_counts(what)

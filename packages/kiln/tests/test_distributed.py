@@ -132,6 +132,7 @@ def test_fsdp_leaves_modules_unchanged(tmp_path):
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_fsdp_hf_trains_like_eager(tmp_path, world):
     """HF LLaMA and GPT-2 (2 layers, hidden 64), fully_shard per decoder layer and at the
-    root, kiln.compile(model), AdamW/SGD steps, one case with HF gradient checkpointing:
-    parameter shards equal eager FSDP2's on every rank, 0 breaks, graphs built."""
+    root, kiln.compile of the model or of each decoder layer, AdamW/SGD steps, with and
+    without HF gradient checkpointing: eager's collectives in eager's order, parameter
+    shards equal eager FSDP2's on every rank, 0 breaks and eager frames, graphs built."""
     _run_ranks(tmp_path, world, "fsdp_hf")
