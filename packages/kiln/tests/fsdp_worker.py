@@ -88,8 +88,9 @@ class GPT(nn.Module):
 
 def _sharded(model_cls, ac: str, mesh, shard_root: bool = True, fsdp: str = "default"):
     """``fsdp``: ``"default"``, ``"prefetch"`` (each block all-gathers the next one in
-    forward and the previous one in backward, set explicitly) or ``"no reshard"``
-    (``reshard_after_forward=False``: the blocks stay unsharded from forward to backward)."""
+    forward and the previous one in backward, set explicitly), ``"no reshard"``
+    (``reshard_after_forward=False``: the blocks stay unsharded from forward to backward)
+    or ``"accumulate"`` (defaults; the training loop accumulates micro-batches)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,
     )
@@ -177,6 +178,9 @@ FSDP_OPTION_CASES = [
     ("gpt", "inside", "blocks", "prefetch"),
     ("gpt", "inside", "root", "no reshard"),
     ("gpt", "none", "blocks", "no reshard"),
+    # gradient accumulation: set_requires_gradient_sync / set_reshard_after_backward
+    *(("mlp", "none", how, "accumulate") for how in ("root", "blocks")),
+    ("gpt", "inside", "root", "accumulate"),
 ]  # fmt: skip
 
 
@@ -238,8 +242,10 @@ class _CommLog:
 
 
 def check_fsdp_options(rank: int, world: int) -> None:
-    """FSDP2 with explicit forward/backward prefetching and with
-    ``reshard_after_forward=False`` (FSDP_OPTION_CASES, see _train_like_eager)."""
+    """FSDP2 with explicit forward/backward prefetching, with ``reshard_after_forward=False``
+    and with gradient accumulation (``set_requires_gradient_sync`` and
+    ``set_reshard_after_backward`` called on kiln's compiled object) (FSDP_OPTION_CASES,
+    see _train_like_eager)."""
     for name, ac, how, options in FSDP_OPTION_CASES:
         _train_like_eager(rank, world, name, ac, how, options)
 
@@ -261,12 +267,19 @@ def _train_like_eager(rank: int, world: int, name: str, ac: str, how: str, optio
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
     g = torch.Generator().manual_seed(100 + rank)
     what = f"fsdp {name} ac={ac} {options} options, compiled at the {how} on rank {rank}"
+    # "accumulate": 3 micro-batches a step, the first two without reduce-scatter nor
+    # reshard after backward, set through the object the user calls (kiln's compiled root)
+    micro = 3 if options == "accumulate" else 1
     with _CommLog(eager, mine) as comms:
         for step in range(3):
-            x, target = _batch(name, g)
+            batches = [_batch(name, g) for _ in range(micro)]
             seen = []
             for model, opt in zip((eager, fn), opts):
-                _loss(name, model(x), target).backward()
+                for k, (x, target) in enumerate(batches):
+                    if micro > 1:
+                        model.set_requires_gradient_sync(k == micro - 1)
+                        model.set_reshard_after_backward(k == micro - 1)
+                    (_loss(name, model(x), target) / micro).backward()
                 opt.step()
                 opt.zero_grad()
                 seen.append(comms.take())

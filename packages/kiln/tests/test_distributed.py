@@ -107,7 +107,8 @@ def test_fsdp_trains_like_eager(tmp_path, world):
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_fsdp_options_train_like_eager(tmp_path, world):
     """FSDP2 with explicit forward/backward prefetching (set_modules_to_forward_prefetch /
-    set_modules_to_backward_prefetch) and with reshard_after_forward=False, MLP and
+    set_modules_to_backward_prefetch), with reshard_after_forward=False and with gradient
+    accumulation (set_requires_gradient_sync / set_reshard_after_backward), MLP and
     GPT-style model, compiled at the root and per block (fsdp_worker.FSDP_OPTION_CASES):
     eager's sequence of all-gathers, reshards and reduce-scatters every step, parameter
     shards equal eager's, 0 breaks."""

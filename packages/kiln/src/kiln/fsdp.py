@@ -95,7 +95,8 @@ def share_state(compiled: torch.nn.Module, unit: torch.nn.Module) -> None:
     ``__dict__``; without this, ``model.blocks[i] = kiln.compile(block)`` hides the block
     from the root's lazy init, so each compiled block became a root of its own (its own
     communication context, not resharded after forward) and a prefetch of a block not yet
-    run failed. ``compiled``'s FQN in FSDP's labels stays unset (FSDP names a unit's
+    run failed, and FSDPModule's methods on the compiled object
+    (``set_requires_gradient_sync``, ``unshard``, ...) raised "No FSDP state found". ``compiled``'s FQN in FSDP's labels stays unset (FSDP names a unit's
     parameter group by the original module, which the tree no longer holds)."""
     from torch.distributed import _composable_state
 
