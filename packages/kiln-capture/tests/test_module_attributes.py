@@ -164,3 +164,26 @@ def test_a_container_subclass_indexing_its_own_way_is_not_read_as_a_plain_contai
 
     x = torch.randn(3, 4)
     assert_same(kiln_capture.optimize(CountingBackend())(fn)(x), x.tanh())
+
+
+class _LazyHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.LazyLinear(6)
+        self.head = torch.nn.LazyLinear(2)
+
+    def forward(self, x):
+        return self.head(self.body(x).relu())
+
+
+def test_lazy_submodules_are_initialized_while_capturing():
+    # their first call makes the parameters from the input's shape, as eager's does
+    torch.manual_seed(0)
+    m = _LazyHead()
+    x = torch.randn(3, 5)
+    backend = CountingBackend()
+    out = kiln_capture.optimize(backend, fullgraph=True)(m)(x)
+    assert isinstance(m.body, torch.nn.Linear) and not isinstance(m.body, torch.nn.LazyLinear)
+    assert m.body.weight.shape == (6, 5) and m.head.weight.shape == (2, 6)
+    assert_same(out, m(x))
+    assert len(backend.graphs) == 1

@@ -8,6 +8,7 @@ import inspect
 import itertools
 
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
@@ -88,6 +89,46 @@ def _class_attr(cls: type, name: str) -> object:
 
 _MISSING = object()
 _call_ids = itertools.count()
+
+
+def _initialize_lazy(m: nn.Module, args: list[Var], kwargs: dict[str, Var]) -> None:
+    """A lazy module (nn.LazyLinear, a LazyModuleMixin of the user's) not initialized yet:
+    its parameters are made now, as its first eager call would make them, from the shapes
+    of the call's arguments (meta tensors), and it becomes the module it turns into
+    (``cls_to_become``); the call is then traced as that module's. Only what
+    ``initialize_parameters`` reads of its inputs (their shapes) is known here: an input
+    read for values breaks."""
+    if not (isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook")):
+        return  # initialized: _infer_parameters removed its hook
+    try:
+        meta_args = tuple(_meta_value(a) for a in args)
+        meta_kwargs = {k: _meta_value(v) for k, v in kwargs.items()}
+        m._infer_parameters(m, meta_args, meta_kwargs)
+    except Unsupported:
+        raise
+    except Exception as e:
+        raise Unsupported(
+            breaks.UNSUPPORTED_VALUE,
+            f"initializing lazy {type(m).__name__} raised {type(e).__name__}: {e}",
+        ) from e
+
+
+def _meta_value(v: Var) -> object:
+    from kiln_capture.variables.containers import DictVar, ListVar, NamedTupleVar
+    from kiln_capture.variables.tensors import TensorVar
+
+    if isinstance(v, TensorVar):
+        return v.meta
+    if isinstance(v, NamedTupleVar):
+        return v.cls(*[_meta_value(i) for i in v.items])
+    if isinstance(v, TupleVar | ListVar):
+        items = [_meta_value(i) for i in v.items]
+        return items if isinstance(v, ListVar) else tuple(items)
+    if isinstance(v, DictVar):
+        return {k: _meta_value(i) for k, i in v.items.items()}
+    if v.is_const():
+        return v.as_const()
+    raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{v!r} given to a lazy module's initialization")
 
 
 def _record_module_call(graph, last, module_var: ModuleVar) -> None:
@@ -174,6 +215,7 @@ class ModuleVar(Var):
             raise Unsupported(breaks.DISABLED, f"{type(m).__name__}.forward is disabled")
         if getattr(m.forward, "_kiln_region", False):
             raise Unsupported(breaks.REGION_BOUNDARY, f"{type(m).__name__} is a region of its own")
+        _initialize_lazy(m, args, kwargs)
         pre, post = self._hooks(tx)
         for hook, with_kwargs in pre:
             if with_kwargs:
