@@ -61,6 +61,10 @@ CHILD = textwrap.dedent(
         graphs.append(gm)
         return gm.forward
 
+    if sys.argv[2] == "patched":  # the same name, another function: never the kept code
+        import model
+
+        model.gate = lambda t: torch.sigmoid(t) - 1
     if sys.argv[2] == "no-capture":  # a warm process must not evaluate any bytecode
         def refuse(*a, **k):
             raise AssertionError("the frame was captured")
@@ -163,6 +167,12 @@ def test_edited_code_is_captured_again(project):
     helper = _run(project)  # an inlined function's file changed: the record is not used
     assert (helper["saved"], helper["loaded"], helper["skipped"]) == (1, 0, 1)
     assert _run(project, mode="no-capture")["loaded"] == 1
+
+
+def test_a_global_function_replaced_at_run_time_is_not_the_kept_one(project):
+    _run(project)
+    patched = _run(project, mode="patched")  # eager's result with the new function
+    assert (patched["saved"], patched["loaded"], patched["skipped"]) == (1, 0, 1)
 
 
 def test_other_shapes_are_captured_and_both_are_kept(project):
