@@ -118,7 +118,9 @@ def test_fsdp_options_train_like_eager(tmp_path, world):
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_compiled_training_step(tmp_path, world):
     """kiln.compile of a whole training step (zero_grad, forward, backward, SGD with
-    momentum) of an MLP under DDP and under FSDP2: losses and parameters equal eager's on
+    momentum) of an MLP under DDP and under FSDP2, calling the wrapped model or the model
+    compiled on its own (its graphs split at buckets / its units' regions run inside the
+    step): losses and parameters equal eager's on
     every rank, graphs built, no fallback or eager frame; the graph breaks it takes are
     kiln-capture's, each listed with why in distributed_worker.KNOWN_STEP_BREAKS."""
     _run_ranks(tmp_path, world, "train_step")
