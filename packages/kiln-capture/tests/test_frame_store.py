@@ -279,6 +279,26 @@ def test_a_loaded_entry_recompiles_as_a_captured_one(cache_dir):
     )
 
 
+def _names_in_set_order(x):
+    out, names = x, []
+    for name in {"k", "a", "z", "q"}:  # str hashes are salted per process: so is this order
+        names.append(name)
+        out = out + len(name)
+    return out, names, hash("kiln")
+
+
+def test_what_differs_between_processes_is_not_kept(cache_dir):
+    unsaved = frame_store.STATS.unsaved
+    b = CountingBackend()
+    x = torch.randn(3)
+    out, names, h = kiln_capture.optimize(b)(_names_in_set_order)(x)
+    assert (names, h) == (list({"k", "a", "z", "q"}), hash("kiln")) and len(b.graphs) == 1
+    torch.testing.assert_close(out, x + 4)
+    assert (
+        frame_store.STATS.unsaved == unsaved + 1 and not (cache_dir / "capture" / "frames").exists()
+    )
+
+
 def test_explain_captures(cache_dir):
     m, x = Net(), torch.randn(3, 8)
     _fresh(m, x)

@@ -179,6 +179,23 @@ def _file_sha(path: str) -> str | None:
 # -- saving ----------------------------------------------------------------------------
 
 
+PROCESS_SPECIFIC = "<process-specific>"
+
+
+def stable_hash(value: object) -> bool:
+    """Whether ``hash(value)`` is the same in every process: numbers and tuples of them
+    (str and bytes hashes are salted per process, an object's is its address)."""
+    if type(value) is tuple:
+        return all(stable_hash(v) for v in value)
+    return type(value) in (int, bool, float, complex)
+
+
+def note_process_specific(out, why: str) -> None:
+    """The trace used something another process would see otherwise (a set's iteration
+    order, ``hash()``, ``id()``): its capture is not kept."""
+    out.traced_code.add((PROCESS_SPECIFIC, why))
+
+
 def _marked(t: object) -> bool:
     return bool(getattr(t, DYNAMIC_ATTR, None) or getattr(t, STATIC_ATTR, None))
 
@@ -258,6 +275,8 @@ def _record(entry, code, func, args, frame_shapes) -> dict:
             raise NotPersistable("a graph that is not plain data")
     files = set()
     for f, name in entry.traced_code:
+        if f == PROCESS_SPECIFIC:
+            raise NotPersistable(f"the trace relied on this process's {name}")
         if not f.startswith("<"):
             files.add(f)
         elif not (f.startswith("<frozen ") or (f == "<string>" and name in _GENERATED)):

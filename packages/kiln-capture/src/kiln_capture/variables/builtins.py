@@ -396,6 +396,11 @@ class BuiltinVar(Var):
             and all(v.is_const() for v in kwargs.values())
             and fn not in _IMPURE
         ):
+            if fn is id or fn is hash:  # per process (frame_store.py keeps no such capture)
+                from kiln_capture.frame_store import note_process_specific, stable_hash
+
+                if fn is id or not all(stable_hash(a.as_const()) for a in args):
+                    note_process_specific(tx.out, f"{fn.__name__}() of an object")
             return tx.out.wrap_value(
                 fold(
                     lambda: fn(

@@ -75,6 +75,11 @@ class ConstVar(Var):
 
     def unpack(self, tx) -> list[Var]:
         if isinstance(self.value, range | tuple | str | bytes | frozenset):
+            if isinstance(self.value, frozenset):
+                from kiln_capture.frame_store import note_process_specific, stable_hash
+
+                if not all(stable_hash(v) for v in self.value):  # str/object order
+                    note_process_specific(tx.out, "iteration order of a frozenset")
             return [ConstVar(v) for v in self.value]
         return super().unpack(tx)
 

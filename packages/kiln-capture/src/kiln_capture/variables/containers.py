@@ -520,6 +520,10 @@ class SetVar(Var):
         if any(isinstance(v, TracedKey) for v in self.values):
             # eager iterates tensors in the order of their addresses' hashes
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "iteration over a set of tensors")
+        from kiln_capture.frame_store import note_process_specific, stable_hash
+
+        if not all(stable_hash(v) for v in self.values):  # str/object order: per process
+            note_process_specific(tx.out, "iteration order of a set")
         return [self.members[v] if v in self.members else ConstVar(v) for v in self.values]
 
     def add(self, tx, item: Var) -> None:
