@@ -104,7 +104,10 @@ def test_other_threads_are_not_captured():
     assert seen[0] is False
 
 
-def test_nested_optimize_uses_the_innermost_backend():
+def test_nested_optimize_is_traced_into_the_caller():
+    """An optimized function called from captured code is traced there (as torch.compile
+    inlines an inner compiled function): the caller's graph holds its ops; called on its
+    own, it uses its own backend."""
     outer, inner = CountingBackend(), CountingBackend()
 
     def g(x):
@@ -114,12 +117,15 @@ def test_nested_optimize_uses_the_innermost_backend():
 
     def f(x):
         y = x + 1
-        print("break so that g runs in its own frame")
+        print("a break: g is called from the resumed frame")
         return og(y)
 
     of = kiln_capture.optimize(outer)(f)
     x = torch.randn(2)
     torch.testing.assert_close(of(x), (x + 1) * 3)
+    assert len(inner.graphs) == 0
+    assert any("mul" in str(n.target) for gm in outer.graphs for n in gm.graph.nodes)
+    torch.testing.assert_close(og(x), x * 3)
     assert len(inner.graphs) == 1
 
 

@@ -45,6 +45,9 @@ def run_enabled(ctx: Context, fn, args: tuple, kwargs: dict):
 class OptimizedModule(nn.Module):
     """An nn.Module whose calls run under capture; parameters stay those of the original."""
 
+    # called inside captured code, the original module is traced (evaluator.Frame.call)
+    __kiln_inline__ = "_orig_mod"
+
     def __init__(self, mod: nn.Module, ctx: Context) -> None:
         super().__init__()
         self._orig_mod = mod
@@ -82,6 +85,7 @@ def optimize(backend, fullgraph: bool = False, dynamic: bool | None = None):
             return run_enabled(ctx, obj, args, kwargs)
 
         optimized._kiln_ctx = ctx
+        optimized.__kiln_inline__ = "__wrapped__"  # functools.wraps: obj
         return optimized
 
     return wrap

@@ -27,11 +27,13 @@ import operator
 import sys
 import types
 
+import torch
+
 from kiln_capture import breaks
 from kiln_capture.bytecode.rewrite import parse_exception_table
 from kiln_capture.errors import Raised, Unsupported
 from kiln_capture.output import OutputGraph
-from kiln_capture.sources import GlobalSource, ItemSource
+from kiln_capture.sources import AttrSource, GlobalSource, ItemSource
 from kiln_capture.variables.base import NULL, CellObjectVar, CellVar, NullVar, Var
 from kiln_capture.variables.builtins import (
     BINARY_OPS,
@@ -71,6 +73,7 @@ from kiln_capture.variables.iterators import (
     IteratorVar,
     iterate,
 )
+from kiln_capture.variables.modules import ModuleVar
 from kiln_capture.variables.objects import SuperVar
 from kiln_capture.variables.sizes import SymIntVar
 
@@ -699,7 +702,26 @@ class Frame:
         self.push(self.call(fn, args, kwargs))
 
     def call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
-        return fn.call(self, args, kwargs)
+        inner = self._compiled_inside(fn)
+        return (inner or fn).call(self, args, kwargs)
+
+    def _compiled_inside(self, fn: Var) -> Var | None:
+        """A compiled function or module called inside captured code (``kiln.compile``'d
+        block in a compiled model, a compiled helper): the code it wraps is traced into this
+        graph, as torch.compile does, instead of breaking at the wrapper's own machinery.
+        The wrapper names what it wraps with ``__kiln_inline__``: the attribute holding it
+        (on a module's class, or on a function object)."""
+        value = fn.value if isinstance(fn, ModuleVar) else getattr(fn, "fn", None)
+        if value is None:
+            return None
+        holder = type(value) if isinstance(value, torch.nn.Module) else value
+        name = getattr(holder, "__kiln_inline__", None)
+        if not isinstance(name, str):
+            return None
+        target = getattr(value, name)
+        if fn.source is None:
+            return self.out.wrap_value(target)
+        return self.out.wrap(target, AttrSource(fn.source, name))
 
     def CALL_FUNCTION_EX(self, ins):
         kwargs = self.pop() if ins.arg & 1 else DictVar({})

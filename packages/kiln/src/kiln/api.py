@@ -106,7 +106,14 @@ def _compiled_module(module: torch.nn.Module, compiled_call: Callable) -> torch.
         sub = type(
             f"Compiled{cls.__name__}",
             (cls,),
-            {"__call__": _call_compiled, "_orig_mod": property(_original_module)},
+            {
+                "__call__": _call_compiled,
+                # compiled.forward(x) runs the compiled call too, as torch.compile's does
+                "forward": _call_compiled,
+                "_orig_mod": property(_original_module),
+                # called inside captured code, the original module is traced there
+                "__kiln_inline__": "_orig_mod",
+            },
         )
         _COMPILED_CLASSES[cls] = sub
     compiled = object.__new__(sub)
