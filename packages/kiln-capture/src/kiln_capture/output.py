@@ -167,6 +167,56 @@ class CalledAsItself:
         return f"CalledAsItself({self.fn!r})"
 
 
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+
+
+# builtins whose effect a graph would not repeat on every call (it runs forward and
+# backward once, when kiln-aot traces it)
+_EFFECT_BUILTINS = frozenset(
+    {"print", "open", "input", "exec", "eval", "setattr", "delattr", "globals", "__import__"}
+)
+_STATIC_GLOBALS = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+
+
+def _autograd_function(kind: str, target: object, args: list[Var], literals: list) -> type | None:
+    """The ``torch.autograd.Function`` subclass a call of ``Function.apply`` is for, when
+    its methods are plain tensor code: the graph runs them once, at trace time, so a
+    method that reads a closure, a global value other than a module, class, function or
+    literal (the literals, ``(globals, name, value)``, are added to ``literals`` for the
+    caller to guard), or calls a builtin with an effect (``print``) is left to run eagerly
+    (a break), as before."""
+    if kind != "call_function" or target is not _FUNCTION_APPLY or not args:
+        return None
+    cls = getattr(args[0], "value", None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+        return None
+    for name in ("forward", "setup_context", "backward"):
+        fn = getattr(cls, name, None)
+        fn = getattr(fn, "__func__", fn)
+        if not isinstance(fn, types.FunctionType) or fn.__module__ == "torch.autograd.function":
+            continue  # the base class's (setup_context unused) or a C implementation
+        if fn.__closure__ or not _plain_globals(fn.__code__, fn.__globals__, literals):
+            return None
+    return cls
+
+
+def _plain_globals(code: types.CodeType, globals_: dict, literals: list) -> bool:
+    for name in code.co_names:
+        if name in globals_:
+            value = globals_[name]
+            if type(value) in _FLAT_LITERALS:
+                literals.append((globals_, name, value))
+            elif not isinstance(value, _STATIC_GLOBALS):
+                return False
+        elif name in _EFFECT_BUILTINS:
+            return False
+    return all(
+        _plain_globals(c, globals_, literals)
+        for c in code.co_consts
+        if isinstance(c, types.CodeType)
+    )
+
+
 def _named_as_itself(fn: object) -> bool:
     """Whether a Python function is what its module and qualified name say (FX's
     generated code calls a torch function by that name)."""
@@ -727,6 +777,14 @@ class OutputGraph:
     # -- tensor operations ---------------------------------------------------------------
 
     def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        literals: list = []
+        function = _autograd_function(kind, target, args, literals)
+        if function is not None:
+            # MyFunction.apply(x, ...): one graph call of the bound apply, whose forward and
+            # (through autograd, when kiln-aot traces the graph) backward become graph ops
+            target, args = CalledAsItself(function.apply), args[1:]
+            for namespace, name, value in literals:  # module constants its methods read
+                self.guards.const_eq(ItemSource(self.const_ref(namespace), name), value)
         if kind == "call_function" and not _named_as_itself(target):
             # torch.vmap(torch.sum) copies torch.sum's name: the graph's code would call
             # torch.sum. The graph's code holds this wrapper object itself instead
