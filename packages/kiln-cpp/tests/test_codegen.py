@@ -430,3 +430,20 @@ def test_one_element_of_an_input_is_read_once_at_the_kernel_start():
     (src,) = kernel_sources(fn, inputs)
     assert_in_order(src, ["const float kc0 = in_ptr", "[0L];", "#pragma omp", "kc0"])
     check_compiled(fn, inputs, 1e-5, 1e-5)
+
+
+def test_no_element_is_read_at_the_kernel_start_of_a_loop_that_does_not_run():
+    """An input of no elements (a size-0 expand: no element 0 to read) in a kernel whose
+    loops run no iteration: the element is not read at the start (it was, and segfaulted:
+    fuzzer seed 951822). With sizes known only at run time the start read is guarded by
+    the loops' extents (checked end to end through kiln.compile(dynamic=True) in kiln's
+    tests/test_dynamic.py)."""
+    from kiln_inductor.testing import check_compiled
+
+    def fn(a):
+        return (aten.add.Tensor(a, a),)
+
+    empty = torch.randint(-8, 9, (1,)).to(torch.int32).expand(0)
+    (src,) = kernel_sources(fn, [empty])
+    assert "kc0" not in src
+    check_compiled(fn, [empty], 0, 0)

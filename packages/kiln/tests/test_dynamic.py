@@ -138,3 +138,17 @@ def test_an_int_tensor_plus_a_symbolic_size_stays_an_int():
         assert got[1].dtype == torch.int64
         torch.testing.assert_close(got, want)
     assert kiln.stats()["graphs"] == 1 and kiln.stats()["fallbacks"] == 0
+
+
+def test_an_element_read_at_the_kernel_start_is_guarded_by_run_time_sizes():
+    """x * s[0] with symbolic sizes: kiln-cpp reads s[0] once at the kernel's start, only
+    when the loops run, so sizes of 0 rows read nothing (the read of an empty input
+    segfaulted before)."""
+    kiln.reset()
+    f = kiln.compile(lambda x, s: x * s[0], dynamic=True)
+    for rows in (5, 0, 3):
+        x, s = torch.randn(rows, 3), torch.randn(1)
+        torch.testing.assert_close(f(x, s), x * s[0])
+        x0 = torch.randn(rows, 0)
+        torch.testing.assert_close(f(x0, torch.randn(1).expand(1)), x0 * 0)
+    assert kiln.stats()["fallbacks"] == 0

@@ -126,6 +126,11 @@ class KernelOpsHandler(CppOpsHandler):
         ptr, dtype = self.pointer_of(name)
         if not ptr.startswith("in_ptr") or (name, print_index(index)) in self.forwarded:
             return None
+        # read at the kernel's start only where the loops around the load run: an input
+        # of no elements (x[:0] + x[:0], an expand to size 0) may have no element 0 at all
+        extents = [r for r in self.ranges.values() if not (isinstance(r, sympy.Integer) and r > 0)]
+        if any(isinstance(r, sympy.Integer) for r in extents):
+            return None  # a loop of no iteration: the load never runs
         key = (ptr, index)
         if key not in self.invariant_loads:
             element = f"{ptr}[{index}L]"
@@ -133,6 +138,9 @@ class KernelOpsHandler(CppOpsHandler):
                 element = f"kiln_bf16_to_f32({element})"
             elif dtype == torch.float16:
                 element = f"kiln_f16_to_f32({element})"
+            if extents:  # sizes known at run time: read only when every loop runs
+                ran = " && ".join(f"({print_index(r)}) > 0" for r in extents)
+                element = f"(({ran}) ? {element} : {ctype(dtype)}(0))"
             cname = f"kc{len(self.invariant_loads)}"
             self.prologue.append(self.declare(cname, element, dtype))
             self.defs[cname] = element
