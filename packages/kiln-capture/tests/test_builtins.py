@@ -208,13 +208,11 @@ def _clamped(a, b):
     return max([c]), a
 
 
-def test_max_of_tensors_breaks_with_a_value_reason_and_keeps_eagers_answer():
-    """max(t, 0) returns t itself or the int 0: which is known only from t's value (torch.clamp
-    would give a tensor where eager gives 0). max([c]) of one item compares nothing."""
-    report = kiln_capture.explain(_clamped)(torch.randn(3), torch.randn(3))
-    brk = report.breaks[0]
-    assert brk.kind is kiln_capture.breaks.TENSOR_BRANCH and "max() of tensors" in brk.detail
-    opt = kiln_capture.optimize(CountingBackend())(_clamped)
+def test_max_of_tensors_is_one_graph_and_keeps_eagers_answer():
+    """max(t, 0) returns t itself or the int 0, known only from t's value: the graph computes
+    it as torch.clamp, and the value returned is eager's own (max() run on the graph's sum)."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_clamped)
     for a in (torch.full((3,), -1.0), torch.full((3,), 0.1), torch.full((3,), 2.0)):
         got, want = opt(a, torch.ones(3)), _clamped(a, torch.ones(3))
         assert type(got[1]) is type(want[1])
@@ -223,7 +221,101 @@ def test_max_of_tensors_breaks_with_a_value_reason_and_keeps_eagers_answer():
             assert got[1] == want[1]
         else:
             assert_same(got[1], want[1])
+    assert len(backend.graphs) == 1
     assert kiln_capture.stats()["eager_frames"] == 0
+
+
+def _min_max_arithmetic(a, b):
+    c = a + b
+    a, b = a.sum(), b.sum()
+    a = min(max(a, 0), 1)
+    b = max(0, min(1, b))
+    return max(a, b) - min(a, b) + c, max(c.sum() * 0.0 + 0.5, b, 0.25)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_min_max_of_tensors_in_arithmetic_is_one_graph(seed):
+    torch.manual_seed(seed)
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_min_max_arithmetic)
+    a, b = torch.randn(10, 10), torch.randn(10, 10)
+    got, want = opt(a, b), _min_max_arithmetic(a, b)
+    assert_same(got[0], want[0])
+    assert type(got[1]) is type(want[1]) and float(got[1]) == float(want[1])
+    assert len(backend.graphs) == 1
+    assert "clamp" in backend.graphs[0].code and "maximum" in backend.graphs[0].code
+
+
+def _max_then_written(a):
+    m = max(a.sum(), 0)
+    m.add_(1)
+    return m
+
+
+def _max_then_method(a, b):
+    m = max(a.sum(), 0)
+    return m.abs() if isinstance(m, torch.Tensor) else m, max(a.sum(), b.sum()).abs()
+
+
+def test_writing_into_max_of_tensors_breaks():
+    """eager writes into whichever item max() picked: not a graph value."""
+    report = kiln_capture.explain(_max_then_written)(torch.randn(3))
+    assert report.breaks and "in-place add_()" in report.breaks[0].detail
+
+
+def test_methods_of_max_of_a_tensor_and_a_number_break_and_are_right():
+    """max(t, 0) may be the int 0 in eager: its methods and type are eager's to answer;
+    max() of two tensors is a tensor either way."""
+    opt = kiln_capture.optimize(CountingBackend())(_max_then_method)
+    for value in (-1.0, 1.0):
+        a, b = torch.full((3,), value), torch.randn(3)
+        assert_same(opt(a, b), _max_then_method(a, b))
+    report = kiln_capture.explain(_max_then_method)(torch.randn(3), torch.randn(3))
+    assert "isinstance() of the result of max()" in report.breaks[0].detail
+
+
+def test_max_of_a_many_element_tensor_keeps_eagers_error():
+    def f(a):
+        return max(a, 0)
+
+    opt = kiln_capture.optimize(CountingBackend())(f)
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        opt(torch.randn(3))
+
+
+def _contains(x, listlike):
+    x.add_(1)
+    s = listlike([x])
+    return 1 in s, 2 not in s, x * 2
+
+
+@pytest.mark.parametrize("listlike", [list, tuple, set])
+def test_constant_in_a_list_of_tensors_is_eagers_bool(listlike):
+    """``1 in [t]`` is eager's ``bool(t == 1)``: a graph value read from the graph's
+    outputs as a Python bool, no break (a set compares by hash: never equal)."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend, fullgraph=True)(_contains)
+    for value in (torch.randn(1), torch.zeros(1), torch.ones(1)):
+        x, y = value.clone(), value.clone()
+        got, want = opt(x, listlike), _contains(y, listlike)
+        assert got[:2] == want[:2] and all(type(g) is bool for g in got[:2])
+        assert_same(got[2], want[2])
+        assert_same(x, y)
+    assert len(backend.graphs) == 1
+
+
+def _branch_on_contains(x):
+    if 1 in [x]:
+        return x + 1
+    return x - 1
+
+
+def test_branch_on_constant_in_a_list_of_tensors_breaks_and_is_right():
+    opt = kiln_capture.optimize(CountingBackend())(_branch_on_contains)
+    for value in (torch.zeros(1), torch.ones(1)):
+        assert_same(opt(value), _branch_on_contains(value))
+    report = kiln_capture.explain(_branch_on_contains)(torch.ones(1))
+    assert report.breaks[0].kind is kiln_capture.breaks.TENSOR_BRANCH
 
 
 class _NoStr:

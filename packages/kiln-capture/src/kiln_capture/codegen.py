@@ -119,6 +119,10 @@ class CodeGen:
             if id(v) in seen:
                 return
             seen.add(id(v))
+            if getattr(v, "picked_by", None) is not None:  # max(t, 0): rebuilt from its items
+                for c in v.children():
+                    visit(c)
+                return
             if isinstance(v, TensorVar) or (isinstance(v, SymIntVar) and v.is_unbacked()):
                 if v.node.op != "placeholder" and v.node not in self._output_index:
                     self._output_index[v.node] = len(self.outputs)

@@ -39,7 +39,7 @@ from kiln_capture.variables.builtins import (
     BINARY_OPS,
     COMPARE_OPS,
     binary,
-    contains,
+    contains_value,
     identical,
     unary,
 )
@@ -543,7 +543,7 @@ class Frame:
     def CONTAINS_OP(self, ins):
         b = self.pop()
         a = self.pop()
-        self.push(ConstVar(contains(self, a, b) != bool(ins.arg)))
+        self.push(contains_value(self, a, b, negate=bool(ins.arg)))
 
     def UNARY_NEGATIVE(self, ins):
         self.push(unary(self, operator.neg, self.pop()))

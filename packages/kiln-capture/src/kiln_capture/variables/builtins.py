@@ -10,6 +10,8 @@ import math
 import operator
 import sys
 
+import torch
+
 from kiln_capture import breaks
 from kiln_capture.errors import Raised, Unsupported
 from kiln_capture.variables import sizes
@@ -89,6 +91,8 @@ def binary(tx, fn, a: Var, b: Var) -> Var:
     if isinstance(a, RaisingVar):  # a re-raising continuation's first step
         raise a.raised()
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        if fn in _INPLACE_TO_PLAIN and isinstance(a, PickedTensorVar):
+            raise a._written(f"operator {fn.__name__}")
         if fn in _INPLACE_TO_PLAIN and not isinstance(a, TensorVar):
             fn = _INPLACE_TO_PLAIN[fn]
         return tx.out.tensor_op("call_function", fn, [a, b], {})
@@ -315,6 +319,46 @@ def contains(tx, item: Var, container: Var) -> bool:
     raise Unsupported(breaks.UNSUPPORTED_VALUE, f"`in` on {container!r}")
 
 
+def contains_value(tx, item: Var, container: Var, negate: bool = False) -> Var:
+    """``item in container`` as a value: a graph truth value where the answer is a
+    one-element tensor's ``==`` (``1 in [t]``: eager's ``bool(t == 1)``), kept a graph value
+    (``(t == 1).item()``) until Python needs it (a branch breaks there, a return value
+    is read from the graph's outputs); a constant otherwise."""
+    if isinstance(container, SequenceVar) and not isinstance(item, TensorVar):
+        found = _tensor_contains(tx, item, container.unpack(tx))
+        if found is not None:
+            if negate:
+                found = unary(tx, operator.not_, found)
+            return found
+    return ConstVar(contains(tx, item, container) != negate)
+
+
+def _tensor_contains(tx, item: Var, elements: list[Var]) -> Var | None:
+    """The graph's truth value of ``item in elements`` where some element is a tensor;
+    None where none is (or the answer is known without the data)."""
+    if not any(isinstance(x, TensorVar) for x in elements):
+        return None
+    hits: list[Var] = []
+    for x in elements:
+        if identical(tx, item, x):
+            return ConstVar(True)
+        eq = binary(tx, operator.eq, x, item)
+        if not isinstance(eq, TensorVar):
+            if eq.truth(tx):
+                return ConstVar(True)
+            continue
+        numel = eq.meta.numel()
+        if not isinstance(numel, int) or numel != 1:
+            eq.truth(tx)  # breaks: eager's bool() of it raises
+        hits.append(eq)
+    if not hits:
+        return ConstVar(False)
+    acc = hits[0]
+    for h in hits[1:]:
+        acc = tx.out.tensor_op("call_function", torch.logical_or, [acc, h], {})
+    return tx.out.tensor_op("call_method", "item", [acc], {})
+
+
 def unary(tx, fn, a: Var) -> Var:
     if isinstance(a, TensorVar):
         return tx.out.tensor_op("call_function", fn, [a], {})
@@ -329,6 +373,8 @@ def unary(tx, fn, a: Var) -> Var:
 
 def isinstance_check(tx, obj: Var, cls: Var) -> bool:
     classes = cls.as_const()
+    if isinstance(obj, PickedTensorVar):
+        raise obj._which("isinstance()")
     t = obj.python_type()
     return issubclass(t, classes)
 
@@ -795,17 +841,94 @@ def _minmax(fn):
                 return found
         if len(items) == 1 and not kwargs:
             return items[0]  # one item: returned as it is, nothing compared
-        if any(isinstance(i, TensorVar) for i in items):
-            # eager compares with bool(a > b) and returns one of the items itself (an int
-            # for max(t, 0) where t < 0): which one is known only from the values
-            raise Unsupported(
-                breaks.TENSOR_BRANCH,
-                f"{fn.__name__}() of tensors: which item it returns depends on their values "
-                f"(torch.maximum/torch.minimum/torch.clamp compute it as a tensor)",
-            )
+        if any(isinstance(i, TensorVar) for i in items) and not kwargs:
+            return _tensor_minmax(tx, fn, items)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{fn.__name__}() of non-constants")
 
     return handler
+
+
+class PickedTensorVar(TensorVar):
+    """``max(a, b)`` / ``min(a, b)`` with a one-element tensor among the items.
+
+    Eager compares with ``bool(b > a)`` and returns one of the items itself, so which one
+    (a tensor, or the number in ``max(t, 0)``) is known only from the values. In the graph
+    the pair is computed as a tensor, as torch.compile does: ``torch.clamp`` (a tensor and a
+    number) or ``torch.maximum``/``torch.minimum`` (two tensors), equal in value. Where the
+    value leaves the graph (returned, a live local at a break, stored in an object) it is
+    ``max(...)`` of the items' real values, run by the generated code: eager's own answer.
+    Writing into it in place would write into whichever item eager picked: a break.
+    """
+
+    def __init__(self, made: TensorVar, fn, items: list[Var]) -> None:
+        super().__init__(made.node, made.meta, made.device, cls=made.cls)
+        self.picked_by = fn
+        self.items = items
+
+    def children(self) -> list[Var]:
+        return list(self.items)
+
+    def reconstruct(self, cg) -> str:
+        return f"{self.picked_by.__name__}({', '.join(cg.rebuild(i) for i in self.items)})"
+
+    def _written(self, what: str) -> Unsupported:
+        return Unsupported(
+            breaks.TENSOR_BRANCH,
+            f"{what} on the result of {self.picked_by.__name__}() of tensors: eager writes "
+            f"into the item it picked, known only from the values (write into a clone)",
+        )
+
+    def _which(self, what: str) -> Unsupported:
+        return Unsupported(
+            breaks.TENSOR_BRANCH,
+            f"{what} of the result of {self.picked_by.__name__}() of tensors: eager's result "
+            f"is one of the items itself (a number or a tensor), known only from the values "
+            f"(torch.maximum/torch.minimum/torch.clamp give a tensor)",
+        )
+
+    def getattr(self, tx, name: str) -> Var:
+        if name.endswith("_") and not name.startswith("_"):
+            raise self._written(f"in-place {name}()")
+        numbers = [i for i in self.items if not isinstance(i, TensorVar)]
+        if numbers or any(isinstance(i, PickedTensorVar) for i in self.items):
+            raise self._which(f".{name}")  # eager may have a number there
+        return super().getattr(tx, name)
+
+    def setitem(self, tx, key: Var, value: Var) -> None:
+        raise self._written("item assignment")
+
+
+def _tensor_minmax(tx, fn, items: list[Var]) -> Var:
+    """``max(t, 0)``, ``min(a, b)`` with one-element tensors: a PickedTensorVar. Tensors of
+    more than one element keep the break (eager's ``bool()`` of them raises)."""
+    for i in items:
+        if isinstance(i, TensorVar):
+            numel = i.meta.numel()
+            if not isinstance(numel, int) or numel != 1:
+                raise Unsupported(
+                    breaks.TENSOR_BRANCH,
+                    f"{fn.__name__}() of a tensor of {numel} elements: eager compares "
+                    f"them with bool(), which needs one element (use torch.maximum/"
+                    f"torch.minimum/torch.clamp)",
+                )
+        elif not (
+            isinstance(i, SymIntVar) or i.is_const() and isinstance(i.as_const(), int | float)
+        ):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{fn.__name__}() of {i!r} and tensors")
+    both = torch.maximum if fn is max else torch.minimum
+    bound = "min" if fn is max else "max"
+    acc = items[0]
+    for item in items[1:]:
+        if isinstance(acc, TensorVar) and isinstance(item, TensorVar):
+            made = tx.out.tensor_op("call_function", both, [acc, item], {})
+        elif isinstance(acc, TensorVar) or isinstance(item, TensorVar):
+            t, n = (acc, item) if isinstance(acc, TensorVar) else (item, acc)
+            made = tx.out.tensor_op("call_function", torch.clamp, [t], {bound: n})
+        else:
+            acc = _minmax(fn)(tx, acc, item)
+            continue
+        acc = PickedTensorVar(made, fn, [acc, item])
+    return acc
 
 
 def _sum(tx, it, start=None) -> Var:
