@@ -79,3 +79,46 @@ def test_what_is_not_modeled_breaks():
     report = kiln_capture.explain(fn)(x)
     assert report.break_count >= 1 and report.eager_frames == []
     assert np.allclose(report.result, fn(x))
+
+
+def _store(a, ind, val):
+    a[ind] = val
+    return a
+
+
+@pytest.mark.parametrize(
+    "shape,ind,val_shape",
+    [((4,), np.s_[...], (4,)), ((2, 2), np.s_[0, ...], (2,)), ((2, 3), np.s_[..., 1], (2,))],
+)
+def test_write_into_an_array_passed_in(shape, ind, val_shape):
+    """``a[...] = v`` on an array argument: numpy's own write, replayed after the graph,
+    into the caller's array (returned as itself)."""
+    fn = kiln_capture.optimize(CountingBackend(), fullgraph=True)(_store)
+    arr, val = np.random.randn(*shape), np.random.randn(*val_shape)
+    ref = arr.copy()
+    ref[ind] = val
+    got = fn(arr, ind, val)
+    assert got is arr
+    np.testing.assert_array_equal(arr, ref)
+    assert kiln_capture.stats()["eager_frames"] == 0
+
+
+def _store_tensor_then_read(a, x):
+    a[0] = (x * 2).sum()
+    before = x + 1
+    return before, a.sum()
+
+
+def test_write_of_a_graph_value_into_an_array_then_a_read_breaks():
+    backend = CountingBackend()
+    fn = kiln_capture.optimize(backend)(_store_tensor_then_read)
+    arr, x = np.random.randn(3), torch.randn(3)
+    ref_arr = arr.copy()
+    got = fn(arr, x)
+    want = _store_tensor_then_read(ref_arr, x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1]
+    np.testing.assert_array_equal(arr, ref_arr)
+    report = kiln_capture.explain(_store_tensor_then_read)(np.random.randn(3), x)
+    assert "after writing into it" in report.breaks[0].detail
+    assert len(backend.graphs) >= 1

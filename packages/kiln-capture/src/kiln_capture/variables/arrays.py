@@ -194,4 +194,46 @@ def array_binary(tx, fn, a: Var, b: Var) -> Var | None:
     return ArrayVar(tx.out.tensor_op("call_function", fn, [a.tensor, b.tensor], {}))
 
 
-__all__ = ["ArrayVar", "array_binary", "can_view", "numpy_call"]
+def store_into_array(tx, array: Var, key: Var, value: Var) -> bool:
+    """``a[key] = value`` on a numpy array passed in (not a view of the trace's tensors):
+    replayed after the graph as numpy's own ``__setitem__`` (a constant key; the value an
+    array passed in, a constant or a graph value). The array is not read again in the
+    trace (``array_read_after_write`` breaks there). False where this does not apply."""
+    import numpy
+
+    from kiln_capture.variables.constants import is_constant_value
+
+    if type(getattr(array, "value", None)) is not numpy.ndarray or array.source is None:
+        return False
+    if not key.is_const() or not is_constant_value(key.as_const()):
+        return False
+    if not (
+        value.is_const()
+        or isinstance(value, TensorVar)
+        or (value.source is not None and isinstance(getattr(value, "value", None), numpy.ndarray))
+    ):
+        return False
+    tx.out.side_effects.store_item(array, numpy.ndarray.__setitem__, key.as_const(), value)
+    array.items_written = True
+    return True
+
+
+def array_read_after_write(array: Var) -> None:
+    """Break where the trace reads a numpy array passed in after writing into it (its writes
+    are replayed after the graph: the real array does not hold them yet)."""
+    if getattr(array, "items_written", False):
+        raise Unsupported(
+            breaks.UNSUPPORTED_VALUE,
+            "reading a numpy array passed in after writing into it (the writes run after "
+            "the graph; torch.from_numpy(a) writes through a tensor in the graph)",
+        )
+
+
+__all__ = [
+    "ArrayVar",
+    "array_binary",
+    "array_read_after_write",
+    "can_view",
+    "numpy_call",
+    "store_into_array",
+]

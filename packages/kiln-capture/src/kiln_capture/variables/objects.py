@@ -19,6 +19,7 @@ import torch
 from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.sources import AttrSource, ConstRef
+from kiln_capture.variables.arrays import array_read_after_write, store_into_array
 from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstMethodVar, ConstVar, is_constant_value
 from kiln_capture.variables.containers import (
@@ -113,6 +114,7 @@ class ObjectVar(Var):
 
     def getattr(self, tx, name: str) -> Var:
         v = self.value
+        array_read_after_write(self)
         pending = tx.out.side_effects.pending_attr(self, name)
         if pending is not None:
             return pending
@@ -183,7 +185,12 @@ class ObjectVar(Var):
             return None
         return _DictViewMethodVar(self, "keys")
 
+    def setitem(self, tx, key: Var, value: Var) -> None:
+        if not store_into_array(tx, self, key, value):
+            super().setitem(tx, key, value)
+
     def unpack(self, tx) -> list[Var]:
+        array_read_after_write(self)
         if isinstance(self.value, type | types.ModuleType):
             return super().unpack(tx)
         if isinstance(self.value, _IMMUTABLE_C_CONTAINERS):
@@ -302,6 +309,7 @@ class ObjectVar(Var):
         gi = inspect.getattr_static(type(self.value), "__getitem__", None)
         if inspect.isfunction(gi):
             return tx.out.wrap_value(gi).call(tx, [self, key], {})
+        array_read_after_write(self)
         if (
             self.source is not None
             and (key.is_const() or _is_builtin_class(key))
