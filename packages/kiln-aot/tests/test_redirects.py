@@ -93,3 +93,70 @@ def test_mask_constant_along_keys_is_left_alone_on_the_cpu():
     gm = kiln_aot.trace(lambda q: (F.scaled_dot_product_attention(q, q, q, attn_mask=mask),), [q])
     attention = [n for n in gm.graph.nodes if "flash_attention" in str(n.target)]
     assert attention and all(n.kwargs.get("attn_mask") is not None for n in attention)
+
+
+def _attention_nodes(gm):
+    return [n for n in gm.graph.nodes if "attention" in str(n.target)]
+
+
+def _causal_args(node):
+    """(is_causal, has a mask) of a traced fused attention call."""
+    schema = node.target._schema
+    args = dict(zip((a.name for a in schema.arguments), node.args))
+    args.update(node.kwargs)
+    return bool(args.get("is_causal")), args.get("attn_mask", args.get("attn_bias")) is not None
+
+
+@pytest.mark.parametrize("form", ["bool", "additive_inf", "additive_min"])
+def test_constant_causal_mask_runs_as_is_causal(form):
+    """A causal mask the function builds from aranges (transformers' decoders under a
+    compiler) is evaluated at trace time and attention runs with is_causal=True and no
+    mask, as eager runs it; outputs and gradients equal the masked call's."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+
+    def attend(q, k, v):
+        pos = torch.arange(16)
+        keep = (pos[None, :] <= pos[:, None])[None, None].expand(2, 1, 16, 16)
+        if form == "bool":
+            mask = keep
+        else:
+            low = float("-inf") if form == "additive_inf" else torch.finfo(q.dtype).min
+            mask = torch.zeros(2, 1, 16, 16).masked_fill(~keep, low)
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3),)
+
+    gm = kiln_aot.trace(attend, [q, k, v])
+    attention = _attention_nodes(gm)
+    assert attention and all(_causal_args(n) == (True, False) for n in attention)
+    got = gm(q, k, v)[0]
+    expected = attend(q, k, v)[0]
+    torch.testing.assert_close(got, expected)
+    grads = torch.autograd.grad(got.pow(2).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad(expected.pow(2).sum(), (q, k, v))
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("kind", ["sliding_window", "from_input", "shifted"])
+def test_other_masks_keep_the_mask(kind):
+    """A constant mask that is not exactly causal (a sliding window, a causal mask whose
+    diagonal is shifted) or one computed from an input is passed on as it is."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    limit = torch.tensor(16)
+
+    def attend(q, k, v, limit):
+        pos = torch.arange(16)
+        keep = pos[None, :] <= pos[:, None]
+        if kind == "sliding_window":
+            keep = keep & (pos[None, :] > pos[:, None] - 4)
+        elif kind == "from_input":
+            keep = keep & (pos[None, :] < limit)
+        else:
+            keep = pos[None, :] <= pos[:, None] + 1
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.3),)
+
+    gm = kiln_aot.trace(attend, [q, k, v, limit])
+    attention = _attention_nodes(gm)
+    assert attention and all(_causal_args(n) == (False, True) for n in attention)
+    torch.testing.assert_close(gm(q, k, v, limit)[0], attend(q, k, v, limit)[0])

@@ -19,6 +19,17 @@ kernel and no mask, zeroing the fully masked rows, so the compiled step runs the
 eager would run without the mask (BERT-base training on the H200: memory-efficient
 attention instead of matmuls and a softmax over 8 x 12 x 512 x 512 scores per layer).
 
+A mask computed in the graph from constants alone (no input reaches it: transformers
+builds the causal mask of a decoder run without padding from ``arange``s when it sees a
+compiler, where eager passes no mask and ``is_causal=True``) is evaluated at trace time.
+When it is the causal mask (query ``i`` attends key ``j`` exactly when ``j <= i``; boolean,
+or additive with 0 and ``-inf``/the dtype's lowest value), attention runs with
+``is_causal=True`` and no mask, as eager does: the fused kernels skip the masked blocks and
+read no mask (HF GPT-2 / LLaMA training on the H200: the attention kernels' time is
+eager's again, and the per-layer expansion of the mask is gone). Masks that depend on an
+input (padding), symbolic sizes, or have more than ``CONSTANT_MASK_LIMIT`` elements along
+the way are left as they are.
+
 ``adaptive_avg_pool2d`` to 1x1 is a mean in C++, restrided in place (``as_strided_``,
 which a functional graph cannot hold) for a channels-last input; it is sent to the pooling
 op ``_adaptive_avg_pool2d`` itself, which keeps the input's memory format.
@@ -26,10 +37,14 @@ op ``_adaptive_avg_pool2d`` itself, which keeps the input's memory format.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
+import kiln_shapes
 import torch
+from torch import fx
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 from kiln_aot import config
 
@@ -67,13 +82,104 @@ def _row_constant(query, attn_mask) -> bool:
     )
 
 
+# the most elements a constant mask (and each value it is computed from) may have to be
+# evaluated at trace time
+CONSTANT_MASK_LIMIT = 1 << 24
+
+
+def constant_value(x: Any) -> torch.Tensor | None:
+    """The value of a traced tensor computed from graph constants alone (no input, no
+    random op, no symbolic size), evaluated now; None when it is not such a tensor."""
+    from kiln_aot.core_ops import is_random
+    from kiln_aot.fake import FakeTensor
+    from kiln_aot.op_tracer import current_tracer
+
+    tracer = current_tracer()
+    if tracer is None or not isinstance(x, FakeTensor) or x.trace_state is None:
+        return None
+    try:
+        node = tracer.node_of(x)
+    except Exception:
+        return None
+    order: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" or n.op not in ("call_function", "get_attr"):
+            return None
+        if n.op == "call_function":
+            target = n.target
+            if not (isinstance(target, torch._ops.OpOverload) or target is operator.getitem):
+                return None
+            if target is not operator.getitem and is_random(target):
+                return None
+        val = n.meta.get("val")
+        for v in val if isinstance(val, (tuple, list)) else (val,):
+            if isinstance(v, torch.Tensor) and (
+                kiln_shapes.is_symbolic(v) or v.numel() > CONSTANT_MASK_LIMIT
+            ):
+                return None
+        order.append(n)
+        stack.extend(n.all_input_nodes)
+    position = {n: i for i, n in enumerate(node.graph.nodes)}
+    values: dict[fx.Node, Any] = {}
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        for n in sorted(order, key=position.__getitem__):
+            if n.op == "get_attr":
+                values[n] = tracer.constants[n.target]
+                continue
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), values.__getitem__)
+            try:
+                values[n] = n.target(*args, **kwargs)
+            except Exception:
+                return None
+    out = values[node]
+    return out if isinstance(out, torch.Tensor) and not isinstance(out, FakeTensor) else None
+
+
+def _is_causal_mask(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
+    """Whether ``mask`` (broadcast over the leading dims) lets query ``i`` attend key ``j``
+    exactly when ``j <= i``, as ``is_causal=True`` does."""
+    if mask.dim() < 2 or tuple(mask.shape[-2:]) != (q_len, k_len) or q_len < 1:
+        return False
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        return bool((mask == allowed).all())
+    if not mask.is_floating_point():
+        return False
+    masked = mask <= torch.finfo(mask.dtype).min  # -inf or the lowest finite value
+    return bool(((mask == 0) == allowed).all() and (masked != allowed).all())
+
+
+def _causal(query, key, attn_mask, is_causal) -> bool:
+    if is_causal or not isinstance(attn_mask, torch.Tensor):
+        return False
+    if query.dim() < 2 or key.dim() < 2:
+        return False
+    sizes = (query.shape[-2], key.shape[-2])
+    if any(not isinstance(s, int) for s in sizes):
+        return False  # symbolic lengths: the mask is not a constant
+    mask = constant_value(attn_mask)
+    if mask is None:
+        return False
+    with _disable_current_modes(), torch._C.DisableTorchFunction():  # computed, not traced
+        return _is_causal_mask(mask, *sizes)
+
+
 def sdpa_row_mask(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
-    """``scaled_dot_product_attention`` with a mask constant along the keys handled as the
-    row mask it is (module docstring); any other call goes through unchanged."""
+    """``scaled_dot_product_attention`` with a constant causal mask run as ``is_causal``,
+    and a mask constant along the keys handled as the row mask it is (module docstring);
+    any other call goes through unchanged."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     kwargs = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": enable_gqa}
+    if _causal(query, key, attn_mask, is_causal):
+        return sdpa(query, key, value, None, is_causal=True, **kwargs)
     if not _row_constant(query, attn_mask):
         return sdpa(query, key, value, attn_mask, is_causal=is_causal, **kwargs)
     row = attn_mask[..., :1]  # one value per query row, broadcast over the output's width
