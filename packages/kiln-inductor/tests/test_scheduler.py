@@ -278,3 +278,37 @@ def test_gathered_rows_fuse_with_the_layer_norm_that_reads_them():
     _, steps = schedule(_embedding_layer_norm, inputs)
     (group,) = groups(steps)
     assert [b.kind for b in group.blocks] == ["welford", "pointwise"]
+
+
+def test_checked_gather_kept_for_later_runs_right_after_its_inputs():
+    """A bounds-checked gather whose result is only a graph output (an index kept for the
+    backward, as HF BERT's token type ids) runs first, not after the rest of the graph: a
+    GPU wrapper waits for the error rows of the last checked kernel before returning."""
+
+    def f(table, pos, x, w):
+        h = aten.mm.default(aten.relu.default(x), w)
+        h = aten.mm.default(aten.exp.default(h), w)
+        ids = aten.gather.default(table, 1, pos)
+        return (aten.tanh.default(h), ids)
+
+    inputs = [
+        torch.randint(0, 2, (1, 64)),
+        torch.randint(0, 64, (1, 16)),
+        torch.randn(16, 32),
+        torch.randn(32, 32),
+    ]
+    ir, steps = schedule(f, inputs)
+    gathers = [k for k, s in enumerate(steps) if isinstance(s, FusedGroup) and "arg1" in s.inputs]
+    assert gathers == [0], [getattr(s, "inputs", s) for s in steps]
+    assert isinstance(steps[1], FusedGroup) and isinstance(steps[2], ExternKernel)
+    plan_memory(steps, ir)  # the moved order is a valid one to plan
+
+
+def test_checked_kernel_stays_after_the_step_it_reads():
+    def f(x, w, idx):
+        h = aten.mm.default(x, w)
+        return (aten.index_select.default(aten.relu.default(h), 0, idx),)
+
+    ir, steps = schedule(f, [torch.randn(16, 8), torch.randn(8, 8), torch.randint(0, 16, (4,))])
+    kinds = [type(s).__name__ for s in steps]
+    assert kinds == ["ExternKernel", "FusedGroup"], kinds

@@ -42,12 +42,14 @@ class Access:
     index: tuple[Expr, ...] = ()  # the body's index in ``vars`` (0 for dimensions of size 1)
     rindex: tuple[Expr, ...] = ()  # the body's reduction index in ``rvars``
     reordered: bool = False  # ``ranges`` are not in logical order (see loop_order)
+    checked: bool = False  # some indirect access is bounds-checked (index_check.py)
 
 
 class _Recorder:
     def __init__(self) -> None:
         self.loads: list[tuple[str, Expr]] = []
         self.indirect = False
+        self.checked = False
 
     def load(self, name: str, index: Expr) -> object:
         self.loads.append((name, sympy.expand(index)))
@@ -55,6 +57,7 @@ class _Recorder:
 
     def indirect_indexing(self, value: Any, size: Any, check: Any = None) -> Expr:
         self.indirect = True
+        self.checked = self.checked or check is not None
         return sympy.Symbol(f"ind{len(self.loads)}", integer=True, nonnegative=True)
 
     def masked(self, mask: Any, body: Any, other: Any) -> object:
@@ -109,7 +112,16 @@ def _scan_access(node: ComputedBuffer, body: Scan) -> Access:
         body.inner_fn(list(full))
     store = sympy.expand(node.layout.index(full))
     return Access(
-        ranges, rr, ivars, rvars, tuple(rec.loads), store, rec.indirect, tuple(full), tuple(rindex)
+        ranges,
+        rr,
+        ivars,
+        rvars,
+        tuple(rec.loads),
+        store,
+        rec.indirect,
+        tuple(full),
+        tuple(rindex),
+        checked=rec.checked,
     )
 
 
@@ -145,6 +157,7 @@ def _scatter_access(node: ComputedBuffer, body: Scatter) -> Access:
         True,
         tuple(full),
         tuple(full[d] for d in inner),
+        checked=rec.checked,
     )
 
 
@@ -190,4 +203,5 @@ def node_access(node: ComputedBuffer, order: Sequence[int] | None = None) -> Acc
         tuple(index),
         tuple(rindex),
         reordered=list(ivars) != logical,
+        checked=rec.checked,
     )

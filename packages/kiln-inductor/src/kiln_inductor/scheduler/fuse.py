@@ -431,7 +431,9 @@ def fuse_nodes(ir: GraphIR) -> list[Step]:
     for step in steps:
         if isinstance(step, FusedGroup):
             _finish_group(step, users)
-    return steps
+    from .order import hoist_checked  # (order.py imports this module)
+
+    return hoist_checked(steps, accesses)
 
 
 def _shares_data(group: FusedGroup, reads: set[str], accesses: AccessTable) -> bool:
