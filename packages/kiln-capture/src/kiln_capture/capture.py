@@ -374,6 +374,14 @@ def _finish_break(
         base = len(stack) - 1
         nxt = root.instructions[idx + 1].offset
         targets = [(ins.argval, base, False), (nxt, base, False)]
+    elif ins.opname == "FOR_ITER" and not handlers:
+        # next() of the iterator in Python (a filter's predicate on tensor values): the
+        # body's continuation gets the iterator and the item, the loop's exit neither
+        base = len(stack) - 1
+        targets = [
+            (root.instructions[idx + 1].offset, base + 1, True),
+            (_loop_exit(root, ins), base, False),
+        ]
     else:
         return skip(f"no continuation after {ins.opname}")
     bound = {n: v for n, v in root.locals.items() if v is not UNBOUND and n in code.co_varnames}
@@ -453,10 +461,13 @@ def _finish_break(
         for j, (off, _, pushes_result) in enumerate(targets):
             keep_top = ins.opname in _STEP_JUMP_OR_POP and j == 0
             presence = presence_below + (pushes if pushes_result or keep_top else [])
-            fexpr = continuation(str(j), off, presence)
             top = [n for n, p in zip(["__k_x", "__k_r"][-len(pushes) :], pushes) if p]
             if not pushes_result:
                 top = [f"__k_t{len(stack) - 1}"] if keep_top else []
+            if ins.opname == "FOR_ITER" and pushes_result:  # the iterator, then the item
+                presence = [*presence_below, True, True]
+                top = [f"__k_t{base}", "__k_r"]
+            fexpr = continuation(str(j), off, presence)
             calls.append(call_with(fexpr, [*below, *top]))
         reraise = None
         if handlers:  # the step may raise: re-raise it where the frame's handlers see it
@@ -509,6 +520,17 @@ def _finish_break(
         brk = dataclasses.replace(brk, detail=detail, resumed=False)
     _record_break(ctx, brk)
     return _entry(out, root, cg, compiled, gm, body, extra)
+
+
+def _loop_exit(root: RootFrame, ins) -> int:
+    """Where FOR_ITER goes when its iterator is exhausted (3.12: past the END_FOR at its
+    jump target, which the exhausted FOR_ITER skips)."""
+    for i, other in enumerate(root.instructions):
+        if other.offset == ins.argval:
+            if other.opname == "END_FOR":
+                return root.instructions[i + 1].offset
+            return other.offset
+    return ins.argval
 
 
 def _is_exit(v: Var) -> bool:
@@ -577,6 +599,9 @@ def _step_lines(
         step, tail = f"__k_x, __k_r = __k_enter_with({t[-1]})", [f"return {calls[0]}"]
     elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
         step, tail = f"__k_r = getattr({t[-1]}, {ins.argval!r})", [f"return {calls[0]}"]
+    elif ins.opname == "FOR_ITER":
+        step = f"__k_r = next({t[-1]}, __k_C)"  # the constants list: never an item
+        tail = ["if __k_r is __k_C:", f"    return {calls[1]}", f"return {calls[0]}"]
     else:
         jump_when = _STEP_JUMPS.get(ins.opname, _STEP_JUMP_OR_POP.get(ins.opname))
         step = f"__k_c = {'bool' if jump_when else 'not '}({t[-1]})"

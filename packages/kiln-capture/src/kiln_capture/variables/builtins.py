@@ -667,7 +667,7 @@ def _map(tx, fn, *its) -> Var:
         row = _next_row(iters)
         return None if row is None else fn.call(tx, row, {})
 
-    return _iterate("map", step, iters)
+    return _remade(_iterate("map", step, iters), map, fn)
 
 
 def _filter(tx, fn, it) -> Var:
@@ -680,7 +680,13 @@ def _filter(tx, fn, it) -> Var:
                 return v
         return None
 
-    return _iterate("filter", step, [it])
+    return _remade(_iterate("filter", step, [it]), filter, fn)
+
+
+def _remade(it: IteratorVar, builtin, fn: Var) -> IteratorVar:
+    if isinstance(it, PullIteratorVar):
+        it.remake = (builtin, fn)
+    return it
 
 
 def _as_iter(tx, x: Var) -> IteratorVar:

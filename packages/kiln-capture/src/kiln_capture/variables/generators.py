@@ -123,6 +123,23 @@ class PullIteratorVar(LazyIteratorVar):
     def sources(self) -> list[Var]:
         return list(self.inputs)
 
+    # ``map(fn, *its)`` / ``filter(fn, it)``: (the builtin, fn); rebuilt at a break as the
+    # builtin over its sources where they stand (their rest is its rest: neither keeps
+    # state of its own)
+    remake: tuple | None = None
+
+    def children(self) -> list[Var]:
+        if self.remake is not None and not self.drained:
+            return [self.remake[1], *self.inputs]
+        return super().children()
+
+    def reconstruct(self, cg) -> str:
+        if self.remake is None or self.drained:
+            return super().reconstruct(cg)
+        builtin, fn = self.remake
+        args = ", ".join(cg.rebuild(v) for v in [fn, *self.inputs])
+        return f"{cg.const(builtin)}({args})"
+
 
 class GeneratorVar(LazyIteratorVar):
     """A generator made by calling a generator function in the trace."""
@@ -263,7 +280,12 @@ def drain_generators(roots: list[Var]) -> None:
         if id(v) in seen:
             continue
         seen.add(id(v))
-        if isinstance(v, LazyIteratorVar) and not v.drained and not getattr(v, "running", False):
+        if (
+            isinstance(v, LazyIteratorVar)
+            and not v.drained
+            and not getattr(v, "running", False)
+            and getattr(v, "remake", None) is None  # map/filter: rebuilt over its sources
+        ):
             try:
                 v.drain()
             except Unsupported:

@@ -1,0 +1,56 @@
+"""Graph breaks inside loops (capture.py, ``_finish_break``): a ``for`` loop whose iterator
+needs tensor values to give its next item (a ``filter`` or ``map`` with a data-dependent
+function) breaks at FOR_ITER; ``next()`` runs in Python and the loop body (or its exit)
+is a continuation, so no frame runs eagerly."""
+
+import pytest
+import torch
+from helpers import CountingBackend, assert_same, clone_args
+
+import kiln_capture
+
+
+def _filtered(inputs):
+    out = inputs[0]
+    for inp in filter(lambda x: x[0] > 0, inputs):
+        out = out * inp
+    return out
+
+
+def _mapped(inputs, y):
+    total = y + 1
+    for t in map(lambda x: x if x.sum() > 0 else -x, inputs):
+        total = total + t
+    return total
+
+
+def _filtered_none_kept(inputs):
+    kept = [t * 2 for t in filter(lambda x: bool(x.sum() > 100), inputs)]
+    return len(kept), inputs[0] + 1
+
+
+@pytest.mark.parametrize("fn", [_filtered, _mapped, _filtered_none_kept])
+@pytest.mark.parametrize("seed", range(3))
+def test_iterator_needing_tensor_values_breaks_at_for_iter(fn, seed):
+    torch.manual_seed(seed)
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend)(fn)
+    args = ([torch.randn(3) for _ in range(4)],)
+    if fn is _mapped:
+        args = (*args, torch.randn(3))
+    assert_same(opt(*clone_args(args)), fn(*clone_args(args)))
+    stats = kiln_capture.stats()
+    assert stats["eager_frames"] == 0 and stats["breaks"] >= 1
+    assert len(backend.graphs) >= 1
+
+
+def test_filter_break_reports_the_predicate():
+    report = kiln_capture.explain(_filtered)([torch.randn(3) for _ in range(3)])
+    assert report.breaks[0].kind is kiln_capture.breaks.TENSOR_BRANCH
+    assert report.breaks[0].resumed
+
+
+def test_filter_break_under_fullgraph_raises():
+    opt = kiln_capture.optimize(CountingBackend(), fullgraph=True)(_filtered)
+    with pytest.raises(kiln_capture.GraphBreakError):
+        opt([torch.randn(3) for _ in range(3)])
