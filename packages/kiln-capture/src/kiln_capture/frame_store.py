@@ -42,6 +42,19 @@ already knows it). The graph is rebuilt and handed to the backend (contract 1), 
 backend's own cache (kiln-inductor's artifact cache, keyed by the graph's code and
 metadata) gives the compiled graph.
 
+Reload recipes. Rebuilding the graph (a ``GraphModule`` of thousands of nodes) and
+handing it to a backend that only hashes it to find its earlier result was half of a warm
+first call. A backend's callable may carry ``kiln_reload_recipe``: plain data
+(``marshal``-able) naming what the backend built; the record keeps it, and a warm process
+whose backend has ``kiln_reload(recipe, example_inputs, make_graph)`` asks it for the
+callable first (kiln-inductor's runtime/reload.py checks that its compiler, machine and
+settings are the ones the recipe was made with). ``make_graph()`` rebuilds the graph
+when the backend needs it after all (a plan its cache lost); an answer of None rebuilds
+the graph and calls the backend as usual. The graph is kept as ``marshal`` bytes inside
+the record, decoded only then. A reloaded graph counts as a graph (``stats()``) and is
+called as a compiled one would be (the guarded call when every input's metadata is
+guarded).
+
 File: ``<cache dir>/capture/frames/<key[:2]>/<key>``: a magic line, a JSON header (format,
 key, payload size and sha256), then ``marshal`` of the records. Written to a temporary
 file and moved into place (``os.replace``); on load the header, size and checksum are
@@ -67,6 +80,7 @@ import torch
 from kiln_shapes.settings import cache_key
 
 from kiln_capture import code_cache, graph_data
+from kiln_capture import stats as counters
 from kiln_capture.config import config
 from kiln_capture.dynamic import DYNAMIC_ATTR, STATIC_ATTR
 from kiln_capture.guards import Guard, GuardSet, TensorGuards, guard_namespace, tensor_metadata
@@ -82,7 +96,8 @@ from kiln_capture.recipes import (
     resolve,
 )
 
-FORMAT = 1
+RELOAD_ATTR = "kiln_reload_recipe"  # on a backend's callable (design note)
+FORMAT = 2  # 2: the graph as marshal bytes, read only when it is rebuilt; reload recipes
 MAGIC = b"kiln-capture-frame\n"
 _CONST = re.compile(r"__k_C\[(\d+)\]")
 _CHAIN = re.compile(r"[\w.\[\]()'\", -]+")  # names, attributes, items, calls of sources
@@ -117,6 +132,7 @@ class _Stats:
     unsaved = 0  # captures not kept (a constant without recipe, a graph break...)
     loaded = 0  # entries installed from disk
     skipped = 0  # records read but not used (unresolved, guards failed)
+    reloaded = 0  # graphs the backend rebuilt from a reload recipe (no graph rebuilt)
 
 
 STATS = _Stats()
@@ -327,6 +343,10 @@ def _record(entry, code, func, args, frame_shapes) -> dict:
         file_shas.append((f, sha))
     shapes = frame_shapes or None
     return {
+        # the graph: rebuilt only when the backend cannot reload its callable without it
+        "graph": marshal.dumps(graph) if graph is not None else None,
+        "inputs": tuple(graph[2]) if graph is not None else (),
+        "reload": _reload_recipe(entry) if graph is not None else None,
         "qualname": code.co_qualname,
         "params": tuple(entry.params),
         "guard": entry.guard.__code__,
@@ -338,7 +358,6 @@ def _record(entry, code, func, args, frame_shapes) -> dict:
         "consts": tuple(consts),
         "tensors": tuple(tensors),
         "codes": {e: compile(e, "<kiln recipe>", "eval") for e in _path_exprs(consts, tensors)},
-        "graph": graph,
         "files": tuple(file_shas),
         "frame_shapes": (
             tuple((k, tuple(v)) for k, v in shapes.seen.items()),
@@ -347,6 +366,17 @@ def _record(entry, code, func, args, frame_shapes) -> dict:
         if shapes is not None
         else None,
     }
+
+
+def _reload_recipe(entry) -> Any:
+    """The reload recipe the backend's callable carries (design note, "Reload recipes"),
+    if it is plain data."""
+    recipe = getattr(entry.run.__globals__.get("__k_graph"), RELOAD_ATTR, None)
+    try:
+        marshal.dumps(recipe)
+    except ValueError:
+        return None
+    return recipe
 
 
 def save(code: types.CodeType, func, args: tuple, ctx, entry, frame_shapes) -> None:
@@ -454,17 +484,51 @@ def _install(rec: dict, code, func, args: tuple, ctx):
 
     compiled, graphs = None, []
     if rec["graph"] is not None:
-        gm, inputs = graph_data.rebuild(rec["graph"])
-        from kiln_shapes import ShapeEnv
-
-        gm.meta["shape_env"] = ShapeEnv()
+        inputs = list(rec["inputs"])
         examples = [evaluate(e) for e in inputs]
-        compiled = compile_captured(ctx, gm, examples, inputs, gs)
-        graphs.append(gm)
+        built: list = []
+
+        def make_graph():
+            if not built:
+                from kiln_shapes import ShapeEnv
+
+                gm, _ = graph_data.rebuild(marshal.loads(rec["graph"]))
+                gm.meta["shape_env"] = ShapeEnv()
+                built.append(gm)
+            return built[0]
+
+        compiled = _reloaded(ctx, rec["reload"], examples, inputs, gs, make_graph)
+        if compiled is None:
+            gm = make_graph()
+            compiled = compile_captured(ctx, gm, examples, inputs, gs)
+            graphs.append(gm)
     ns = namespace_of(consts, func.__globals__, compiled, {})
     run = types.FunctionType(rec["run"], ns, "__run")
     run.__kiln_source__ = rec["run_src"]
     return CacheEntry(guard, run, gs, params, func.__globals__, graphs)
+
+
+def _reloaded(ctx, recipe, examples: list, inputs: list[str], gs: GuardSet, make_graph):
+    """The backend's callable rebuilt from its reload recipe without the graph (design
+    note, "Reload recipes"), or None."""
+    reload = getattr(ctx.backend, "kiln_reload", None)
+    if recipe is None or not callable(reload):
+        return None
+    start = time.perf_counter()
+    try:
+        compiled = reload(recipe, examples, make_graph)
+    except Exception as e:  # the backend's: the graph is rebuilt and compiled instead
+        log("recompiles", f"a reload recipe failed ({type(e).__name__}: {e}): compiling")
+        compiled = None
+    ctx.backend_seconds += time.perf_counter() - start
+    if compiled is None:
+        return None
+    STATS.reloaded += 1
+    fast = getattr(compiled, "kiln_guarded_call", None)
+    if callable(fast) and gs.guards_tensors(inputs, examples):
+        compiled = fast  # as compile_captured: every input's metadata is guarded
+    counters.bump("graphs")
+    return compiled
 
 
 def load(code: types.CodeType, func, args: tuple, ctx):

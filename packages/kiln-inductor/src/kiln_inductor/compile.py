@@ -28,6 +28,7 @@ from .graph import GraphLowering
 from .ir.nodes import ComputedBuffer, InputBuffer, StorageView
 from .ir.printer import print_ir
 from .ir.symbols import shape_env
+from .runtime import reload
 from .runtime.layout_copies import record_layout_copy
 from .scheduler.fuse import FusedGroup, fuse_nodes
 from .scheduler.memory import plan_memory
@@ -360,6 +361,9 @@ def compile_fx(
     aot_graph = getattr(kiln_aot, "aot_graph", None)
     if aot_graph is None:
         raise AotUnavailableError("aot_graph")
-    return aot_graph(
+    fn = aot_graph(
         gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph, plan_store=store
     )
+    # what runtime/reload.py rebuilds this callable from in another process
+    reuse = regional_reuse_applies(example_inputs)
+    return reload.attach(fn, reload.make_recipe(reuse, reload.whole_body(gm, store)))

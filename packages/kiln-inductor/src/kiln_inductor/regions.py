@@ -54,6 +54,7 @@ import torch
 import torch.fx
 
 from . import log
+from .runtime import reload
 
 MIN_OPS = 5  # a block of fewer operations is not worth a boundary (fusion lost across it)
 STACK = "nn_module_stack"
@@ -387,19 +388,25 @@ def compile_regions(
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for ph, value in zip(placeholders, example_inputs):
         examples[ph] = value
-    blocks: dict[int, Callable[..., Any]] = {}
+    blocks: dict[int, tuple[int, Callable[..., Any]]] = {}
     compiled: list[Callable[..., Any]] = []
+    # the reload recipe (runtime/reload.py): each piece's, or the block of an earlier one
+    bodies: list[tuple | None] = []
     planned = time.perf_counter()
     for k, piece in enumerate(plan.pieces):
         if piece.group is not None and piece.group in blocks:
-            compiled.append(blocks[piece.group])
+            first, fn = blocks[piece.group]
+            compiled.append(fn)
+            bodies.append(("same", first))
             STATS.instances += 1
             continue
         sub = _piece_module(gm, piece, k)
         fn = compile_piece(sub, [_example(gm, a, examples) for a in piece.inputs])
         compiled.append(fn)
+        recipe = reload.recipe_of(fn)
+        bodies.append(recipe[3] if recipe is not None and recipe[3][0] == "aot" else None)
         if piece.group is not None:
-            blocks[piece.group] = fn
+            blocks[piece.group] = (k, fn)
             STATS.blocks_compiled += 1
             STATS.instances += 1
     STATS.graphs_split += 1
@@ -416,6 +423,10 @@ def compile_regions(
     stitched = namespace["stitched"]
     stitched.kiln_regions = plan  # type: ignore[attr-defined]
     stitched.kiln_pieces = compiled  # type: ignore[attr-defined]
+    if None not in bodies and not any(n.op == "get_attr" for n in gm.graph.nodes):
+        described = tuple(g.describe() for g in plan.groups)
+        body = ("regions", source, tuple(bodies), described)
+        reload.attach(stitched, reload.make_recipe(True, body))
     log.log("graphs", f"regional reuse: stitched graph\n{source}")
     # the time regional reuse itself took (finding blocks, stitching), the pieces'
     # compiles aside: the report's compile-time breakdown shows it as its own stage

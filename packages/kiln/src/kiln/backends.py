@@ -61,6 +61,25 @@ def inductor(
     return kiln_cpp.compile_fx(gm, example_inputs)
 
 
+def inductor_reload(
+    recipe: Any,
+    example_inputs: list,
+    make_graph: Callable[[], torch.fx.GraphModule],
+    *,
+    options: dict[str, Any],
+) -> Callable | None:
+    """``inductor``'s callable for a graph a process compiled before, from the reload
+    recipe that callable carried (kiln-inductor's runtime/reload.py; kiln-capture keeps it
+    with the kept capture), without the graph: or None, and the graph is compiled."""
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    if "cuda" in devices:  # kiln-triton's graphs have no recipe
+        return None
+    import kiln_cpp  # noqa: F401  (registers the C++ kernel backend)
+    import kiln_inductor
+
+    return kiln_inductor.reload_fx(recipe, example_inputs, make_graph)
+
+
 def import_cpu_compiler() -> None:
     """Import the modules a first compiled call on CPU tensors needs (kiln-cpp, kiln-aot,
     kiln-inductor's regions and artifact cache), when kiln is imported: they are imported
@@ -102,6 +121,8 @@ def lookup(backend: str | Backend, options: dict[str, Any]) -> tuple[str, Backen
     fn = NAMED[backend]
     if backend == "inductor":
         fn = functools.partial(fn, options=options)
+        # a kept capture's compiled graph found again without the graph (inductor_reload)
+        fn.kiln_reload = functools.partial(inductor_reload, options=options)
     env = {}
     if options.get("debug_dir"):
         env["KILN_DEBUG_DIR"] = options["debug_dir"]
@@ -123,19 +144,24 @@ def _with_env(backend: Backend, env: dict[str, str]) -> Backend:
     ``KILN_ARTIFACT_CACHE``, ``KILN_REGIONAL_REUSE``, ``KILN_REGIONAL_REUSE_GPU``) while compiling: the options that kiln.compile passes down
     this way (the artifact cache is chosen when a graph reaches the backend)."""
 
-    @functools.wraps(backend)
-    def compiling(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return backend(gm, example_inputs)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
+    def scoped(call: Callable) -> Callable:
+        def run(*args: Any) -> Any:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                return call(*args)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        del os.environ[k]
+                    else:
+                        os.environ[k] = v
 
+        return run
+
+    compiling = functools.wraps(backend)(scoped(backend))
+    reload = getattr(backend, "kiln_reload", None)
+    compiling.kiln_reload = scoped(reload) if reload is not None else None
     return compiling
 
 
@@ -159,6 +185,16 @@ def with_fallback(name: str, backend: Backend, *, allow_fallback: bool) -> Backe
             log.warning("kiln: falling back to eager: %s", error)
             return gm.forward
 
+    reload = getattr(backend, "kiln_reload", None)
+
+    def reloading(recipe: Any, example_inputs: list, make_graph: Callable) -> Callable | None:
+        try:
+            return reload(recipe, example_inputs, make_graph)
+        except Exception as e:  # the graph is compiled instead (with this fallback)
+            log.warning("kiln: a reload recipe failed (%s: %s): compiling", type(e).__name__, e)
+            return None
+
+    guarded.kiln_reload = reloading if reload is not None else None
     return guarded
 
 

@@ -31,7 +31,8 @@ devices, and whether ``meta["kiln_indices_checked"]`` drops its index check; the
 constants it holds); the example inputs' metadata; the plan's signature (kiln-aot's plan
 cache key: every input's metadata, grad mode, the module's training flag); the versions
 of kiln's packages, torch, Triton and Python, and a digest of the compiler's own source
-files (an edited source tree never reuses an entry); the device (machine, CPU model and
+files (path, size and modification time of each: an edited source tree never reuses an
+entry); the device (machine, CPU model and
 core count, or the GPU's name and capability); the ``affects_cache`` settings of
 kiln-aot, kiln-inductor and the device's kernel backend.
 
@@ -132,30 +133,41 @@ def _warn(kind: str, message: str) -> None:
 
 @functools.cache
 def versions() -> dict[str, str]:
-    """Versions of what builds and runs an entry (part of its key and checked on load)."""
+    """Versions of what builds and runs an entry (part of its key and checked on load).
+    A package already imported gives its ``__version__`` (read from its metadata at
+    import); the others are looked up (about 0.25 ms each)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {}
+    out = {"torch": torch.__version__}
     for pkg in _VERSIONED:
+        if pkg == "torch":
+            continue
+        module = sys.modules.get(pkg.replace("-", "_"))
+        found = getattr(module, "__version__", None) if pkg.startswith("kiln") else None
+        if isinstance(found, str):
+            out[pkg] = found
+            continue
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             out[pkg] = "-"
-    out["torch"] = torch.__version__
     out["python"] = sys.version.split()[0]
     return out
 
 
 @functools.cache
 def _source_digest(packages: tuple[str, ...]) -> str:
-    """sha256 of the Python sources of ``packages`` (an editable install changes code
-    without changing its version)."""
+    """sha256 of the path, size and modification time of every Python source of
+    ``packages`` (an editable install changes code without changing its version; as
+    Python's own ``.pyc`` check, a stat per file: reading and hashing the sources cost
+    ~3 ms of a warm process's first call)."""
     h = hashlib.sha256()
     for name in packages:
         module = sys.modules.get(name) or importlib.import_module(name)
         root = Path(module.__file__ or "").parent
         for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+            st = path.stat()
+            h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     return h.hexdigest()
 
 
@@ -501,6 +513,7 @@ class PlanStore:
 
     def __init__(self, cache: ArtifactCache, graph_key: str):
         self.cache, self.graph_key = cache, graph_key
+        self.recipe: tuple | None = None  # set by plan_store_for
 
     def key(self, signature: tuple) -> str:
         return digest(self.graph_key, repr(signature))
@@ -544,26 +557,39 @@ class PlanStore:
         log.log("timings", f"artifact-save: {seconds:.4f} s")
 
 
-def plan_store_for(gm: Any, example_inputs: Sequence[Any]) -> PlanStore | None:
-    """The store of ``gm``'s plans, or None (cache off, or a callable that is no graph)."""
-    if not read_config().artifact_cache:
-        return None
-    start = time.perf_counter()
-    gkey = graph_key(gm, example_inputs)
-    if gkey is None:
-        return None
-    devices = sorted(
-        {a.device for a in example_inputs if isinstance(a, torch.Tensor)}, key=str
-    ) or [torch.device("cpu")]
+def _devices(example_inputs: Sequence[Any]) -> list[torch.device]:
+    return sorted({a.device for a in example_inputs if isinstance(a, torch.Tensor)}, key=str) or [
+        torch.device("cpu")
+    ]
+
+
+def context_key(devices: Sequence[torch.device]) -> str:
+    """The part of every key that is not the graph's: versions, the compiler's sources,
+    the machine, the ``affects_cache`` settings, the default dtype (module docstring)."""
     packages = _backend_packages(sorted({d.type for d in devices}))
-    key = digest(
+    return digest(
         str(FORMAT),
         json.dumps(versions(), sort_keys=True),
         _source_digest(("kiln_shapes", "kiln_aot", "kiln_inductor", *packages)),
         repr(_device_key(devices)),
         _settings_key(packages),
         str(torch.get_default_dtype()),
-        gkey,
     )
+
+
+def plan_store_for(gm: Any, example_inputs: Sequence[Any]) -> PlanStore | None:
+    """The store of ``gm``'s plans, or None (cache off, or a callable that is no graph).
+    ``store.recipe`` names it without the graph: ``(devices, context key, graph key)``
+    (runtime/reload.py finds it again from these)."""
+    if not read_config().artifact_cache:
+        return None
+    start = time.perf_counter()
+    gkey = graph_key(gm, example_inputs)
+    if gkey is None:
+        return None
+    devices = _devices(example_inputs)
+    context = context_key(devices)
+    store = PlanStore(ArtifactCache(), digest(context, gkey))
+    store.recipe = (tuple(str(d) for d in devices), context, gkey)
     STATS.key_s += time.perf_counter() - start
-    return PlanStore(ArtifactCache(), key)
+    return store
