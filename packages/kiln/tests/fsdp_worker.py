@@ -121,14 +121,21 @@ def _loss(name: str, out, target):
 
 
 # (model, activation checkpointing, where kiln.compile is applied): every mode on the MLP,
-# the GPT-style model in each mode at least once
+# the GPT-style model in each mode at least once. "root": kiln.compile(root), one graph with
+# FSDP's collectives in it (kiln/fsdp_graph.py); "root regions": the same with
+# options={"fsdp_graph": False}, each unit a region between FSDP's eager hooks (kiln/fsdp.py);
+# "blocks": each block replaced by kiln.compile(block) (regions: FSDP's root is eager)
 CASES = [
     *(("mlp", ac, how) for ac in AC_MODES for how in ("root", "blocks")),
     *(("gpt", ac, how) for ac in ("none", "inside") for how in ("root", "blocks")),
     ("gpt", "around", "root"),
+    ("gpt", "wrapper", "root"),
     ("gpt", "wrapper", "blocks"),
-    # only the blocks sharded: the root is plain, compiled around its units' regions
+    *(("mlp", ac, "root regions") for ac in ("none", "around")),
+    ("gpt", "inside", "root regions"),
+    # only the blocks sharded: the root is plain, each block an FSDP root of its own
     *(("mlp", ac, "unsharded root") for ac in ("none", "around")),
+    ("mlp", "none", "unsharded root regions"),
 ]
 
 
@@ -165,6 +172,47 @@ def _assert_counts(what: str) -> dict:
     return stats
 
 
+def _compile(model: nn.Module, how: str):
+    """``model`` compiled as ``how`` says (CASES)."""
+    import kiln
+
+    if how == "blocks":
+        return _compile_blocks(model)
+    return kiln.compile(model, options={"fsdp_graph": not how.endswith("regions")})
+
+
+def _whole(how: str, options: str = "default") -> bool:
+    """Does kiln run FSDP's collectives in one graph (kiln/fsdp_graph.py)? Per-block
+    compilation and the regions option do not; gradient accumulation without sync runs
+    the regions for its micro-batches and for the step FSDP owes their reduce-scatter."""
+    return how in ("root", "unsharded root") and options != "accumulate"
+
+
+def _check_comms(what: str, how: str, options: str, eager_events: list, kiln_events: list):
+    """Regions: kiln's step issues eager FSDP's all-gathers, reshards and reduce-scatters in
+    eager's order (FSDP runs them around kiln's regions). One graph: FSDP's own methods
+    issue none (the graph's all-gathers and reduce-scatters do; gathered parameters are
+    counted by _assert_whole)."""
+    if _whole(how, options):
+        assert eager_events and kiln_events == [], f"{what}: FSDP's collectives {kiln_events}"
+    else:
+        assert eager_events == kiln_events, f"{what}:\neager {eager_events}\nkiln  {kiln_events}"
+
+
+def _assert_whole(what: str, model: nn.Module, how: str, options: str, stats: dict) -> None:
+    """One graph holding the gather of every sharded parameter, no region boundary; or,
+    on the regions path, no parameter gathered by a graph."""
+    import kiln.fsdp_graph
+
+    gathered = kiln.fsdp_graph.GATHERED
+    if not _whole(how, options):
+        assert gathered == [], (what, gathered)
+        return
+    sharded = sum(1 for p in model.parameters() if hasattr(p, "to_local"))
+    assert stats["graphs"] == 1 and stats["region_boundaries"] == 0, (what, stats)
+    assert gathered == [sharded], f"{what}: gathered {gathered} of {sharded} sharded parameters"
+
+
 def check_fsdp(rank: int, world: int) -> None:
     """CASES with FSDP's default options (see _train_like_eager)."""
     for name, ac, how in CASES:
@@ -174,6 +222,7 @@ def check_fsdp(rank: int, world: int) -> None:
 # (model, activation checkpointing, where kiln.compile is applied, FSDP options of _sharded)
 FSDP_OPTION_CASES = [
     *(("mlp", "none", how, fsdp) for how in ("root", "blocks") for fsdp in ("prefetch", "no reshard")),
+    ("mlp", "none", "root regions", "prefetch"),
     ("gpt", "none", "root", "prefetch"),
     ("gpt", "inside", "blocks", "prefetch"),
     ("gpt", "inside", "root", "no reshard"),
@@ -262,8 +311,9 @@ def _train_like_eager(rank: int, world: int, name: str, ac: str, how: str, optio
     mesh = init_device_mesh("cpu", (world,))
     cls = GPT if name == "gpt" else MLP
     kiln.reset()
-    eager, mine = (_sharded(cls, ac, mesh, how != "unsharded root", options) for _ in range(2))
-    fn = _compile_blocks(mine) if how == "blocks" else kiln.compile(mine)
+    shard_root = not how.startswith("unsharded root")
+    eager, mine = (_sharded(cls, ac, mesh, shard_root, options) for _ in range(2))
+    fn = _compile(mine, how)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
     g = torch.Generator().manual_seed(100 + rank)
     what = f"fsdp {name} ac={ac} {options} options, compiled at the {how} on rank {rank}"
@@ -283,12 +333,14 @@ def _train_like_eager(rank: int, world: int, name: str, ac: str, how: str, optio
                 opt.step()
                 opt.zero_grad()
                 seen.append(comms.take())
-            assert seen[0] == seen[1], f"{what}, step {step}:\neager {seen[0]}\nkiln  {seen[1]}"
+            _check_comms(f"{what}, step {step}", how, options, *seen)
     prefetched = sum(e[0] == "all_gather" and e[2] == "PRE_BACKWARD" for e in seen[0])
     for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
         _assert_shard_close(q, p, 1e-5, f"{what}: {pname}")
-    print(f"[rank {rank}] {what}: {_assert_counts(what)}, {len(seen[0])} comm events, "
-          f"{prefetched} all-gathers before backward", flush=True)  # fmt: skip
+    stats = _assert_counts(what)
+    _assert_whole(what, mine, how, options, stats)
+    print(f"[rank {rank}] {what}: {stats}, {len(seen[1])} FSDP comm events, "
+          f"{prefetched} all-gathers before backward in eager", flush=True)  # fmt: skip
 
 
 def _snapshot(model: nn.Module) -> list:
@@ -342,17 +394,29 @@ def check_unchanged(rank: int, world: int) -> None:
         for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
             _assert_shard_close(q, p, 1e-5, f"unchanged ac={ac}: {pname}")
         del alone
-        # a second kiln.compile with other options compiles the units with those
-        seen: list = []
+        # a second kiln.compile with other options compiles with those: one graph holding
+        # FSDP's gathers, run as it is by the backend (gradients equal eager FSDP's), or
+        # with fsdp_graph off a graph per unit's region
+        for whole in (True, False):
+            seen: list = []
 
-        def recording(gm, example_inputs, seen=seen):
-            seen.append(gm)
-            return gm.forward
+            def recording(gm, example_inputs, seen=seen):
+                seen.append(gm)
+                return gm.forward
 
-        x, target = _batch("mlp", g)
-        _loss("mlp", kiln.compile(mine, backend=recording)(x), target).backward()
-        assert len(seen) >= len(mine.blocks), f"the second compile's backend saw {len(seen)}"
-        assert _snapshot(mine) == before
+            x, target = _batch("mlp", g)
+            options = {"fsdp_graph": whole}
+            for model in (eager, kiln.compile(mine, backend=recording, options=options)):
+                _loss("mlp", model(x), target).backward()
+            for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+                _assert_shard_close(q.grad, p.grad, 1e-6, f"grad, fsdp_graph={whole}: {pname}")
+                p.grad = q.grad = None
+            if whole:
+                gathers = [n for n in seen[0].graph.nodes if "all_gather_shard" in str(n.target)]
+                assert len(seen) == 1 and len(gathers) == len(list(mine.parameters())), seen
+            else:
+                assert len(seen) >= len(mine.blocks), f"the regions' backend saw {len(seen)}"
+            assert _snapshot(mine) == before
         print(f"[rank {rank}] fsdp modules unchanged (ac={ac})", flush=True)
 
 
@@ -392,6 +456,7 @@ HF_CASES = [
     ("llama", "adamw", False, "root"),
     ("llama", "sgd", True, "root"),
     ("gpt2", "adamw", False, "root"),
+    ("llama", "sgd", True, "root regions"),
     ("llama", "sgd", True, "layers"),
     ("gpt2", "adamw", False, "layers"),
 ]
@@ -421,7 +486,7 @@ def check_hf(rank: int, world: int) -> None:
                 layers[k] = kiln.compile(layer)
             compiled = mine
         else:
-            compiled = kiln.compile(mine)
+            compiled = _compile(mine, how)
         # AdamW's step divides by the gradient's running size, so an element whose
         # gradient is near 0 turns last-bit differences into up to lr per step: its
         # tolerance is a tenth of one step (SGD's is 1e-5)
@@ -443,8 +508,9 @@ def check_hf(rank: int, world: int) -> None:
                     opt.step()
                     opt.zero_grad()
                     seen.append(comms.take())
-                assert seen[0] == seen[1], f"{what}, step {step}:\neager {seen[0]}\nkiln  {seen[1]}"
+                _check_comms(f"{what}, step {step}", how, "default", *seen)
         for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
             _assert_shard_close(q, p, atol, f"{what}: {pname}")
         stats = _assert_counts(what)
+        _assert_whole(what, mine, how, "default", stats)
         print(f"[rank {rank}] {what}: {stats}", flush=True)

@@ -12,11 +12,14 @@ an MLP and HF GPT-2 train to the parameters eager DDP reaches, with several piec
 graph, ``no_sync()`` and gradient accumulation included.
 
 FSDP2 (``fully_shard`` per block and at the root, fsdp_worker.py): an MLP, a GPT-style
-model and HF LLaMA / GPT-2 compiled at the root and per block, with activation
-checkpointing inside and around the sharded blocks, explicit prefetching and
-reshard_after_forward=False, issue eager FSDP2's collectives in eager's order and reach its
-parameter shards on every rank with no break (kiln/fsdp.py); kiln.compile leaves the user's
-modules as they were.
+model and HF LLaMA / GPT-2 compiled at the root are one graph holding the all-gather of
+every sharded parameter and, in its backward, their reduce-scatters (kiln/fsdp_graph.py;
+FSDP's own methods issue no collective); compiled per block, or at the root with
+``fsdp_graph`` off or under gradient accumulation without sync, each unit is a region
+between FSDP's eager hooks, which issue eager FSDP2's collectives in eager's order
+(kiln/fsdp.py). With activation checkpointing inside and around the sharded blocks,
+explicit prefetching and reshard_after_forward=False, every rank reaches eager's
+parameter shards with no break; kiln.compile leaves the user's modules as they were.
 
 A whole training step compiled (forward, backward, optimizer step) under DDP and FSDP2
 trains like eager; its graph breaks are kiln-capture's (distributed_worker.KNOWN_STEP_BREAKS)."""
@@ -96,11 +99,13 @@ def test_ddp_gradient_accumulation(tmp_path, world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp_trains_like_eager(tmp_path, world):
-    """FSDP2 MLP and GPT-style model compiled at the root and per block, activation
-    checkpointing none, inside, around the sharded blocks and as checkpoint_wrapper
-    (fsdp_worker.CASES): each step issues eager FSDP2's all-gathers, reshards and
-    reduce-scatters in eager's order (per-block compiled units included: FSDP's root finds
-    them), parameter shards equal eager's, 0 breaks."""
+    """FSDP2 MLP and GPT-style model compiled at the root (one graph gathering every
+    sharded parameter, no region boundary, FSDP's methods issue no collective), at the
+    root with fsdp_graph off and per block (regions: each step issues eager FSDP2's
+    all-gathers, reshards and reduce-scatters in eager's order; per-block compiled units
+    included: FSDP's root finds them), activation checkpointing none, inside, around the
+    sharded blocks and as checkpoint_wrapper (fsdp_worker.CASES): parameter shards equal
+    eager's, 0 breaks."""
     _run_ranks(tmp_path, world, "fsdp")
 
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 import kiln_capture
-from kiln import backends, distributed, fsdp
+from kiln import backends, distributed, fsdp, fsdp_graph
 from kiln.config import resolve_options
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -88,10 +88,19 @@ def compile(
         # hooks (kiln/fsdp.py), in place only while the compiled object's call (and its
         # backward) runs: the user's modules are left as they are
         regions = fsdp.compile_units(model, optimize)
+        # one graph with FSDP's all-gathers and reduce-scatters in it where FSDP's
+        # options allow (kiln/fsdp_graph.py), else the regions
+        whole = fsdp_graph.compile_whole(
+            model,
+            lambda b: kiln_capture.optimize(b, fullgraph=fullgraph, dynamic=dynamic),
+            guarded,
+            enabled=resolved["fsdp_graph"],
+        )
         if not fsdp.is_unit(model):
-            return _compiled_module(model, fsdp.scoped(regions, optimize(model).forward))
+            scoped = fsdp.scoped(regions, optimize(model).forward)
+            return _compiled_module(model, whole.or_else(scoped))
         call = functools.partial(torch.nn.Module.__call__, model)
-        compiled = _compiled_module(model, fsdp.scoped(regions, call))
+        compiled = _compiled_module(model, whole.or_else(fsdp.scoped(regions, call)))
         fsdp.share_state(compiled, model)  # FSDP's root finds the unit through it
         return compiled
     if isinstance(model, torch.nn.Module):
@@ -158,6 +167,7 @@ def reset() -> None:
     backends.FALLBACKS[0] = 0
     regions.reset()
     distributed.SPLITS.clear()
+    fsdp_graph.GATHERED.clear()
 
 
 def stats() -> dict[str, int]:

@@ -85,6 +85,15 @@ OPTIONS: dict[str, Option] = {
             True,
         ),
         Option(
+            "fsdp_graph",
+            bool,
+            True,
+            "compile a fully_shard (FSDP2) model whole as one graph with its all-gathers and "
+            "reduce-scatters as graph nodes where FSDP's options allow (kiln/fsdp_graph.py); "
+            "False runs each unit's forward as a region between FSDP's own eager hooks",
+            False,
+        ),
+        Option(
             "max_autotune",
             bool,
             False,

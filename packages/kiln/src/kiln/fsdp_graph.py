@@ -1,0 +1,363 @@
+"""FSDP2 compiled whole: one graph per model, all-gathers and reduce-scatters in it.
+
+Design: FSDP's collectives as graph nodes
+=========================================
+``kiln.compile(root)`` of a ``fully_shard`` model could run each unit's forward as a
+region between FSDP's eager hooks (kiln/fsdp.py): correct, but the root's graph ends at
+every call of a unit. Here the whole forward is one graph, and FSDP's work is in it, as
+torch's SimpleFSDP expresses FSDP:
+
+- While the compiled call runs, each unit's FSDP forward hooks are out of its hook tables
+  and each sharded parameter (a DTensor shard) is replaced in its module by a *stand-in*:
+  an ``nn.Parameter`` of the unsharded shape and dtype holding no storage (size 0, as FSDP
+  frees its unsharded parameters). kiln-capture then traces the root's forward through
+  every unit, with the stand-ins as graph inputs: one graph, no break.
+- ``gather_params`` (the backend's first step) rewrites each stand-in's placeholder into
+  this rank's shard (``DTensor.to_local()``, passed on every call), padded to FSDP's
+  padded shard size, ``_c10d_functional.all_gather_into_tensor`` over the unit's shard
+  group, ``wait_tensor`` and a narrow to the unsharded rows: the unsharded parameter is a
+  value of the graph. The all-gather's autograd rule is a ``reduce_scatter_tensor`` (sum);
+  an identity in value whose gradient is divided by the group's size (``x.detach() + (x -
+  x.detach()) / n``) before the gather gives FSDP's average. The gradient reaches the
+  DTensor parameter through ``to_local``'s backward, as a DTensor shard, as FSDP's
+  post-backward writes it.
+- kiln-inductor's collectives pass issues each collective as soon as its input exists and
+  waits just before the first kernel reading it: every all-gather starts at the graph's
+  start and is waited on where the unit's first kernel needs it (forward prefetching), and
+  each reduce-scatter starts as soon as its unit's gradient is complete, waited on only at
+  the backward's end (backward overlap). kiln-aot's partitioner decides whether the
+  backward keeps the gathered parameters or gathers them again.
+
+Memory: every unit's parameters are gathered when the graph starts, so the peak holds the
+unsharded model (as ``reshard_after_forward=False`` does); per-unit resharding inside a
+graph is not done.
+
+When it applies: every unit has FSDP's defaults where they change what the graph must do
+(no mixed precision casts, no CPU offload, a 1-D shard mesh and Shard(0) placements, no
+custom collectives or divide factors, gradient sync on, no unsharded gradients accumulated
+and every parameter sharded, checked on every call). A call where any of these does not
+hold runs the regions of kiln/fsdp.py (e.g. the micro-batches of gradient accumulation
+under ``set_requires_gradient_sync(False)``, and the step after them, whose reduce-scatter
+FSDP owes). ``kiln.compile(model, options={"fsdp_graph": False})`` always takes the regions.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from kiln import fsdp
+
+Backend = Callable[[torch.fx.GraphModule, list], Callable]
+
+# sharded parameters gathered in each graph compiled this way since the last kiln.reset()
+GATHERED: list[int] = []
+
+
+@dataclass(eq=False)
+class _Param:
+    """One FSDP parameter: its stand-in and how its shard becomes the unsharded value."""
+
+    fsdp_param: Any  # torch's FSDPParam
+    standin: torch.nn.Parameter
+    group_name: str
+    group_size: int
+    padded_rows: int
+
+    def local(self) -> torch.Tensor:
+        # read each call: FSDP may replace its sharded parameter (load_state_dict)
+        return LocalShard.apply(self.fsdp_param.sharded_param, self.fsdp_param)
+
+    def swap(self, param: torch.nn.Parameter) -> None:
+        info = self.fsdp_param._module_info
+        info.module._parameters[info.param_name] = param
+        for module, name in zip(info.shared_modules, info.shared_param_names):
+            module._parameters[name] = param
+
+
+class LocalShard(torch.autograd.Function):
+    """A sharded parameter's local tensor, whose gradient becomes the parameter's as FSDP's
+    post-backward makes it (``FSDPParam.to_sharded_dtensor``: a DTensor on the parameter's
+    own spec). ``DTensor.to_local`` would build a new spec for every gradient, running
+    torch's generated dataclass code inside a compiled step's backward."""
+
+    @staticmethod
+    def forward(ctx: Any, param: torch.Tensor, fsdp_param: Any) -> torch.Tensor:
+        ctx.fsdp_param = fsdp_param
+        return param._local_tensor.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return ctx.fsdp_param.to_sharded_dtensor(grad.contiguous()), None
+
+
+def _groups(model: torch.nn.Module) -> list:
+    return [g for u in fsdp.units(model) for g in u._get_fsdp_state()._fsdp_param_groups]
+
+
+def _eligible(model: torch.nn.Module) -> bool:
+    """FSDP's defaults hold where they change the graph (module docstring)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
+    from torch.distributed.fsdp._fully_shard._fsdp_api import CPUOffloadPolicy
+    from torch.distributed.fsdp._fully_shard._fsdp_common import (
+        FSDPMeshInfo,
+        HSDPMeshInfo,
+        TrainingState,
+    )
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+    for group in _groups(model):
+        mp = group.mp_policy
+        if mp.param_dtype is not None or mp.reduce_dtype is not None or mp.output_dtype:
+            return False
+        if isinstance(group.offload_policy, CPUOffloadPolicy):
+            return False
+        info = group.mesh_info
+        if not isinstance(info, FSDPMeshInfo) or isinstance(info, HSDPMeshInfo):
+            return False
+        if not (group.reduce_grads and group.all_reduce_grads):
+            return False
+        if group.gradient_divide_factor is not None or group.force_sum_reduction_for_comms:
+            return False
+        if type(group._all_gather_comm) is not coll.DefaultAllGather:
+            return False
+        if type(group._reduce_scatter_comm) is not coll.DefaultReduceScatter:
+            return False
+        if group._training_state != TrainingState.IDLE or group._all_reduce_hook is not None:
+            return False
+        for p in group.fsdp_params:
+            if p.fsdp_placement.dim != 0 or p.is_dtensor or p.offload_to_cpu:
+                return False
+            if p.sharded_state != ShardedState.SHARDED or p.unsharded_accumulated_grad is not None:
+                return False
+            unsharded = getattr(p, "_unsharded_param", None)  # FSDP's, after its first gather
+            if unsharded is not None and unsharded.grad is not None:
+                return False  # gradients accumulated without sync: FSDP reduces them
+            if hasattr(p, "_extensions_data"):  # a tensor subclass's own all-gather
+                return False
+    return True
+
+
+class Whole:
+    """The graph path of one ``kiln.compile(root)``: its stand-ins and the scope that puts
+    them (and takes FSDP's forward hooks out) while the compiled call runs."""
+
+    def __init__(self, model: torch.nn.Module, enabled: bool = True) -> None:
+        self.model = weakref.ref(model)
+        self.enabled = enabled
+        self.params: dict[int, _Param] = {}  # by id of the stand-in
+        self.hooks: list[tuple[torch.nn.Module, str, dict]] = []
+        self.depth = 0
+        self.tops: list[weakref.ref] | None = None
+        self.forward: Callable = lambda *a, **k: None  # set by compile_whole
+
+    def applies(self) -> bool:
+        model = self.model()
+        if model is None or not self.enabled or self.depth:
+            return False
+        if self.tops is None:
+            self.tops = [weakref.ref(u) for u in _outermost(model)]
+        return _ready(model, [u for ref in self.tops if (u := ref()) is not None])
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > 1:
+            return
+        model = self.model()
+        for group in _groups(model):
+            for p in group.fsdp_params:
+                entry = self.params.get(id(getattr(p, "_kiln_standin", None)))
+                if entry is None:
+                    entry = _stand_in(p)
+                    self.params[id(entry.standin)] = entry
+                entry.swap(entry.standin)
+        for unit in fsdp.units(model):
+            for table in ("_forward_pre_hooks", "_forward_hooks"):
+                hooks = getattr(unit, table)
+                kept = dict(hooks)
+                for key, hook in kept.items():
+                    if fsdp._is_fsdp_hook(hook):
+                        del hooks[key]
+                self.hooks.append((unit, table, kept))
+
+    def leave(self) -> None:
+        self.depth -= 1
+        if self.depth:
+            return
+        for entry in self.params.values():
+            entry.swap(entry.fsdp_param.sharded_param)
+        for unit, table, kept in self.hooks:
+            hooks = getattr(unit, table)
+            added = {k: h for k, h in hooks.items() if k not in kept}
+            hooks.clear()
+            hooks.update(kept)
+            hooks.update(added)
+        self.hooks.clear()
+
+    def or_else(self, regions: Callable) -> Callable:
+        """The compiled call: the whole graph where it applies, else ``regions``."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not self.applies():
+                return regions(*args, **kwargs)
+            self.enter()
+            try:
+                return self.forward(self.model(), *args, **kwargs)
+            finally:
+                self.leave()
+
+        call.__wrapped__ = regions
+        return call
+
+    def backend(self, inner: Backend) -> Backend:
+        """``inner`` applied to the graph ``gather_params`` made of a captured one."""
+
+        def gathering_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            found = gather_params(gm, example_inputs, self.params)
+            if not found:
+                return inner(gm, example_inputs)
+            examples = list(example_inputs)
+            for i, entry in found:
+                examples[i] = entry.local().detach().requires_grad_(entry.standin.requires_grad)
+            GATHERED.append(len(found))
+            compiled = inner(gm, examples)
+
+            def call(*args: Any) -> Any:
+                args = list(args)
+                for i, entry in found:
+                    args[i] = entry.local()
+                return compiled(*args)
+
+            return call
+
+        return gathering_backend
+
+
+def compile_whole(
+    model: torch.nn.Module,
+    optimize: Callable[[Backend], Callable],
+    backend: Backend,
+    enabled: bool = True,
+) -> Whole:
+    """The graph path of ``kiln.compile(model)``: ``optimize(backend)`` (kiln-capture with
+    kiln.compile's options) over a copy of the model's forward, with ``gather_params``
+    before ``backend``; ``Whole.or_else(regions)`` is the compiled call."""
+    whole = Whole(model, enabled)
+    whole.forward = optimize(whole.backend(backend))(fsdp._own_copy(type(model).forward))
+    return whole
+
+
+def _ready(model: torch.nn.Module, tops: list[torch.nn.Module]) -> bool:
+    """FSDP initialized (as its first forward does) with ``model``'s outermost units as
+    FSDP's roots: a unit compiled alone whose parent is FSDP's root (per-block
+    compilation) runs its region between the root's hooks."""
+    for unit in tops:
+        state = unit._get_fsdp_state()
+        if state._is_root is None:
+            state._lazy_init()
+        if not state._is_root:
+            return False
+    return _eligible(model)
+
+
+def _outermost(model: torch.nn.Module) -> list[torch.nn.Module]:
+    units = fsdp.units(model)
+    inner = {id(m) for u in units for m in u.modules() if m is not u}
+    return [u for u in units if id(u) not in inner]
+
+
+def _stand_in(p: Any) -> _Param:
+    size = p._orig_size
+    standin = torch.nn.Parameter(
+        torch.empty(size, dtype=p.orig_dtype, device=p.sharded_param.device),
+        requires_grad=p.sharded_param.requires_grad,
+    )
+    standin.untyped_storage().resize_(0)  # a shape for capture, no memory
+    p._kiln_standin = standin
+    group = p.mesh_info.shard_process_group
+    return _Param(p, standin, group.group_name, group.size(), p.padded_sharded_param_size[0])
+
+
+def gather_params(
+    gm: torch.fx.GraphModule, example_inputs: list, params: dict[int, _Param]
+) -> list[tuple[int, _Param]]:
+    """Rewrite each stand-in placeholder of ``gm`` (by its example input) into the gather
+    of its shard (module docstring); returns (input index, parameter) of each."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = []
+    for i, (ph, value) in enumerate(zip(placeholders, example_inputs)):
+        entry = params.get(id(value))
+        if entry is None or entry.standin is not value:
+            continue
+        found.append((i, entry))
+        _gather(gm.graph, ph, entry)
+    if found:
+        gm.graph.lint()
+        gm.recompile()
+    return found
+
+
+class AllGatherShard(torch.autograd.Function):
+    """FSDP's all-gather of a (padded) dim-0 shard over a group of ``n`` ranks; its
+    gradient is FSDP's: the reduce-scatter of the unsharded gradient, averaged over the
+    group. (``_c10d_functional.all_gather_into_tensor``'s own autograd rule sums.)"""
+
+    @staticmethod
+    def forward(ctx: Any, shard: torch.Tensor, n: int, group_name: str) -> torch.Tensor:
+        ctx.n, ctx.group_name = n, group_name
+        c10d = torch.ops._c10d_functional
+        return c10d.wait_tensor(c10d.all_gather_into_tensor(shard, n, group_name))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        c10d = torch.ops._c10d_functional
+        out = c10d.reduce_scatter_tensor(grad.contiguous(), "avg", ctx.n, ctx.group_name)
+        return c10d.wait_tensor(out), None, None
+
+
+def all_gather_shard(shard: torch.Tensor, n: int, group_name: str) -> torch.Tensor:
+    """``AllGatherShard``: the graph's call (a module-level name, which FX code can print)."""
+    return AllGatherShard.apply(shard, n, group_name)
+
+
+def _gather(graph: torch.fx.Graph, ph: torch.fx.Node, entry: _Param) -> None:
+    full = ph.meta["val"]
+    local = entry.local()
+    rows, n = full.shape[0], entry.group_size
+    users = list(ph.users)
+    grad = entry.standin.requires_grad
+
+    def meta(shape: tuple) -> dict:
+        # as capture records a value: a meta tensor, and the device it lives on
+        val = torch.empty(shape, dtype=full.dtype, device="meta", requires_grad=grad)
+        return {"val": val, "device": ph.meta.get("device", local.device)}
+
+    ph.meta.update(meta(tuple(local.shape)))
+
+    def add(target: Any, args: tuple, shape: tuple) -> torch.fx.Node:
+        node = graph.call_function(target, args)
+        node.meta.update(meta(shape))
+        if "nn_module_stack" in ph.meta:
+            node.meta["nn_module_stack"] = ph.meta["nn_module_stack"]
+        return node
+
+    rest = tuple(full.shape[1:])
+    with graph.inserting_before(ph.next):
+        x = ph
+        if local.shape[0] != entry.padded_rows:
+            pad = [0, 0] * len(rest) + [0, entry.padded_rows - local.shape[0]]
+            x = add(torch.constant_pad_nd, (x, pad), (entry.padded_rows, *rest))
+        shape = (entry.padded_rows * n, *rest)
+        x = add(all_gather_shard, (x, n, entry.group_name), shape)
+        if shape[0] != rows:
+            x = add(torch.narrow, (x, 0, 0, rows), (rows, *rest))
+    for user in users:
+        user.replace_input_with(ph, x)
+
+
+__all__ = ["GATHERED", "Whole", "compile_whole", "gather_params"]
