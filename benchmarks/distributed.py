@@ -300,13 +300,15 @@ def rank_main(rank: int, world: int, init: str, args) -> None:
             counters.clear()
             fn = torch.compile(ddp)
         else:
-            # "one graph": kiln.compile reads the bucket size to split at; DDP's reducer
-            # keeps the buckets it made when it was built
-            saved = ddp.bucket_bytes_cap
+            # "one graph": kiln.compile reads DDP's bucket limits to split at
+            # (kiln.distributed.bucket_caps); DDP's own buckets stay as they are
+            import kiln.distributed
+
+            saved = kiln.distributed.bucket_caps
             if compiler == "kiln one graph":
-                ddp.bucket_bytes_cap = 1 << 40
+                kiln.distributed.bucket_caps = lambda ddp: [1 << 40]
             fn = kiln.compile(ddp)
-            ddp.bucket_bytes_cap = saved
+            kiln.distributed.bucket_caps = saved
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(1000 + rank)
         times, fractions, hidden = [], [], []

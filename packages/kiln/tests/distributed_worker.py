@@ -92,6 +92,7 @@ def main(rank: int, world: int, init: str, debug: str, suites: list[str]) -> Non
         if "ddp" in suites:
             for name, make_model in _models().items():
                 _check_ddp(name, make_model, rank)
+            _check_ddp_default_buckets(rank)
         if "ddp_accumulate" in suites:
             for name in ("mlp", "hf_gpt2"):
                 for sync in ("no_sync", "every"):
@@ -331,6 +332,52 @@ def _check_ddp(name: str, make_model, rank: int) -> None:
     for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=f"{name}: {pname}")
     _assert_ddp_counts(f"ddp {name} on rank {rank}")
+
+
+def _check_ddp_default_buckets(rank: int) -> None:
+    """DDP with its default bucket sizes (``bucket_cap_mb`` left out: a first bucket of
+    1 MiB, then 25 MiB) on a 1.6 MB MLP: kiln splits the graph as DDP's buckets are sized
+    (kiln.distributed.bucket_caps), so DDP's Reducer, rebuilding its buckets from the order
+    the compiled pieces produce gradients, makes as many buckets as eager DDP (the first
+    starting its all-reduce before the backward's last piece) with sizes within one
+    parameter of eager's; parameters equal eager DDP's."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import kiln
+    import kiln.distributed
+
+    def mlp():
+        layers = [m for _ in range(6) for m in (torch.nn.Linear(256, 256), torch.nn.GELU())]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(256, 8))
+
+    kiln.reset()
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(DDP(mlp()))
+    eager, mine = models
+    compiled = kiln.compile(mine)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    g = torch.Generator().manual_seed(300 + rank)
+    for _ in range(3):
+        x, target = torch.randn(16, 256, generator=g), torch.randn(16, 8, generator=g)
+        for fn, opt in zip((eager, compiled), opts):
+            ((fn(x) - target) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=f"default buckets: {pname}")
+    sizes = [
+        [int(b) for b in m._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(",")]
+        for m in models
+    ]
+    largest = max(p.numel() * p.element_size() for p in mine.parameters())
+    what = f"ddp default buckets on rank {rank}: eager {sizes[0]}, kiln {sizes[1]}"
+    assert len(sizes[0]) == len(sizes[1]) >= 2, what
+    assert all(abs(a - b) <= largest for a, b in zip(*sizes)), what
+    assert kiln.distributed.SPLITS == [len(sizes[0])], (what, kiln.distributed.SPLITS)
+    _assert_ddp_counts(what)
+    print(f"[rank {rank}] {what}, pieces {kiln.distributed.SPLITS}", flush=True)
 
 
 # Graph breaks a compiled training step under DDP / FSDP2 takes, by (id, what), with why.

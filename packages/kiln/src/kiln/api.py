@@ -78,7 +78,7 @@ def compile(
     )
     if distributed.is_ddp(model):
         # one piece per gradient bucket: DDP's all-reduce overlaps the backward
-        guarded = distributed.split_at_buckets(guarded, model.bucket_bytes_cap)
+        guarded = distributed.split_at_buckets(guarded, distributed.bucket_caps(model))
     # dynamic: True makes every size of every tensor argument symbolic, None makes the
     # sizes that changed symbolic when a frame compiles again, False specializes them all
     # (kiln_capture's dynamic.py); kiln.mark_dynamic / mark_static decide per dimension

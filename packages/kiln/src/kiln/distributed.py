@@ -1,19 +1,23 @@
 """DistributedDataParallel: graphs split at gradient buckets, so all-reduce overlaps backward.
 
-DDP all-reduces gradients in buckets of about ``bucket_bytes_cap`` bytes, each as soon as
-autograd has produced every gradient of the bucket. A model compiled into one graph has
-one backward that returns every gradient at its end, so no bucket can start before the
-whole backward finished. ``split_at_buckets`` cuts the captured graph into pieces that each
-use about one bucket's worth of parameters (counted from the graph's end, where the
-backward starts, as DDP fills its buckets) and compiles each piece on its own: the
-backward then runs piece by piece, and DDP's hooks start a bucket's all-reduce while
-earlier pieces' backward still runs.
+DDP all-reduces gradients in buckets, each as soon as autograd has produced every gradient
+of the bucket; after the first step its Reducer rebuilds the buckets in the order gradients
+became ready, a first one of ``first_bucket_bytes_cap`` (1 MiB under the default
+``bucket_cap_mb``) and then ``bucket_bytes_cap`` each (or the ``bucket_cap_mb_list`` given).
+A model compiled into one graph has one backward that returns every gradient at its end,
+so no bucket can start before the whole backward finished. ``split_at_buckets`` cuts the
+captured graph into pieces that each use one bucket's worth of parameters, with DDP's
+limits (``bucket_caps``), counted from the graph's end, where the backward starts, as DDP
+fills its buckets, and compiles each piece on its own: the backward then runs piece by
+piece, and DDP's hooks start a bucket's all-reduce while earlier pieces' backward still
+runs. (DDP orders the gradients of one piece as autograd hands them over, so a rebuilt
+bucket's edge can fall one parameter off the piece's.)
 
 The pieces are contiguous runs of the graph's nodes; a piece takes the values earlier
 pieces made and returns those later pieces or the graph's outputs read. Each piece is
 compiled on its first call (its real arguments are then its example inputs), through the
 same guarded backend as an unsplit graph (an error there runs that piece eagerly with a
-warning). Graphs with one bucket's worth of parameters or fewer, and graphs passing a
+warning). Graphs with one (first) bucket's worth of parameters or fewer, and graphs passing a
 symbolic size between pieces, are compiled whole.
 """
 
@@ -39,11 +43,30 @@ def is_ddp(model: object) -> bool:
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
 
-def split_at_buckets(backend: Backend, bucket_bytes: int) -> Backend:
-    """``backend`` applied to each bucket-sized piece of a graph (see the module docstring)."""
+def bucket_caps(ddp: torch.nn.parallel.DistributedDataParallel) -> list[int]:
+    """The byte limits of DDP's buckets in the order gradients become ready, as DDP's
+    Reducer sets them when it rebuilds its buckets after the first step: the list given as
+    ``bucket_cap_mb_list``, else a first bucket of ``first_bucket_bytes_cap`` (1 MiB when
+    ``bucket_cap_mb`` is left at its default: the gradients of the last layers start
+    their all-reduce early) and then ``bucket_cap_mb`` each; the last limit repeats."""
+    cap = ddp.bucket_bytes_cap
+    config = getattr(ddp, "_bucket_config", None)  # torch >= 2.12
+    if config is not None:
+        if config.per_bucket_bytes_caps:
+            return list(config.per_bucket_bytes_caps)
+        return [config.first_bucket_bytes_cap, cap]
+    import torch.distributed as dist
+
+    default = getattr(ddp, "bucket_bytes_cap_default", False)
+    return [dist._DEFAULT_FIRST_BUCKET_BYTES if default else cap, cap]
+
+
+def split_at_buckets(backend: Backend, caps: list[int]) -> Backend:
+    """``backend`` applied to each bucket-sized piece of a graph (see the module docstring);
+    ``caps`` from ``bucket_caps``."""
 
     def split_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        buckets = _buckets(gm, example_inputs, bucket_bytes)
+        buckets = _buckets(gm, example_inputs, caps)
         if buckets is None or max(buckets.values(), default=0) == 0:
             return backend(gm, example_inputs)
         top = _split(gm, buckets, backend)
@@ -51,24 +74,25 @@ def split_at_buckets(backend: Backend, bucket_bytes: int) -> Backend:
             return backend(gm, example_inputs)
         pieces = max(buckets.values()) + 1
         SPLITS.append(pieces)
-        log.info("kiln: DDP graph split into %d pieces at %d-byte buckets", pieces, bucket_bytes)
+        log.info("kiln: DDP graph split into %d pieces at buckets of %s bytes", pieces, caps)
         return top.forward
 
     return split_backend
 
 
 def _buckets(
-    gm: torch.fx.GraphModule, example_inputs: list, bucket_bytes: int
+    gm: torch.fx.GraphModule, example_inputs: list, caps: list[int]
 ) -> dict[torch.fx.Node, int] | None:
-    """Bucket number of every compute node, counted from the graph's end: a bucket closes
-    once the parameters first read (walking backwards) reach ``bucket_bytes``."""
+    """Bucket number of every compute node, counted from the graph's end: bucket ``k``
+    closes once the parameters first read (walking backwards) reach ``caps[k]`` (the last
+    cap for the rest), as DDP closes a bucket once its gradients reach the limit."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     params = {
         ph: p.numel() * p.element_size()
         for ph, p in zip(placeholders, example_inputs)
         if isinstance(p, torch.nn.Parameter) and p.requires_grad
     }
-    if sum(params.values()) <= bucket_bytes:
+    if sum(params.values()) <= caps[0]:
         return None
     out: dict[torch.fx.Node, int] = {}
     seen: set[torch.fx.Node] = set()
@@ -76,7 +100,7 @@ def _buckets(
     for node in reversed(list(gm.graph.nodes)):
         if node.op in ("placeholder", "output"):
             continue
-        if filled >= bucket_bytes:
+        if filled >= caps[min(bucket, len(caps) - 1)]:
             bucket, filled = bucket + 1, 0
         for a in node.all_input_nodes:
             if a in params and a not in seen:
@@ -153,4 +177,4 @@ def _split(
     return torch.fx.GraphModule(root, top, class_name="KilnDDPGraph")
 
 
-__all__ = ["SPLITS", "is_ddp", "split_at_buckets"]
+__all__ = ["SPLITS", "bucket_caps", "is_ddp", "split_at_buckets"]
