@@ -125,3 +125,26 @@ def test_huge_buffers_index_in_int64():
     kernel = TritonKernel(group, ir.buffers, 8192)
     assert kernel.int64
     assert "tl.program_id(0).to(tl.int64)" in kernel.generate()
+
+
+def test_column_sums_are_launched_with_wide_x_tiles():
+    """A sum over the rows of a row-major matrix (a bias gradient) reads along x: its
+    kernel says so in its meta (``columns``), and the launch candidates start with wide
+    XBLOCKs; a sum along the rows does not."""
+    from kiln_triton.runtime.configs import candidate_configs
+
+    def columns(x):
+        return (aten.sum.dim_IntList(x, [0]),)
+
+    def rows(x):
+        return (aten.sum.dim_IntList(x, [1]),)
+
+    x = make((96, 256), torch.float32)
+    (col,), _ = kernels_of(columns, [x])
+    (row,), _ = kernels_of(rows, [x])
+    assert col.kind != "pointwise" and col.meta().get("columns") is True
+    assert "columns" not in row.meta()
+    for exhaustive in (False, True):
+        cands = candidate_configs(col.meta(), exhaustive)
+        assert cands[0].XBLOCK >= 64 and cands[0].XBLOCK * cands[0].RBLOCK <= 1 << 14
+        assert candidate_configs(row.meta(), exhaustive)[0].XBLOCK < 64

@@ -151,6 +151,31 @@ def persistent_limit(group: FusedGroup, persistent_max: int, buffers: dict[str, 
     return 1 << (max(limit, 1).bit_length() - 1)  # a power of two at most the limit
 
 
+def column_reduction(group: FusedGroup) -> bool:
+    """Whether the group reduces along a strided axis while the innermost axis of its
+    outputs is contiguous in the buffers it reads (sums over the rows of a row-major matrix:
+    bias and norm-weight gradients, the pieces of a split reduction). Its loads coalesce
+    along x, not along the row: launch configurations with wide XBLOCKs read whole lines
+    (``runtime.configs``, ``meta["columns"]``)."""
+    inner = [v for v, n in zip(group.outer_vars, group.outer) if n != 1]
+    if not inner:
+        return False
+    x = inner[-1]
+    found = False
+    for block in group.blocks:
+        if block.kind not in ("reduction", "welford") or not block.rvars:
+            continue
+        for node in block.nodes:
+            for _, index in group.bound[node.name][3]:
+                rvars = [v for v in block.rvars if index.has(v)]
+                if not rvars:
+                    continue
+                if any(sympy.diff(index, v) == 1 for v in rvars) or sympy.diff(index, x) != 1:
+                    return False
+                found = True
+    return found
+
+
 def is_scatter(group: FusedGroup) -> bool:
     return bool(group.blocks) and group.blocks[0].kind == "scatter"
 
@@ -240,12 +265,15 @@ class TritonKernel:
         def value(e: sympy.Expr) -> int | str:
             return int(e) if is_static(e) else host_expr(e)
 
-        return {
+        meta = {
             "kind": self.kind,
             "xnumel": value(self.xnumel),
             "rblock": self.rblock,
             "extent": value(self.extent),
         }
+        if self.kind != "pointwise" and column_reduction(self.group):
+            meta["columns"] = True
+        return meta
 
     def _needs_int64(self) -> bool:
         spans = [sympy.sympify(self.buffers[n].layout.storage_span()) for n in self.ptrs]

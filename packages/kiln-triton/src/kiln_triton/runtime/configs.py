@@ -80,11 +80,15 @@ def candidate_configs(meta: dict[str, Any], exhaustive: bool) -> list[LaunchConf
             out.append(LaunchConfig(xb, rb, _warps(xb * rb // 2)))
         if not exhaustive and xnumel * rb < (1 << 16):
             out = out[:1]
+        if meta.get("columns"):
+            out = [*_column_configs(xcap, rb), *out]
         return _dedupe(out)
     extent = max(int(meta["extent"]), 1)
     pairs = [(1, 2048), (4, 512), (64, 16), (8, 256), (1, MAX_LOOPED_RBLOCK), (16, 64), (32, 32)]
     if not exhaustive:
         pairs = pairs[:3]
+    if meta.get("columns"):  # rows strided in memory: wide x tiles, short row chunks
+        pairs = [(128, 8), (64, 16), (32, 32), *pairs]
     out = []
     for xb, rb in pairs:
         xb, rb = max(1, min(xb, xcap)), max(1, min(rb, _np2(extent)))
@@ -94,6 +98,16 @@ def candidate_configs(meta: dict[str, Any], exhaustive: bool) -> list[LaunchConf
         # 4096-element rows: 0.254 ms, against 0.263 with 8 warps)
         out.insert(1, LaunchConfig(1, 2048, 16))
     return _dedupe(out)
+
+
+def _column_configs(xcap: int, rb: int) -> list[LaunchConfig]:
+    """Persistent column reductions (``meta["columns"]``: the row is strided, the outputs
+    contiguous): 32-64 adjacent columns per program, so that each load of a row reads whole
+    128-byte lines, at about 32 elements per thread."""
+    return [
+        LaunchConfig(max(1, min(xcap, xb)), rb, _warps(min(xcap, xb) * rb // 4, 4, 16))
+        for xb in (64, 32)
+    ]
 
 
 def xblocks_divide(meta: dict[str, Any]) -> bool:
