@@ -28,6 +28,7 @@ from kiln_capture.dynamic import FrameShapes, from_frame_arguments, symbolic_dim
 from kiln_capture.errors import DynamicShapeError, Unsupported
 from kiln_capture.guards import GuardSet, default_device_name
 from kiln_capture.log import log
+from kiln_capture.meta_reuse import MetaResults
 from kiln_capture.shape_guards import ShapeGuards
 from kiln_capture.side_effects import SideEffects
 from kiln_capture.sources import (
@@ -295,6 +296,7 @@ class OutputGraph:
         self._placeholder_names: set[str] = set()
         self.ops = 0
         self.frame: Any = None  # the evaluator frame running now (its stack goes on nodes)
+        self.meta_results = MetaResults()  # meta results of this capture's ops (meta_reuse.py)
 
     # -- wrapping values read from the frame ---------------------------------------------
 
@@ -851,17 +853,27 @@ class OutputGraph:
                     choices[:] = [*taken[:k], True]
             return evaluate(symbolic)
 
+        # the same op on arguments of the same metadata earlier in this capture (the
+        # 2nd..Nth identical layer): its result again, without a meta kernel (meta_reuse.py)
+        reuse = None
+        if not under_autocast and not self.shape_env.symbols:
+            reuse = self.meta_results.key(kind, target, meta_args, meta_kwargs, self.grad_enabled)
+        result = self.meta_results.get(reuse) if reuse is not None else None
         try:
-            try:
-                result = speculative(symbolic=False)
-            except (NotImplementedError, RuntimeError) as e:
-                if isinstance(e, DataDependentError) or self.shape_env.symbols:
-                    raise
-                # a meta kernel that refuses data-dependent work (nonzero, .item()): again
-                # with outputs sized by unbacked symbols (kiln_shapes.unbacked)
-                result = speculative(symbolic=True)
-            if under_autocast:
-                result = autocast_state.to_meta(result)
+            if result is None:
+                try:
+                    result = speculative(symbolic=False)
+                except (NotImplementedError, RuntimeError) as e:
+                    if isinstance(e, DataDependentError) or self.shape_env.symbols:
+                        raise
+                    # a meta kernel that refuses data-dependent work (nonzero, .item()):
+                    # again with outputs sized by unbacked symbols (kiln_shapes.unbacked)
+                    reuse = None
+                    result = speculative(symbolic=True)
+                if under_autocast:
+                    result = autocast_state.to_meta(result)
+                if reuse is not None and not taken:
+                    self.meta_results.keep(reuse, result)
         except Unsupported:
             raise
         except DataDependentError as e:
