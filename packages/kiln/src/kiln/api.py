@@ -79,6 +79,8 @@ def compile(
     if distributed.is_ddp(model):
         # one piece per gradient bucket: DDP's all-reduce overlaps the backward
         guarded = distributed.split_at_buckets(guarded, distributed.bucket_caps(model))
+    else:  # a DDP model called by compiled code: its graph split the same way
+        guarded = distributed.split_inside_ddp(guarded)
     # dynamic: True makes every size of every tensor argument symbolic, None makes the
     # sizes that changed symbolic when a frame compiles again, False specializes them all
     # (kiln_capture's dynamic.py); kiln.mark_dynamic / mark_static decide per dimension

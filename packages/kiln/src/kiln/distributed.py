@@ -23,6 +23,7 @@ symbolic size between pieces, are compiled whole.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 from collections.abc import Callable
@@ -59,6 +60,34 @@ def bucket_caps(ddp: torch.nn.parallel.DistributedDataParallel) -> list[int]:
 
     default = getattr(ddp, "bucket_bytes_cap_default", False)
     return [dist._DEFAULT_FIRST_BUCKET_BYTES if default else cap, cap]
+
+
+def split_inside_ddp(backend: Backend) -> Backend:
+    """``backend``, or ``split_at_buckets`` of it for a graph captured while a DDP module
+    runs its wrapped module's forward (``DistributedDataParallel._get_active_ddp_module``,
+    as torch's DDPOptimizer finds it): a compiled function calling a DDP model (a whole
+    training step) gets the model's graph split at DDP's buckets too."""
+
+    @functools.wraps(backend)
+    def backend_inside_ddp(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        active = _active_ddp()
+        if active is None:
+            return backend(gm, example_inputs)
+        return split_at_buckets(backend, bucket_caps(active))(gm, example_inputs)
+
+    reload = getattr(backend, "kiln_reload", None)
+
+    def reload_outside_ddp(recipe: Any, example_inputs: list, make_graph: Callable) -> Any:
+        # a kept capture's reload recipe is the unsplit graph's: inside DDP, compile
+        return None if _active_ddp() is not None else reload(recipe, example_inputs, make_graph)
+
+    backend_inside_ddp.kiln_reload = reload_outside_ddp if reload is not None else None
+    return backend_inside_ddp
+
+
+def _active_ddp() -> Any:
+    ddp = torch.nn.parallel.DistributedDataParallel
+    return getattr(ddp, "_get_active_ddp_module", lambda: None)()
 
 
 def split_at_buckets(backend: Backend, caps: list[int]) -> Backend:
@@ -177,4 +206,4 @@ def _split(
     return torch.fx.GraphModule(root, top, class_name="KilnDDPGraph")
 
 
-__all__ = ["SPLITS", "bucket_caps", "is_ddp", "split_at_buckets"]
+__all__ = ["SPLITS", "bucket_caps", "is_ddp", "split_at_buckets", "split_inside_ddp"]
