@@ -33,10 +33,12 @@ the steps are compared with eager's on every rank. Rank 0 prints the table and w
 benchmarks/results/distributed_cpu_<model>.json.
 
 ``--wrap fsdp``: FSDP2 instead, ``fully_shard`` on every ``Linear`` (every GPT-2 block for
-``gpt2``) and at the root, rows ``eager``, ``torch.compile`` (of the root) and ``kiln``
-(``kiln.compile`` of the root: each unit's forward a region between FSDP's eager hooks,
-kiln/fsdp.py); the table has ``region boundaries`` instead of the bucket columns, and
-writes benchmarks/results/distributed_cpu_fsdp_<model>.json.
+``gpt2``) and at the root, rows ``eager``, ``torch.compile`` (of the root), ``kiln``
+(``kiln.compile`` of the root: one graph with FSDP's all-gathers and reduce-scatters in
+it, kiln/fsdp_graph.py) and ``kiln regions`` (``options={"fsdp_graph": False}``: each
+unit's forward a region between FSDP's eager hooks, kiln/fsdp.py); the table has
+``region boundaries`` instead of the bucket columns, and writes
+benchmarks/results/distributed_cpu_fsdp_<model>.json.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 COMPILERS = ("eager", "torch.compile", "kiln", "kiln one graph")
-FSDP_COMPILERS = ("eager", "torch.compile", "kiln")
+FSDP_COMPILERS = ("eager", "torch.compile", "kiln", "kiln regions")
 
 
 def _model(name: str):
@@ -210,8 +212,10 @@ def fsdp_rows(rank: int, world: int, args) -> list:
             torch._dynamo.reset()
             counters.clear()
             fn = torch.compile(model)
+        elif compiler.startswith("kiln"):
+            fn = kiln.compile(model, options={"fsdp_graph": compiler == "kiln"})
         else:
-            fn = kiln.compile(model) if compiler == "kiln" else model
+            fn = model
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(1000 + rank)
         times = []
