@@ -1,5 +1,7 @@
-"""Graph breaks inside loops: the continuation re-enters the loop with the loop's
-iterator and live locals; a chain of continuations is bounded by loop_resume_limit."""
+"""Graph breaks inside loops: the loop's FOR_ITER breaks too (next() in Python), and each
+iteration runs the same continuations of the frame's original code, called by the frame
+one after another (no Python frame nested per iteration); a frame owning cells keeps a
+chain of continuations per iteration, bounded by loop_resume_limit."""
 
 import pytest
 import torch
@@ -27,7 +29,9 @@ def test_iterator_shared_by_a_local_and_the_loop():
     expected = shared_iterator(xs)
     out = kiln_capture.explain(shared_iterator)(xs)
     assert_same(out.result, expected)
-    assert out.break_count == 2 and all(b.resumed for b in out.breaks)
+    # the loop's head and the print, in the frame and in its continuations
+    assert out.break_count == 4 and all(b.resumed for b in out.breaks)
+    assert "the loop's next() runs in Python" in out.breaks[0].detail
 
 
 def layers(x, ws):
@@ -44,20 +48,57 @@ def test_each_iteration_resumes_and_cache_hits_next_call():
     backend = CountingBackend()
     fast = kiln_capture.optimize(backend)(layers)
     assert_same(fast(x, ws), expected)
-    n = len(backend.graphs)
-    assert n == 5  # per iteration: x @ w, tanh, sum; then float() and print() break
+    # the body up to print() (x @ w, tanh, sum; float() a graph value) is one graph that
+    # every iteration runs; the exit's continuation returns x (no graph)
+    assert len(backend.graphs) == 1
     assert_same(fast(x, ws), expected)
-    assert len(backend.graphs) == n
-    ws2 = ws[:3]  # a shorter list: the continuation that ends the loop recompiles
+    assert len(backend.graphs) == 1
+    ws2 = ws[:3]  # a shorter list: the same continuations
     assert_same(fast(x, ws2), layers(x, ws2))
+    assert len(backend.graphs) == 1
+    assert kiln_capture.stats()["eager_frames"] == 0
+
+
+def test_a_long_loop_with_a_break_does_not_nest_frames():
+    ws = [torch.randn(4, 4) * 0.1 for _ in range(3000)]  # past the recursion limit
+    x = torch.randn(2, 4)
+    backend = CountingBackend()
+    fast = kiln_capture.optimize(backend)(layers_quiet)
+    assert_same(fast(x, ws), layers_quiet(x, ws))
+    assert len(backend.graphs) == 1 and kiln_capture.stats()["eager_frames"] == 0
+
+
+@kiln_capture.disable
+def _noted(v):
+    return v
+
+
+def layers_quiet(x, ws):
+    for w in ws:
+        x = torch.tanh(x @ w)
+        _noted(x)
+    return x
+
+
+def layers_with_cell(x, ws):
+    scale = 0.5
+
+    def scaled(t):
+        return t * scale  # ``scale`` is a cell of this frame
+
+    for w in ws:
+        x = torch.tanh(scaled(x) @ w)
+        print(float(x.sum()))
+    return x
 
 
 def test_past_the_resume_limit_the_rest_runs_eagerly(monkeypatch):
+    """A frame owning cells resumes each iteration in a continuation of the last."""
     monkeypatch.setattr(config, "loop_resume_limit", 2)
     ws = [torch.randn(4, 4) for _ in range(5)]
     x = torch.randn(2, 4)
-    out = kiln_capture.explain(layers)(x, ws)
-    assert_same(out.result, layers(x, ws))
+    out = kiln_capture.explain(layers_with_cell)(x, ws)
+    assert_same(out.result, layers_with_cell(x, ws))
     assert [b.resumed for b in out.breaks] == [True, True, False]
     assert "runs eagerly" in out.breaks[2].detail
 

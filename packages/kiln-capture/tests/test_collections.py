@@ -163,7 +163,9 @@ def _eager_step(t):
     return t + 1
 
 
-@program(make=lambda: (torch.randn(3), collections.deque([1, 2])), graphs=3, breaks=3)
+# the loop's head breaks too (next() in Python); the body's continuation is compiled for
+# v = 1, v = 2, then with v symbolic: later iterations reuse it
+@program(make=lambda: (torch.randn(3), collections.deque([1, 2])), graphs=3, breaks=6)
 def deque_passed_in_then_loop_breaks(x, d):
     d.append(3)  # written back after each graph: not a mutation the iterator sees
     out = []

@@ -176,7 +176,7 @@ def input_list_grows_in_loop(x, items):
     return x + len(items)
 
 
-@program(graphs=1, breaks=1)  # nothing to compute before the break; the rest is one graph
+@program(graphs=1, breaks=2)  # the loop head and the break; the rest is one graph
 def list_loop_sees_appends_across_a_break(x):
     items = [x]
     out = []
@@ -189,7 +189,7 @@ def list_loop_sees_appends_across_a_break(x):
     return out
 
 
-@program(graphs=3, breaks=3)
+@program(graphs=3, breaks=6)
 def enumerate_list_changed_across_a_break(x):
     items = [1, 2, 3, 4]
     out = []
@@ -210,7 +210,7 @@ def reversed_list_shrinking_in_loop(x):
     return out, len(items)
 
 
-@program(graphs=4, breaks=4)
+@program(graphs=4, breaks=8)
 def reversed_list_changed_across_a_break(x):
     items = [1, 2, 3, 4]
     out = []
@@ -221,7 +221,7 @@ def reversed_list_changed_across_a_break(x):
     return out, items
 
 
-@program(graphs=3, breaks=3)
+@program(graphs=3, breaks=6)
 def dict_loop_with_a_break(x):
     d = {"a": 1, "b": 2, "c": 3}
     out = []
@@ -231,7 +231,7 @@ def dict_loop_with_a_break(x):
     return out, d
 
 
-@program(graphs=2, breaks=2)
+@program(graphs=2, breaks=4)
 def zip_of_lists_growing_across_a_break(x):
     a, b = [x], [1.0]
     out = []
@@ -243,7 +243,7 @@ def zip_of_lists_growing_across_a_break(x):
     return out
 
 
-@program(graphs=3, breaks=3)
+@program(graphs=3, breaks=6)
 def input_dict_grows_then_loop_breaks(x, d):
     # written back after each graph: the iterator handed on must not see that as a change
     d["new"] = 5

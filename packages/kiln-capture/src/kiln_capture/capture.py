@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -127,6 +128,12 @@ def compile_frame(
             if r.offset in break_at:
                 return SkipFrame(f"break at offset {r.offset} repeated")
             break_at[r.offset] = r.error
+            head = None if ctx.fullgraph else _loop_head(code, r.offset)
+            if head is not None and head not in break_at:  # see "breaks inside for loops"
+                break_at[head] = Unsupported(
+                    r.error.kind,
+                    f"the loop's next() runs in Python: its body breaks ({r.error.detail})",
+                )
             continue
         except Unsupported as e:  # wrapping the arguments failed
             return SkipFrame(f"{e.kind.id}: {e.detail}")
@@ -309,6 +316,96 @@ def _entry(out, root, cg, compiled, gm, body, extra_ns) -> CacheEntry:
     )
 
 
+# Design note: "breaks inside for loops"
+# --------------------------------------
+# A break inside a ``for`` loop's body also breaks at the loop's FOR_ITER: ``next()`` runs
+# in Python there (``_finish_break``), so the frame's graph stops before the loop, and each
+# iteration runs as the same two continuations of the frame's original code: the body up
+# to the break (entered with the iterator and the item), and the rest of the body up to the
+# FOR_ITER. Continuations are made from the original code (``_origin``), whichever
+# continuation breaks, so the second iteration finds both compiled: a loop of any length
+# costs the graphs of one iteration, not one continuation per iteration. Continuations
+# return their successor's call as a ``Tail`` to the frame that called the first one,
+# which calls it (``drive``): the loop does not nest Python frames per iteration.
+# Left as before (a chain of continuations, one per iteration, up to loop_resume_limit):
+# frames owning cells (their continuations take the frame's cells first), FOR_ITER inside
+# a with/try block, and a continuation recompiled for half the cache size limit (guards
+# that differ per iteration, a module per layer). A loop of two or three iterations can
+# cost more graphs than the chain did: an int loop variable is compiled at 0, at 1 (both
+# specialized) and then symbolic.
+
+
+class Tail:
+    """A continuation's call, returned to the driver that called the continuation."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, *args) -> None:
+        self.fn, self.args = fn, args
+
+
+_DRIVEN = threading.local()
+
+
+def drive(fn, *args):
+    """Call the continuation ``fn``, then each one it hands back as a Tail, in this frame."""
+    r = Tail(fn, *args)
+    while type(r) is Tail:
+        _DRIVEN.on = True  # taken by the continuation's run function, first thing
+        try:
+            r = r.fn(*r.args)
+        finally:
+            _DRIVEN.on = False
+    return r
+
+
+def tail_or_drive():
+    """How a continuation's run function calls its own continuation: as a Tail where
+    ``drive`` called it (the flag is taken before any user code runs), else by driving."""
+    driven = getattr(_DRIVEN, "on", False)
+    _DRIVEN.on = False
+    return Tail if driven else drive
+
+
+def _loop_head(code: types.CodeType, offset: int) -> int | None:
+    """The FOR_ITER of the innermost ``for`` loop whose body holds ``offset`` (not one of a
+    frame owning cells: its continuations are not made from the original code)."""
+    import dis
+
+    if _first_code(code).co_cellvars:
+        return None
+    head = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "FOR_ITER" and ins.offset < offset < ins.argval:
+            head = ins.offset
+    if head is not None and covering_handlers(code, head):
+        return None  # inside a with/try block: FOR_ITER has no continuation there
+    return head
+
+
+def _origin(code: types.CodeType) -> tuple[types.CodeType, int] | None:
+    """A continuation's original code and how far the prologue moved its body, where the
+    continuation's own continuations are made from the original (a frame owning no cells:
+    the closure of each is the original function's)."""
+    key = _RESUME_ORIGIN.get(code)
+    if key is None or _first_code(code).co_cellvars:
+        return None
+    return key[0], len(code.co_code) - len(key[0].co_code)
+
+
+def _compiled_entries(code: types.CodeType, ctx) -> int:
+    from kiln_capture import hook
+
+    return len(hook._cache.get((code, id(ctx.backend), ctx.dynamic)) or ())
+
+
+def _first_code(code: types.CodeType) -> types.CodeType:
+    """The user's own code a continuation (of a continuation...) was made from."""
+    while code in _RESUME_ORIGIN:
+        code = _RESUME_ORIGIN[code][0]
+    return code
+
+
 def _loop_around(code: types.CodeType, offset: int, instructions) -> bool:
     import dis
 
@@ -378,21 +475,36 @@ def _finish_break(
         # next() of the iterator in Python (a filter's predicate on tensor values): the
         # body's continuation gets the iterator and the item, the loop's exit neither
         base = len(stack) - 1
-        targets = [
-            (root.instructions[idx + 1].offset, base + 1, True),
-            (_loop_exit(root, ins), base, False),
-        ]
+        body = root.instructions[idx + 1]
+        if body.opname == "STORE_FAST" and body.argval not in live_locals(
+            code, root.instructions[idx + 2].offset
+        ):  # ``for _ in ...``: the item is never read, the body starts after its store
+            body, pushes = root.instructions[idx + 2], []
+        targets = [(body.offset, base + 1, True), (_loop_exit(root, ins), base, False)]
     else:
         return skip(f"no continuation after {ins.opname}")
     bound = {n: v for n, v in root.locals.items() if v is not UNBOUND and n in code.co_varnames}
     live = set()
-    for off, _, _ in targets:
-        live |= live_locals(code, off)
+    for off, _, pushes_result in targets:
+        here = live_locals(code, off)
+        store = root.instructions[idx + 1]
+        if ins.opname == "FOR_ITER" and pushes_result and store.opname == "STORE_FAST":
+            here.discard(store.argval)  # the body's first step stores the loop variable
+        live |= here
     params = [n for n in code.co_varnames if n in bound and n in live and n not in code.co_cellvars]
     in_loop = any(isinstance(v, IteratorVar) for v in stack) or _loop_around(
         code, ins.offset, root.instructions
     )
-    depth = _LOOP_DEPTH.get(code, 0) + (1 if in_loop else 0)
+    depth = _LOOP_DEPTH.get(code, 0)
+    origin = _origin(code)
+    if origin is not None and _compiled_entries(code, ctx) >= config.cache_size_limit // 2:
+        origin = None  # recompiled per iteration (a module per layer): a chain again
+    base_code, shift = origin if origin is not None else (code, 0)
+    if origin is not None:  # made from the original code: a bounded set of continuations
+        order = {n: i for i, n in enumerate(base_code.co_varnames)}
+        params.sort(key=order.__getitem__)
+    elif in_loop:
+        depth += 1
     eager = depth > config.loop_resume_limit
 
     cg = CodeGen(out)
@@ -438,7 +550,7 @@ def _finish_break(
     def continuation(j: str, off: int, presence: list[bool], reraise: bool = False) -> str:
         """Register the continuation code entering at ``off`` with the stack values
         ``presence`` marks, then the live locals; return an expression for the function."""
-        rcode = _resume_code(code, off, presence, params, reraise)
+        rcode = _resume_code(base_code, off - shift, presence, params, reraise)
         _LOOP_DEPTH[rcode] = depth
         sizes = {n for n in params if isinstance(bound[n], SymIntVar)}
         if sizes:
@@ -452,9 +564,10 @@ def _finish_break(
         return f"__k_resume{j}"
 
     def call_with(fexpr: str, stack_args: list[str]) -> str:
-        if keeps_first_slot(code, params):
-            return f"{fexpr}({', '.join(['__k_l[0]', *stack_args, '*__k_l[1:]'])})"
-        return f"{fexpr}({', '.join([*stack_args, '*__k_l'])})"
+        # a continuation is called through __k_go: drive(), or a Tail for the driver
+        if keeps_first_slot(base_code, params):
+            return f"__k_go({', '.join([fexpr, '__k_l[0]', *stack_args, '*__k_l[1:]'])})"
+        return f"__k_go({', '.join([fexpr, *stack_args, '*__k_l'])})"
 
     calls = []
     try:
@@ -465,8 +578,8 @@ def _finish_break(
             if not pushes_result:
                 top = [f"__k_t{len(stack) - 1}"] if keep_top else []
             if ins.opname == "FOR_ITER" and pushes_result:  # the iterator, then the item
-                presence = [*presence_below, True, True]
-                top = [f"__k_t{base}", "__k_r"]
+                presence = [*presence_below, True, *([True] if pushes else [])]
+                top = [f"__k_t{base}", *(["__k_r"] if pushes else [])]
             fexpr = continuation(str(j), off, presence)
             calls.append(call_with(fexpr, [*below, *top]))
         reraise = None
@@ -498,8 +611,11 @@ def _finish_break(
     regrad = []
     if out.grad_enabled != out.initial_grad:
         regrad = [f"torch._C._set_grad_enabled({out.grad_enabled})"]
+    extra.update(__k_drive=drive, __k_entry=tail_or_drive)
+    go = "__k_entry()" if root.code in _RESUME_ORIGIN else "__k_drive"
     body = (
-        out.prelude
+        [f"__k_go = {go}"]
+        + out.prelude
         + _graph_call(root, compiled, inputs, extra)
         + make_cells
         + cg.preamble

@@ -97,7 +97,7 @@ class CodeGen:
         env = self.out.shape_env
 
         def bind(symbol) -> str:
-            name = f"__k_{symbol}"
+            name = f"__k_sym_{symbol}"  # not __k_s<i>: a continuation's stack values
             if name not in self._symbols:
                 self._symbols.add(name)
                 self.preamble.append(f"{name} = {env.symbols[symbol].sources[0]}")

@@ -112,7 +112,7 @@ def break_in_inlined_function_resumes_in_callee(x):
     return z * y
 
 
-@case(graphs=3, breaks=3)
+@case(graphs=4, breaks=6)
 def break_inside_loop_resumes_in_the_loop(x):
     x = x * 2
     for i in range(3):
@@ -138,12 +138,12 @@ class _Stack(nn.Module):
 _STACK = _Stack()
 
 
-@case(graphs=4, breaks=4, args=lambda: (T(2, 6),))  # the call itself, then 3
+@case(graphs=6, breaks=7, args=lambda: (T(2, 6),))  # the call, each layer, the loop heads
 def break_inside_module_list_loop(x):
     return _STACK(x)
 
 
-@case(graphs=3, breaks=2, args=lambda: ([T(3), T(3)], T(3)))
+@case(graphs=5, breaks=4, args=lambda: ([T(3), T(3)], T(3)))
 def break_inside_zip_loop(xs, y):
     out = {}
     for k, (a, b) in enumerate(zip(xs, [y, y * 2])):
@@ -164,7 +164,7 @@ def break_inside_while_loop(x):
     return x - 1
 
 
-@case(graphs=3, breaks=2)
+@case(graphs=6, breaks=7)
 def break_inside_inner_loop(x):
     for i in range(2):
         for name in ("a", "b"):
@@ -184,7 +184,7 @@ def break_inside_loop_inside_no_grad(x):
     return x, x.requires_grad
 
 
-@case(graphs=2, breaks=1)
+@case(graphs=2, breaks=2)
 def break_in_loop_then_loop_exits_early(x):
     for i in range(10):
         x = x + 1

@@ -191,7 +191,7 @@ def no_grad_inside_user_with(x):
     return w, w.requires_grad, log
 
 
-@case(graphs=6, breaks=6)  # per iteration: the with, the eager call
+@case(graphs=6, breaks=9)  # per iteration: the with, the eager call, the loop head
 def user_with_break_in_loop(x):
     log = []
     y = x
@@ -246,7 +246,7 @@ def user_with_in_module_forward(x):
     return _LOGGED(x, log) * 2, log
 
 
-@case(graphs=2, breaks=4)  # per iteration run: the with, the eager call
+@case(graphs=2, breaks=6)  # per iteration run: the with, the eager call, the loop head
 def break_and_continue_inside_user_with(x):
     log = []
     for i in range(4):

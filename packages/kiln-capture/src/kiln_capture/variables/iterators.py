@@ -326,8 +326,9 @@ class SourcedIteratorVar(IteratorVar):
         self._advance_registered = False
         self.seq: ListVar | None = None  # the list it reads, where the trace holds it
         self.done = False
-        if type(it) is LIST_ITERATOR_TYPES[0] and iter_list(it) is not None:
-            self._follow_list(iter_list(it))
+        # followed at the first read: an iterator only handed on (the loop's iterator in a
+        # continuation that ends at its FOR_ITER, capture.py) is guarded by type alone
+        self._unread = type(it) is LIST_ITERATOR_TYPES[0] and iter_list(it) is not None
 
     def _follow_list(self, lst: list) -> None:
         """A list iterator reads the list's items live, as ListIteratorVar does: the
@@ -372,6 +373,9 @@ class SourcedIteratorVar(IteratorVar):
     def next(self) -> Var | None:
         from kiln_capture.sources import CallSource
 
+        if self._unread:
+            self._unread = False
+            self._follow_list(iter_list(self.real))
         if self.seq is not None:
             i = self.start + self.pos
             if self.done or i >= len(self.seq.items):
