@@ -122,3 +122,27 @@ def test_write_of_a_graph_value_into_an_array_then_a_read_breaks():
     report = kiln_capture.explain(_store_tensor_then_read)(np.random.randn(3), x)
     assert "after writing into it" in report.breaks[0].detail
     assert len(backend.graphs) >= 1
+
+
+def _basic_indexing(x):
+    a = x.numpy()
+    outs = []
+    for idx in ((None, None), (1, None), (1,), (slice(1, 3),), (Ellipsis, 2), (-1,)):
+        assert a[idx].shape == x[idx].shape
+        outs.append(a[idx])
+    return outs, a[0].ndim, a[0].shape, torch.from_numpy(a[1:3]) * 2
+
+
+def test_basic_indexing_of_an_array_is_a_view_in_the_graph():
+    """``a[1, None]``, ``a[...]``, ``a[1:3]``: torch's indexing of the tensor, numpy's
+    meaning; a full integer index is a numpy scalar (shape ``()``)."""
+    backend = CountingBackend()
+    fn = kiln_capture.optimize(backend, fullgraph=True)(_basic_indexing)
+    x = torch.randn(2, 5)
+    got, want = fn(x), _basic_indexing(x)
+    for g, w in zip(got[0], want[0]):
+        assert type(g) is type(w) and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+    assert got[1:3] == want[1:3]
+    torch.testing.assert_close(got[3], want[3])
+    assert len(backend.graphs) == 1

@@ -60,6 +60,8 @@ class ArrayVar(Var):
 
     def getattr(self, tx, name: str) -> Var:
         t, m = self.tensor, self.tensor.meta
+        if self.scalar and name in ("shape", "ndim", "size"):  # a numpy scalar's
+            return {"shape": TupleVar([]), "ndim": ConstVar(0), "size": ConstVar(1)}[name]
         if self.scalar:
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"numpy scalar .{name}")
         if name == "shape":
@@ -79,6 +81,23 @@ class ArrayVar(Var):
         if name in _METHODS:
             return MethodCallVar(self, name)
         raise Unsupported(breaks.UNSUPPORTED_VALUE, f"ndarray.{name}")
+
+    def getitem(self, tx, key: Var) -> Var:
+        """Basic indexing (ints, None, slices, Ellipsis: a view in numpy and in torch); a
+        full integer index of every axis is a numpy scalar."""
+        parts = key.as_const() if key.is_const() else None
+        parts = parts if isinstance(parts, tuple) else (parts,)
+        basic = (int, type(None), slice, type(Ellipsis))
+        if (
+            self.scalar
+            or not key.is_const()
+            or not all(isinstance(p, basic) and not isinstance(p, bool) for p in parts)
+        ):
+            raise Unsupported(breaks.UNSUPPORTED_VALUE, f"{self!r}[{key!r}] (not basic indexing)")
+        ints = sum(isinstance(p, int) for p in parts)
+        scalar = ints == self.tensor.meta.dim() and ints == len(parts)
+        made = tx.out.tensor_op("call_function", operator.getitem, [self.tensor, key], {})
+        return ArrayVar(made, scalar=scalar)
 
     def call_method(self, tx, name: str, args: list[Var], kwargs: dict[str, Var]) -> Var:
         t = self.tensor
