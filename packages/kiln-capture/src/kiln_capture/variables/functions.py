@@ -488,6 +488,83 @@ def contains_tensor(v: Var) -> bool:
     return any(contains_tensor(c) for c in v.children())
 
 
+def _needs_grad(v: Var) -> bool:
+    if isinstance(v, TensorVar):
+        return bool(v.meta.requires_grad)
+    return any(_needs_grad(c) for c in v.children())
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+
+
+class _InlinedCtxVar(Var):
+    """The ``ctx`` of an autograd.Function whose forward is traced inline (no gradient
+    to compute): attributes are kept, ``save_for_backward`` and the ``mark_*`` calls do
+    nothing, ``needs_input_grad`` is all False."""
+
+    _NOOPS = frozenset(
+        {
+            "save_for_backward",
+            "save_for_forward",
+            "mark_dirty",
+            "mark_non_differentiable",
+            "set_materialize_grads",
+        }
+    )
+
+    def __init__(self, n_inputs: int) -> None:
+        self.attrs: dict[str, Var] = {}
+        self.n_inputs = n_inputs
+
+    def __repr__(self) -> str:
+        return "FunctionCtx(inlined)"
+
+    def python_type(self) -> type:
+        return torch.autograd.function.FunctionCtx
+
+    def getattr(self, tx, name: str) -> Var:
+        if name in self.attrs:
+            return self.attrs[name]
+        if name in self._NOOPS:
+            from kiln_capture.variables.objects import _NoopVar
+
+            return _NoopVar()
+        if name == "needs_input_grad":
+            return TupleVar([ConstVar(False)] * self.n_inputs)
+        raise Unsupported(breaks.UNSUPPORTED_VALUE, f"ctx.{name} of an inlined forward")
+
+    def setattr(self, tx, name: str, value: Var) -> None:
+        self.attrs[name] = value
+
+
+def inline_function_apply(tx, args: list[Var], kwargs: dict[str, Var]) -> Var | None:
+    """``MyFunction.apply(...)`` where no input needs a gradient (under ``no_grad``, or
+    inputs that do not require grad): eager runs ``forward`` under no_grad and its outputs
+    need no grad, so its forward is traced inline, like any function (module and
+    function arguments included). None where a gradient is needed (a graph call of the
+    bound apply then, ``OutputGraph.tensor_op``)."""
+    cls = getattr(args[0], "value", None) if args else None
+    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+        return None
+    inputs = list(args[1:])
+    if tx.out.grad_enabled and (
+        any(_needs_grad(a) for a in inputs) or any(_needs_grad(v) for v in kwargs.values())
+    ):
+        return None
+    forward = inspect.getattr_static(cls, "forward", None)
+    forward = getattr(forward, "__func__", forward)
+    if not isinstance(forward, types.FunctionType):
+        return None
+    own_setup = inspect.getattr_static(cls, "setup_context", None)
+    base_setup = inspect.getattr_static(torch.autograd.Function, "setup_context", None)
+    fwd_args = inputs if own_setup is not base_setup else [_InlinedCtxVar(len(inputs)), *inputs]
+    prev = tx.out.set_grad(False)
+    try:
+        return tx.out.wrap_value(forward).call(tx, fwd_args, kwargs)
+    finally:
+        tx.out.set_grad(prev)
+
+
 def contains_symbolic(v: Var) -> bool:
     if isinstance(v, SymIntVar):
         return True
@@ -673,6 +750,10 @@ class TorchFnVar(Var):
             and isinstance(args[0], TensorVar)
         ):
             return args[0].call_method(tx, name, list(args[1:]), kwargs)
+        if fn is _FUNCTION_APPLY:
+            inlined = inline_function_apply(tx, list(args), kwargs)
+            if inlined is not None:
+                return inlined
         if any(contains_tensor(a) for a in args) or any(
             contains_tensor(v) for v in kwargs.values()
         ):
