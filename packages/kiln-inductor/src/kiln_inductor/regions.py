@@ -129,6 +129,7 @@ class RegionGroup:
 class RegionPlan:
     pieces: list[Piece]
     groups: list[RegionGroup]
+    source: str = ""  # the stitched function (_stitch_source)
 
 
 @dataclass
@@ -164,14 +165,16 @@ def plan_regions(gm: torch.fx.GraphModule) -> RegionPlan | None:
         return None
     calls, roots = _module_calls(nodes)
     position = {n: i for i, n in enumerate(nodes)}
-    forms: dict[str, tuple] = {}
+    shapes: dict[torch.fx.Node, tuple | None] = {}  # _node_shape of each node, made once
+    numbers: dict[tuple, int] = {}  # each distinct form by a number (hashed once)
+    forms: dict[str, int] = {}
     for key, call in calls.items():
         first, last = position[call.nodes[0]], position[call.nodes[-1]]
         if last - first + 1 == len(call.nodes) and len(call.nodes) >= MIN_OPS:
-            form = _form(call.nodes)
+            form = _form(call.nodes, shapes)
             if form is not None:
-                forms[key] = (call.cls, form)
-    starts: dict[tuple, set[torch.fx.Node]] = {}
+                forms[key] = numbers.setdefault((call.cls, form), len(numbers))
+    starts: dict[int, set[torch.fx.Node]] = {}
     for key, form in forms.items():
         starts.setdefault(form, set()).add(calls[key].nodes[0])
     chosen: list[Call] = []
@@ -185,7 +188,7 @@ def plan_regions(gm: torch.fx.GraphModule) -> RegionPlan | None:
                 visit(calls[key].children)
 
     visit(roots)
-    by_form: dict[tuple, list[Call]] = {}
+    by_form: dict[int, list[Call]] = {}
     for call in chosen:
         by_form.setdefault(forms[call.key], []).append(call)
     regions = {f: cs for f, cs in by_form.items() if len(cs) >= 2}
@@ -200,7 +203,7 @@ def plan_regions(gm: torch.fx.GraphModule) -> RegionPlan | None:
         return None
     plan = RegionPlan(pieces, groups)
     try:
-        _stitch_source(gm, plan)
+        plan.source = _stitch_source(gm, plan)
     except (KeyError, ValueError):  # an output the stitched function cannot return
         return None
     return plan
@@ -221,19 +224,20 @@ def _module_calls(nodes: list[torch.fx.Node]) -> tuple[dict[str, Call], list[str
     return calls, roots
 
 
-def _form(nodes: list[torch.fx.Node]) -> tuple | None:
-    """The canonical form of a run of nodes (module docstring, "Finding them"), or None
-    when one of its values cannot be described."""
-    index = {n: i for i, n in enumerate(nodes)}
-    inputs: dict[torch.fx.Node, int] = {}
+_HOLE = ("node",)  # where a node stands in a node's arguments (_node_shape)
+
+
+def _node_shape(n: torch.fx.Node) -> tuple | None:
+    """What of ``n``'s canonical form does not depend on the run of nodes it is looked at
+    in: op, target, arguments with each node a hole, value metadata, and the nodes that
+    fill the holes, in order; None when one of its values cannot be described. Made once
+    per node (a node is in every module call around it)."""
+    refs: list[torch.fx.Node] = []
 
     def arg(a: Any) -> Any:
         if isinstance(a, torch.fx.Node):
-            if a in index:
-                return ("n", index[a])
-            if a not in inputs:
-                inputs[a] = len(inputs)
-            return ("i", inputs[a])
+            refs.append(a)
+            return _HOLE
         if isinstance(a, tuple | list):
             return (type(a).__name__, tuple(arg(x) for x in a))
         if isinstance(a, dict):
@@ -249,15 +253,43 @@ def _form(nodes: list[torch.fx.Node]) -> tuple | None:
         return ("object", id(a))  # the same object in both calls, or not equal
 
     try:
-        body = tuple((n.op, _target(n.target), arg(n.args), arg(n.kwargs), _meta(n)) for n in nodes)
+        return (n.op, _target(n.target), arg(n.args), arg(n.kwargs), _meta(n), tuple(refs))
     except _Undescribed:
         return None
+
+
+def _form(nodes: list[torch.fx.Node], shapes: dict | None = None) -> tuple | None:
+    """The canonical form of a run of nodes (module docstring, "Finding them"), or None
+    when one of its values cannot be described. Each node's part that does not depend on
+    the run comes from ``shapes`` (filled on first use); the holes of its arguments are
+    numbered here: a node of the run by its index, a value made outside it by ``-1 - k``
+    for the ``k``-th such value first used (the block's inputs)."""
+    shapes = {} if shapes is None else shapes
+    index = {n: i for i, n in enumerate(nodes)}
+    inputs: dict[torch.fx.Node, int] = {}
+    body = []
+    for n in nodes:
+        shape = shapes.get(n, False)
+        if shape is False:
+            shape = shapes[n] = _node_shape(n)
+        if shape is None:
+            return None
+        holes = []
+        for a in shape[5]:
+            i = index.get(a)
+            if i is None:
+                i = inputs.get(a)
+                if i is None:
+                    i = inputs[a] = len(inputs)
+                i = -1 - i
+            holes.append(i)
+        body.append((*shape[:5], tuple(holes)))
     outputs = tuple(i for i, n in enumerate(nodes) if any(u not in index for u in n.users))
     try:
         ins = tuple(_meta(a) for a in inputs)
     except _Undescribed:
         return None
-    return (body, ins, outputs)
+    return (tuple(body), ins, outputs)
 
 
 class _Undescribed(Exception):
@@ -414,7 +446,7 @@ def compile_regions(
     for g in plan.groups:
         STATS.blocks.append(g.describe())
         log.log("graphs", f"regional reuse: {g.describe()}")
-    source = _stitch_source(gm, plan)
+    source = plan.source
     namespace: dict[str, Any] = {f"piece{k}": fn for k, fn in enumerate(compiled)}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
