@@ -138,3 +138,30 @@ def test_sdpa_on_cuda_traces_through_math_when_asked(compiler):
         rtol=1e-4,
         atol=1e-4,
     )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_efficient_attention_off_traces_math_for_float32(causal):
+    """``efficient_attention=False``: where the dispatcher would run the memory-efficient
+    kernel (float32 on CUDA), the trace holds the math kernel's matmuls and softmax; a
+    constant causal mask still becomes is_causal."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", requires_grad=True) for _ in range(3))
+
+    def attend(q, k, v):
+        mask = None
+        if causal:
+            pos = torch.arange(64, device="cuda")
+            mask = pos[None, :] <= pos[:, None]
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask),)
+
+    with config.override(efficient_attention=False):
+        gm = kiln_aot.trace(attend, [q, k, v])
+    kiln_aot.verify_graph(gm)
+    assert not any(n.target in ATTENTION_OPS for n in gm.graph.nodes)
+    got, expected = gm(q, k, v)[0], attend(q, k, v)[0]
+    assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    grads = torch.autograd.grad(got.pow(2).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad(expected.pow(2).sum(), (q, k, v))
+    for a, b in zip(grads, expected_grads):
+        assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -179,7 +179,27 @@ def sdpa_row_mask(
     sdpa = torch.nn.functional.scaled_dot_product_attention
     kwargs = {"dropout_p": dropout_p, "scale": scale, "enable_gqa": enable_gqa}
     if _causal(query, key, attn_mask, is_causal):
-        return sdpa(query, key, value, None, is_causal=True, **kwargs)
+        attn_mask, is_causal = None, True
+    if not config.current().efficient_attention and query.device.type == "cuda":
+        from kiln_aot.decompositions.attention import _SDP_MATH, dispatcher_sdp_choice
+
+        # the C++ op picks its kernel without the dispatcher: ask it here, and trace the
+        # math kernel where it would run the memory-efficient one (config.efficient_attention)
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            choice = dispatcher_sdp_choice(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
+        if choice == _SDP_MATH:
+            return sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if attn_mask is None:
+        return sdpa(query, key, value, None, is_causal=is_causal, **kwargs)
     if not _row_constant(query, attn_mask):
         return sdpa(query, key, value, attn_mask, is_causal=is_causal, **kwargs)
     row = attn_mask[..., :1]  # one value per query row, broadcast over the output's width
