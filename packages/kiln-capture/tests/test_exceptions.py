@@ -7,6 +7,7 @@ PYTEST_DONT_REWRITE: the programs' own ``assert`` statements must stay plain byt
 
 import contextlib
 import functools
+import math
 
 import pytest
 import torch
@@ -436,4 +437,36 @@ def test_validation_raise_keeps_the_frame_compiled():
     x = torch.randn(3, 3)
     assert_same(compiled(x, log), x * 2)
     assert log == ["checked"]
+    assert kiln_capture.stats()["eager_frames"] == 0
+
+
+def _undefined_global_caught(x):
+    try:
+        kiln_not_defined_anywhere.sqrt(4)
+        return x + 1
+    except NameError as e:
+        return x - 1, str(e)
+
+
+def _undefined_global_raised(x):
+    y = x * 2
+    return kiln_not_defined_anywhere(y)  # noqa: F821
+
+
+def test_an_undefined_global_raises_name_error_in_the_trace():
+    """eager's NameError, caught by the frame's handler in the graph; the name is guarded
+    to stay undefined (defined later: recompiled, its value used)."""
+    backend = CountingBackend()
+    fast = kiln_capture.optimize(backend, fullgraph=True)(_undefined_global_caught)
+    x = torch.randn(3)
+    assert_same(fast(x), _undefined_global_caught(x))
+    assert len(backend.graphs) == 1
+    raising = kiln_capture.optimize(CountingBackend(), fullgraph=True)(_undefined_global_raised)
+    with pytest.raises(NameError, match="kiln_not_defined_anywhere"):
+        raising(x)
+    globals()["kiln_not_defined_anywhere"] = math
+    try:
+        assert_same(fast(x), x + 1)
+    finally:
+        del globals()["kiln_not_defined_anywhere"]
     assert kiln_capture.stats()["eager_frames"] == 0

@@ -417,7 +417,17 @@ class Frame:
         if isinstance(builtins_dict, types.ModuleType):
             builtins_dict = builtins_dict.__dict__
         if name not in builtins_dict:
-            raise Unsupported(breaks.EXCEPTION, f"NameError: {name}")
+            # eager raises NameError here (an ``except NameError`` may catch it): guarded
+            # to stay undefined in the module (a builtin is not removed in practice)
+            where = (
+                "__k_G"
+                if self.globals is self.out.globals
+                else self.out.const_ref(self.globals).expr()
+            )
+            self.out.guards.add(f"{name!r} not in {where}", f"global {name} is not defined")
+            from kiln_capture.variables.exceptions import raised
+
+            raise raised(NameError, f"name {name!r} is not defined")
         return self.out.wrap_value(builtins_dict[name])
 
     def STORE_GLOBAL(self, ins):
