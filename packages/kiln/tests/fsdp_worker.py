@@ -37,11 +37,13 @@ class MLPBlock(nn.Module):
 
 
 class MLP(nn.Module):
+    dim = 64
+
     def __init__(self, ac: str) -> None:
         super().__init__()
-        self.inp = nn.Linear(32, 64)
-        self.blocks = nn.ModuleList(MLPBlock(64, ac == "inside") for _ in range(3))
-        self.head = nn.Linear(64, 8)
+        self.inp = nn.Linear(32, self.dim)
+        self.blocks = nn.ModuleList(MLPBlock(self.dim, ac == "inside") for _ in range(3))
+        self.head = nn.Linear(self.dim, 8)
         self.around = ac == "around"
 
     def forward(self, x):
@@ -49,6 +51,13 @@ class MLP(nn.Module):
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=False) if self.around else block(x)
         return self.head(x)
+
+
+class OddMLP(MLP):
+    """Rows no world size divides (45, 90): FSDP pads the last ranks' shards, and the
+    graph pads each shard before its all-gather and narrows the result."""
+
+    dim = 45
 
 
 class GPTBlock(nn.Module):
@@ -131,6 +140,8 @@ CASES = [
     ("gpt", "around", "root"),
     ("gpt", "wrapper", "root"),
     ("gpt", "wrapper", "blocks"),
+    ("odd", "none", "root"),
+    ("odd", "inside", "root"),
     *(("mlp", ac, "root regions") for ac in ("none", "around")),
     ("gpt", "inside", "root regions"),
     # only the blocks sharded: the root is plain, each block an FSDP root of its own
@@ -309,7 +320,7 @@ def _train_like_eager(rank: int, world: int, name: str, ac: str, how: str, optio
     import kiln
 
     mesh = init_device_mesh("cpu", (world,))
-    cls = GPT if name == "gpt" else MLP
+    cls = {"gpt": GPT, "odd": OddMLP}.get(name, MLP)
     kiln.reset()
     shard_root = not how.startswith("unsharded root")
     eager, mine = (_sharded(cls, ac, mesh, shard_root, options) for _ in range(2))
