@@ -105,6 +105,7 @@ def main(rank: int, world: int, init: str, debug: str, suites: list[str]) -> Non
 
         if "fsdp" in suites:
             fsdp_worker.check_fsdp(rank, world)
+            fsdp_worker.check_fsdp_overlap(rank, world, debug)
         if "fsdp_options" in suites:
             fsdp_worker.check_fsdp_options(rank, world)
         if "fsdp_unchanged" in suites:

@@ -105,7 +105,10 @@ def test_fsdp_trains_like_eager(tmp_path, world):
     all-gathers, reshards and reduce-scatters in eager's order; per-block compiled units
     included: FSDP's root finds them), activation checkpointing none, inside, around the
     sharded blocks and as checkpoint_wrapper (fsdp_worker.CASES): parameter shards equal
-    eager's, 0 breaks."""
+    eager's, 0 breaks. Compiled whole, the GPT-style model's graphs issue every all-gather
+    before the forward's first matmul and wait on the later ones after it, and issue
+    reduce-scatters before the backward's last matmul, waited on after it
+    (fsdp_worker.check_fsdp_overlap)."""
     _run_ranks(tmp_path, world, "fsdp")
 
 
