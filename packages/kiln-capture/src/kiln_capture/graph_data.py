@@ -109,7 +109,9 @@ def _meta(meta: dict, same: dict) -> tuple:
         if k == "nn_module_stack":
             calls = []
             for key, (path, cls) in v.items():
-                r = import_recipe(cls)
+                r = same.get(cls)  # each class looked up once per graph
+                if r is None:
+                    r = same[cls] = import_recipe(cls)
                 if r is None:
                     raise NotPersistable(f"module class {cls.__qualname__} has no import path")
                 calls.append(

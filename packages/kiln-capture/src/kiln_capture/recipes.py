@@ -25,6 +25,7 @@ in are named by ``files_of`` (frame_store.py checks their contents too).
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import importlib
 import sys
@@ -99,8 +100,28 @@ def _follow(module: str, qualname: str) -> Any:
     return obj
 
 
+_CLASS_PATHS: dict[type, tuple[str, str]] = {}  # the import path found for each class
+
+
 def import_recipe(obj: Any) -> tuple | None:
-    """``("import", module, qualname)`` naming ``obj``, checked to lead back to it."""
+    """``("import", module, qualname)`` naming ``obj``, checked to lead back to it (a
+    class's path, once found, is checked again before the candidates are searched)."""
+    if type(obj) is type:
+        known = _CLASS_PATHS.get(obj)
+        if known is not None:
+            try:
+                if _follow(*known) is obj:
+                    return ("import", *known)
+            except Exception:
+                pass
+        r = _import_recipe(obj)
+        if r is not None:
+            _CLASS_PATHS[obj] = (r[1], r[2])
+        return r
+    return _import_recipe(obj)
+
+
+def _import_recipe(obj: Any) -> tuple | None:
     if isinstance(obj, types.ModuleType):
         return ("import", obj.__name__, "") if sys.modules.get(obj.__name__) is obj else None
     name = getattr(obj, "__name__", None)
@@ -175,13 +196,18 @@ def files_of(obj: Any) -> list[str]:
         obj, types.BuiltinFunctionType
     ):
         return []  # a function's code is in its fingerprint; a module's version elsewhere
+    return list(_class_files(cls))
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_files(cls: type) -> tuple[str, ...]:
     out = []
     for c in cls.__mro__:
         mod = sys.modules.get(c.__module__)
         path = getattr(mod, "__file__", None)
         if isinstance(path, str):
             out.append(path)
-    return out
+    return tuple(out)
 
 
 def torch_value_recipe(obj: Any) -> tuple | None:
