@@ -226,11 +226,17 @@ def _models():
                 x = pair(x)
             return self.head(x)
 
+    def gpt2_checkpointed():
+        model = gpt2()  # HF's own activation checkpointing around each block
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+        return model
+
     return {
         "mlp": mlp,
         "mlp_checkpointed": Checkpointed,
         "mlp_checkpoint_wrapper": WrappedPairs,
         "hf_gpt2": gpt2,
+        "hf_gpt2_checkpointed": gpt2_checkpointed,
     }
 
 
@@ -250,7 +256,7 @@ def _ddp_pair(make_model, **ddp_options):
 
 
 def _ddp_batch(name: str, g: torch.Generator):
-    if name == "hf_gpt2":
+    if name.startswith("hf_gpt2"):
         ids = torch.randint(0, 128, (2, 16), generator=g)
         return (ids,), ids
     return (torch.randn(16, 64, generator=g),), torch.randn(16, 8, generator=g)
@@ -258,7 +264,7 @@ def _ddp_batch(name: str, g: torch.Generator):
 
 def _ddp_loss(name: str, model, args, target):
     out = model(*args)
-    if name == "hf_gpt2":
+    if name.startswith("hf_gpt2"):
         logits = out.logits[:, :-1].reshape(-1, 128)
         return torch.nn.functional.cross_entropy(logits, target[:, 1:].reshape(-1))
     return ((out - target) ** 2).mean()
