@@ -217,3 +217,66 @@ def test_a_warm_process_reloads_the_kept_capture(tmp_path):
     # without the artifact cache the recipe does not hold: the graph is rebuilt, compiled
     off = _process(tmp_path, "off", KILN_ARTIFACT_CACHE="0")
     assert (off["loaded"], off["reloaded"]) == (1, 0)
+
+
+def test_the_report_lists_reloaded_blocks(cache, monkeypatch):
+    import logging
+
+    from kiln import report
+
+    torch.manual_seed(0)
+    model = Stack(3).eval()
+    x = torch.randn(4, 16)
+    _, examples, _, recipe = _compiled_and_recipe(model, x)
+    page = report.Report("model.py", [])
+    handler = report._Collector(page)
+    logger = logging.getLogger("kiln_inductor")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    monkeypatch.setenv("KILN_LOG", "graphs,timings,cache")
+    try:
+        with torch.no_grad():
+            again = kiln_inductor.reload_fx(recipe, examples, _no_graph)
+            torch.testing.assert_close(again(*examples)[0], model(x))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    html = report.render(page)
+    reuse = html[html.index("id='regional-reuse'") :]
+    assert "Block: compiled once, reused for 3 instances" in reuse
+    assert "reloaded from the artifact cache" in reuse
+    assert "2 hit(s), 0 miss(es)" in html  # the block and the head, loaded
+
+
+@pytest.mark.parametrize("depth", [1, 3], ids=["whole", "regions"])
+def test_a_training_recipe_reloads_forward_and_backward(cache, monkeypatch, depth):
+    torch.manual_seed(0)
+    model = Stack(depth).train()
+    x = torch.randn(4, 16, requires_grad=True)
+    found = []
+
+    def backend(gm, example_inputs):
+        found.append((gm, list(example_inputs)))
+        return gm.forward
+
+    kiln_capture.reset()
+    kiln_capture.optimize(backend)(model)(x)  # grad mode: training graphs and plans
+    ((gm, examples),) = found
+    fn = kiln_cpp.compile_fx(gm, examples)
+    fn(*examples)[0].square().sum().backward()  # the backward compiles: the plan is saved
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    traced = _no_tracing(monkeypatch)
+    again = kiln_inductor.reload_fx(fn.kiln_reload_recipe, examples, _no_graph)
+    out = again(*examples)[0]
+    out.square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    ref = model(x)
+    ref.square().sum().backward()
+    torch.testing.assert_close(out, ref)
+    for g, want in zip(got, [p.grad for p in model.parameters()] + [x.grad]):
+        torch.testing.assert_close(g, want)
+    assert not traced

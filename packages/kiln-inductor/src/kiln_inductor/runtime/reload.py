@@ -210,7 +210,8 @@ def _regions(
     STATS.instances += sum(1 for p in pieces if p[0] == "same") + len(blocks)
     for line in blocks:
         STATS.blocks.append(line)
-        log.log("graphs", f"regional reuse (reloaded): {line}")
+        # the line compile_regions logs (kiln's report and explain() list it), and how
+        log.log("graphs", f"regional reuse: {line} (reloaded from the artifact cache)")
     return stitched
 
 
