@@ -20,7 +20,9 @@ backend, "traced" when the frame was evaluated again).
 every layer traced and lowered), in a cache directory of its own.
 
 Usage: python benchmarks/warm_start.py [--models gpt2,bert,llama] [--layers 6,24]
-    [--no-torch] [--threads N] [--out PATH]
+    [--no-torch] [--threads N] [--repeat N] [--out PATH]
+``--repeat N`` runs each cell in N fresh processes and keeps the least first-call time
+(each cold try in an empty cache directory of its own).
 Prints a table and writes benchmarks/results/warm_start.json (git-ignored).
 """
 
@@ -178,6 +180,15 @@ def worker(name: str, layers: int, mode: str) -> dict:
     return result
 
 
+def _least(tries: list[dict]) -> dict:
+    timed = [r for r in tries if "first_s" in r]
+    if not timed:
+        return tries[-1]
+    best = dict(min(timed, key=lambda r: r["first_s"]))
+    best["tries_first_s"] = [r["first_s"] for r in timed]
+    return best
+
+
 def _brief(r: dict) -> dict:
     return {k: v for k, v in r.items() if k != "imported"}
 
@@ -213,6 +224,13 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip torch.compile's rows")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=str(HERE / "results" / "warm_start.json"))
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="fresh processes per cell; the table shows the one of least first-call time "
+        "(a shared machine's load only ever adds time)",
+    )
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -230,8 +248,15 @@ def main() -> int:
                 for mode in modes:
                     # a warm row reuses the directory its cold row filled
                     cache = Path(tmp) / (mode if mode == "kiln-whole" else mode.split("-")[0])
-                    row[mode] = measure(name, layers, mode, cache, args.threads)
-                    print(f"  {name} x{layers} {mode}: {_brief(row[mode])}", file=sys.stderr)
+                    tries = []
+                    for i in range(args.repeat):
+                        # each cold try in an empty directory of its own; the warm ones
+                        # in the directory the first cold try filled
+                        fresh = i and (mode.endswith("cold") or mode == "kiln-whole")
+                        where = cache.with_name(f"{cache.name}-{i}") if fresh else cache
+                        tries.append(measure(name, layers, mode, where, args.threads))
+                        print(f"  {name} x{layers} {mode}: {_brief(tries[-1])}", file=sys.stderr)
+                    row[mode] = _least(tries)
                 # the warm first call again, with the modules it imports imported before it:
                 # how much of it is Python imports (torch's meta kernels, first used by capture)
                 mods = row["kiln-warm"].get("imported", [])
