@@ -32,10 +32,17 @@ Memory: every unit's parameters are gathered when the graph starts, so the peak 
 unsharded model (as ``reshard_after_forward=False`` does); per-unit resharding inside a
 graph is not done.
 
+Mixed precision (``MixedPrecisionPolicy``): ``AllGatherShard`` casts the shard to
+``param_dtype`` before gathering it (the stand-ins have that dtype, so the graph computes
+in it) and the gradient to ``reduce_dtype`` before its reduce-scatter, then back to the
+parameter's dtype; ``cast_forward_inputs`` becomes a forward pre-hook in place of FSDP's
+that kiln-capture traces (``_CAST_SOURCE``), and the root's own inputs are cast by the
+compiled call's first lines.
+
 When it applies: every unit has FSDP's defaults where they change what the graph must do
-(no mixed precision casts, no CPU offload, a 1-D shard mesh and Shard(0) placements, no
-custom collectives or divide factors, gradient sync on, no unsharded gradients accumulated
-and every parameter sharded, checked on every call). A call where any of these does not
+(no ``output_dtype`` cast, a float32 or bfloat16 reduction, no CPU offload, a 1-D shard
+mesh and Shard(0) placements, no custom collectives or divide factors, gradient sync on,
+no unsharded gradients accumulated and every parameter sharded, checked on every call). A call where any of these does not
 hold runs the regions of kiln/fsdp.py (e.g. the micro-batches of gradient accumulation
 under ``set_requires_gradient_sync(False)``, and the step after them, whose reduce-scatter
 FSDP owes). ``kiln.compile(model, options={"fsdp_graph": False})`` always takes the regions.
@@ -68,6 +75,8 @@ class _Param:
     group_name: str
     group_size: int
     padded_rows: int
+    param_dtype: torch.dtype | None  # FSDP's mixed precision: gathered and computed in
+    reduce_dtype: torch.dtype | None  # reduce-scattered in (None: the gradient's dtype)
 
     def local(self) -> torch.Tensor:
         # read each call: FSDP may replace its sharded parameter (load_state_dict)
@@ -112,9 +121,10 @@ def _eligible(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 
     for group in _groups(model):
-        mp = group.mp_policy
-        if mp.param_dtype is not None or mp.reduce_dtype is not None or mp.output_dtype:
+        if group.mp_policy.output_dtype is not None:
             return False
+        if group._reduce_dtype not in (None, torch.float32, torch.bfloat16):
+            return False  # FSDP divides before and after a float16 sum: not an average
         if isinstance(group.offload_policy, CPUOffloadPolicy):
             return False
         info = group.mesh_info
@@ -177,11 +187,16 @@ class Whole:
                     self.params[id(entry.standin)] = entry
                 entry.swap(entry.standin)
         for unit in fsdp.units(model):
+            cast = _cast_inputs_hook(unit._get_fsdp_state()._mp_policy)
             for table in ("_forward_pre_hooks", "_forward_hooks"):
                 hooks = getattr(unit, table)
                 kept = dict(hooks)
                 for key, hook in kept.items():
-                    if fsdp._is_fsdp_hook(hook):
+                    if not fsdp._is_fsdp_hook(hook):
+                        continue
+                    if table == "_forward_pre_hooks" and cast is not None:
+                        hooks[key] = cast  # FSDP's pre-hook takes kwargs: so does this
+                    else:
                         del hooks[key]
                 self.hooks.append((unit, table, kept))
 
@@ -248,8 +263,57 @@ def compile_whole(
     kiln.compile's options) over a copy of the model's forward, with ``gather_params``
     before ``backend``; ``Whole.or_else(regions)`` is the compiled call."""
     whole = Whole(model, enabled)
-    whole.forward = optimize(whole.backend(backend))(fsdp._own_copy(type(model).forward))
+    forward = type(model).forward
+    cast = _cast_inputs_hook(model._get_fsdp_state()._mp_policy) if fsdp.is_unit(model) else None
+    if cast is not None:  # the root's own inputs are cast as its FSDP pre-hook would
+        forward = _CAST["root_call"](cast, forward)
+    # a code object of its own (kiln-capture's cache is per code object)
+    whole.forward = optimize(whole.backend(backend))(fsdp._own_copy(forward))
     return whole
+
+
+# FSDP's cast of a unit's floating-point inputs to its parameters' dtype (mixed precision,
+# ``cast_forward_inputs``), as a forward pre-hook kiln-capture traces into the graph:
+# compiled from source under a file name of its own (kiln's own files are never traced)
+_CAST_SOURCE = """
+def cast_floats(x, dtype):
+    if isinstance(x, torch.Tensor):
+        if torch.is_floating_point(x) and x.dtype != dtype:
+            return x.to(dtype)
+        return x
+    if type(x) is tuple or type(x) is list:
+        return type(x)([cast_floats(y, dtype) for y in x])
+    if type(x) is dict:
+        return {k: cast_floats(v, dtype) for k, v in x.items()}
+    return x
+
+
+def make_hook(dtype):
+    def cast_forward_inputs(module, args, kwargs):
+        return cast_floats(args, dtype), cast_floats(kwargs, dtype)
+
+    return cast_forward_inputs
+
+
+def root_call(cast, forward):
+    def cast_then_forward(self, *args, **kwargs):
+        args, kwargs = cast(self, args, kwargs)
+        return forward(self, *args, **kwargs)
+
+    return cast_then_forward
+"""
+_CAST: dict = {"torch": torch}
+exec(compile(_CAST_SOURCE, "<fsdp cast_forward_inputs>", "exec"), _CAST)
+_CAST_HOOKS: dict[torch.dtype, Callable] = {}
+
+
+def _cast_inputs_hook(policy: Any) -> Callable | None:
+    if not (policy.cast_forward_inputs and policy.param_dtype):
+        return None
+    dtype = policy.param_dtype
+    if dtype not in _CAST_HOOKS:  # one hook per dtype: captured frames guard on it
+        _CAST_HOOKS[dtype] = _CAST["make_hook"](dtype)
+    return _CAST_HOOKS[dtype]
 
 
 def _ready(model: torch.nn.Module, tops: list[torch.nn.Module]) -> bool:
@@ -274,13 +338,14 @@ def _outermost(model: torch.nn.Module) -> list[torch.nn.Module]:
 def _stand_in(p: Any) -> _Param:
     size = p._orig_size
     standin = torch.nn.Parameter(
-        torch.empty(size, dtype=p.orig_dtype, device=p.sharded_param.device),
+        torch.empty(size, dtype=p.param_dtype or p.orig_dtype, device=p.sharded_param.device),
         requires_grad=p.sharded_param.requires_grad,
     )
     standin.untyped_storage().resize_(0)  # a shape for capture, no memory
     p._kiln_standin = standin
     group = p.mesh_info.shard_process_group
-    return _Param(p, standin, group.group_name, group.size(), p.padded_sharded_param_size[0])
+    rows = p.padded_sharded_param_size[0]
+    return _Param(p, standin, group.group_name, group.size(), rows, p.param_dtype, p.reduce_dtype)
 
 
 def gather_params(
@@ -308,21 +373,43 @@ class AllGatherShard(torch.autograd.Function):
     group. (``_c10d_functional.all_gather_into_tensor``'s own autograd rule sums.)"""
 
     @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, n: int, group_name: str) -> torch.Tensor:
-        ctx.n, ctx.group_name = n, group_name
+    def forward(
+        ctx: Any,
+        shard: torch.Tensor,
+        n: int,
+        group_name: str,
+        param_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        ctx.n, ctx.group_name, ctx.reduce_dtype, ctx.dtype = (
+            n,
+            group_name,
+            reduce_dtype,
+            shard.dtype,
+        )
+        if param_dtype is not None:  # mixed precision: gathered in the compute dtype
+            shard = shard.to(param_dtype)
         c10d = torch.ops._c10d_functional
         return c10d.wait_tensor(c10d.all_gather_into_tensor(shard, n, group_name))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         c10d = torch.ops._c10d_functional
+        if ctx.reduce_dtype is not None:
+            grad = grad.to(ctx.reduce_dtype)
         out = c10d.reduce_scatter_tensor(grad.contiguous(), "avg", ctx.n, ctx.group_name)
-        return c10d.wait_tensor(out), None, None
+        return c10d.wait_tensor(out).to(ctx.dtype), None, None, None, None
 
 
-def all_gather_shard(shard: torch.Tensor, n: int, group_name: str) -> torch.Tensor:
+def all_gather_shard(
+    shard: torch.Tensor,
+    n: int,
+    group_name: str,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """``AllGatherShard``: the graph's call (a module-level name, which FX code can print)."""
-    return AllGatherShard.apply(shard, n, group_name)
+    return AllGatherShard.apply(shard, n, group_name, param_dtype, reduce_dtype)
 
 
 def _gather(graph: torch.fx.Graph, ph: torch.fx.Node, entry: _Param) -> None:
@@ -332,16 +419,17 @@ def _gather(graph: torch.fx.Graph, ph: torch.fx.Node, entry: _Param) -> None:
     users = list(ph.users)
     grad = entry.standin.requires_grad
 
-    def meta(shape: tuple) -> dict:
+    def meta(shape: tuple, dtype: torch.dtype) -> dict:
         # as capture records a value: a meta tensor, and the device it lives on
-        val = torch.empty(shape, dtype=full.dtype, device="meta", requires_grad=grad)
+        val = torch.empty(shape, dtype=dtype, device="meta", requires_grad=grad)
         return {"val": val, "device": ph.meta.get("device", local.device)}
 
-    ph.meta.update(meta(tuple(local.shape)))
+    ph.meta.update(meta(tuple(local.shape), local.dtype))
 
     def add(target: Any, args: tuple, shape: tuple) -> torch.fx.Node:
         node = graph.call_function(target, args)
-        node.meta.update(meta(shape))
+        gathered = target is not torch.constant_pad_nd
+        node.meta.update(meta(shape, full.dtype if gathered else local.dtype))
         if "nn_module_stack" in ph.meta:
             node.meta["nn_module_stack"] = ph.meta["nn_module_stack"]
         return node
@@ -353,7 +441,8 @@ def _gather(graph: torch.fx.Graph, ph: torch.fx.Node, entry: _Param) -> None:
             pad = [0, 0] * len(rest) + [0, entry.padded_rows - local.shape[0]]
             x = add(torch.constant_pad_nd, (x, pad), (entry.padded_rows, *rest))
         shape = (entry.padded_rows * n, *rest)
-        x = add(all_gather_shard, (x, n, entry.group_name), shape)
+        args = (x, n, entry.group_name, entry.param_dtype, entry.reduce_dtype)
+        x = add(all_gather_shard, args, shape)
         if shape[0] != rows:
             x = add(torch.narrow, (x, 0, 0, rows), (rows, *rest))
     for user in users:
