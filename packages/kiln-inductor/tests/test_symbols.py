@@ -75,3 +75,32 @@ def test_common_stride_rules_agree_with_integer_arithmetic():
             for a, b, c in itertools.product(*(range(sizes[v]) for v in (x0, x1, x2))):
                 env = {x0: a, x1: b, x2: c}
                 assert value(s, env) == value(e, env), (e, s, env)
+
+
+def test_clamps_fold_numbers_and_drop_bounds_the_loop_ranges_decide():
+    """``clamp_expr`` (cat's per-piece index) folds numbers and never runs sympy's slow
+    Min/Max evaluation; ``simplify_index`` drops the bounds the loop ranges make void, and
+    every clamp keeps Python's min/max value at every point of the loop."""
+    from kiln_inductor.ir.symbols import clamp_expr
+
+    (x,) = index_vars("x", 1)
+    assert clamp_expr(sympy.Integer(40), 0, 31) == 31
+    assert clamp_expr(sympy.Integer(-3), 0, 31) == 0
+    assert str(clamp_expr(x, 0, 31)) == str(sympy.Min(x, 31))  # x >= 0: no Max
+    ranges = {x: sympy.Integer(64)}
+    cases = [(x - 32, 0, 31), (x, 0, 31), (x, 0, 63), (x - 70, 0, 5), (x + 2, 1, 100)]
+    for i, lo, hi in cases:
+        e = clamp_expr(i, lo, hi)
+        assert isinstance(e, sympy.Basic) and str(e).count("Clamp") == 0
+        simple = simplify_index(e, ranges)
+        for v in range(64):
+            want = min(max(int(i.subs(x, v)), lo), hi)
+            assert int(e.subs(x, v)) == want and int(simple.subs(x, v)) == want
+    # over x < 64: Min(Max(x - 32, 0), 31) has its Min proved void, Min(x, 63) is x
+    assert str(simplify_index(clamp_expr(x - 32, 0, 31), ranges)) == str(sympy.Max(x - 32, 0))
+    assert simplify_index(clamp_expr(x, 0, 63), ranges) == x
+    # rebuilt by xreplace/subs (a view's reindexing) without sympy's evaluation, same value
+    y = index_vars("y", 1)[0]
+    moved = clamp_expr(x - 32, 0, 31).xreplace({x: 2 * y + 1})
+    for v in range(32):
+        assert int(moved.subs(y, v)) == min(max(2 * v + 1 - 32, 0), 31)

@@ -148,6 +148,103 @@ def unflatten_index(flat: Expr, size: Sequence[Expr]) -> list[Expr]:
     return list(reversed(out))
 
 
+def clamp_expr(i: Expr, lo: Expr, hi: Expr) -> Expr:
+    """``Min(Max(i, lo), hi)`` without sympy's evaluation of Min/Max (slow: pairwise
+    comparisons through the assumptions system). Numbers are clamped; ``Max(i, 0)`` of an
+    ``i`` sympy knows is non-negative is ``i``; otherwise the unevaluated clamp, which
+    ``simplify_index`` reduces under the loop ranges."""
+    i, lo, hi = sympy.sympify(i), sympy.sympify(lo), sympy.sympify(hi)
+    if i.is_Number and lo.is_Number and hi.is_Number:
+        return sympy.Integer(min(max(int(i), int(lo)), int(hi)))
+    low = i if (lo.is_Number and lo == 0 and i.is_nonnegative) else _max2(i, lo)
+    return _min2(low, hi)
+
+
+class _Clamp:
+    """Min/Max of index expressions that evaluate only what is cheap: numbers are folded
+    and repeated arguments dropped, without sympy's pairwise comparisons of symbolic
+    arguments. Rebuilt the same way by ``xreplace``/``subs`` (their ``func``); printers and
+    ``isinstance`` checks see sympy's Min/Max."""
+
+    pick: Any
+
+    def __new__(cls, *args: Any, **assumptions: Any) -> Any:
+        assumptions.pop("evaluate", None)
+        flat: list[Expr] = []
+        for a in map(sympy.sympify, args):
+            flat.extend(a.args if type(a) is cls else (a,))
+        numbers = [a for a in flat if a.is_Number]
+        rest = list(dict.fromkeys(a for a in flat if not a.is_Number))
+        if numbers:
+            best = cls.pick(numbers)
+            if not rest:
+                return best
+            rest.append(best)
+        if len(rest) == 1:
+            return rest[0]
+        return super().__new__(cls, *rest, evaluate=False, **assumptions)
+
+    def _sympystr(self, printer: Any) -> str:  # printed as sympy's Min/Max
+        name = "Min" if isinstance(self, sympy.Min) else "Max"
+        return f"{name}({', '.join(printer._print(a) for a in self.args)})"
+
+
+class ClampMax(_Clamp, sympy.Max):
+    pick = max
+
+
+class ClampMin(_Clamp, sympy.Min):
+    pick = min
+
+
+def _max2(a: Expr, b: Expr) -> Expr:
+    return ClampMax(a, b)
+
+
+def _min2(a: Expr, b: Expr) -> Expr:
+    return ClampMin(a, b)
+
+
+def _lower_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
+    """A lower bound (inclusive) of an index expression whose loop variables start at 0:
+    its constant term plus its negative terms at their variables' largest values."""
+    expr = sympy.expand(expr)
+    total: Expr = sympy.Integer(0)
+    for term in sympy.Add.make_args(expr):
+        coeff, rest = term.as_coeff_Mul()
+        if rest == 1:
+            total = total + coeff
+        elif coeff < 0:
+            ub = upper_bound(rest, ranges)
+            if ub is None:
+                return None
+            total = total + coeff * ub
+        elif not (rest.is_nonnegative or isinstance(rest, sympy.Symbol) and rest in ranges):
+            return None
+    return total
+
+
+def _simplify_clamp(e: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
+    """A two-argument Min/Max of a loop index and a number, dropped when the loop ranges
+    decide it (``Max(q - 32, 0)`` stays; ``Min(q, 31)`` over ``q < 32`` is ``q``)."""
+    a, b = e.args
+    if a.is_Number and b.is_Number:
+        return (min if isinstance(e, sympy.Min) else max)(a, b)
+    if a.is_Number:
+        a, b = b, a
+    if not b.is_Number:
+        return e
+    if isinstance(e, sympy.Min):
+        ub = upper_bound(a, ranges) if a.is_nonnegative or a.free_symbols <= set(ranges) else None
+        if ub is not None and ub.is_Number and ub <= b:
+            return a
+        return e
+    lb = _lower_bound(a, ranges)
+    if lb is not None and lb.is_Number and lb >= b:
+        return a
+    return e
+
+
 def upper_bound(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr | None:
     """An upper bound (inclusive) of a non-negative index expression over loop ranges (an
     expression of the size symbols when the ranges are symbolic)."""
@@ -225,6 +322,12 @@ def simplify_index(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
         if not e.args:
             return e
         args = [visit(a) for a in e.args]
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            if tuple(args) != e.args:  # rebuilt unevaluated (``clamp_expr``)
+                e = (ClampMin if isinstance(e, sympy.Min) else ClampMax)(*args)
+                if not isinstance(e, (sympy.Min, sympy.Max)):
+                    return e
+            return _simplify_clamp(e, ranges) if len(e.args) == 2 else e
         e = e.func(*args) if tuple(args) != e.args else e
         if isinstance(e, sympy.Add):
             e = _merge_div_mod(e)
