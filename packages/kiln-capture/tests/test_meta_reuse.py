@@ -139,7 +139,7 @@ def test_a_user_function_op_is_never_reused(monkeypatch):
     def fn(x):
         return Double.apply(x) + Double.apply(x)
 
-    x = torch.randn(4)
+    x = torch.randn(4, requires_grad=True)  # a gradient to compute: apply is a graph call
     out, _, _, hits = _capture(fn, x, reuse=True, monkeypatch=monkeypatch)
     assert_same(out, fn(x))
     assert hits == 0  # the user's forward runs in each call's trace
