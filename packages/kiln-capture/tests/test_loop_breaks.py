@@ -1,7 +1,8 @@
 """Graph breaks inside loops (capture.py, ``_finish_break``): a ``for`` loop whose iterator
 needs tensor values to give its next item (a ``filter`` or ``map`` with a data-dependent
 function) breaks at FOR_ITER; ``next()`` runs in Python and the loop body (or its exit)
-is a continuation, so no frame runs eagerly."""
+is a continuation, so no frame runs eagerly. A break inside a loop's body reuses one
+iteration's continuations (for and while loops)."""
 
 import pytest
 import torch
@@ -54,3 +55,44 @@ def test_filter_break_under_fullgraph_raises():
     opt = kiln_capture.optimize(CountingBackend(), fullgraph=True)(_filtered)
     with pytest.raises(kiln_capture.GraphBreakError):
         opt([torch.randn(3) for _ in range(3)])
+
+
+@kiln_capture.disable
+def _noted(v):
+    return v
+
+
+def _while_counter(x):
+    i = 20
+    while i > 10:
+        x = torch.sin(x) + i
+        i -= 1
+        _noted(x)
+    return x, i
+
+
+def test_break_inside_a_while_loop_reuses_one_iteration_graph():
+    """The loop's iterations start a continuation (its int counter symbolic at once): one
+    graph for the body, whatever the count."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend)(_while_counter)
+    x = torch.randn(4)
+    assert_same(opt(x), _while_counter(x))
+    assert len(backend.graphs) == 1
+    assert_same(opt(x), _while_counter(x))
+    assert len(backend.graphs) == 1 and kiln_capture.stats()["eager_frames"] == 0
+
+
+def _for_range_ignored(x):
+    for _ in range(300):
+        x = torch.cos(x)
+        _noted(x)
+    return x
+
+
+def test_break_inside_a_for_loop_reuses_one_iteration_graph():
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend)(_for_range_ignored)
+    x = torch.randn(4)
+    assert_same(opt(x), _for_range_ignored(x))
+    assert len(backend.graphs) == 1 and kiln_capture.stats()["eager_frames"] == 0

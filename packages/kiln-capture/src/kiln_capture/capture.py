@@ -129,11 +129,14 @@ def compile_frame(
                 return SkipFrame(f"break at offset {r.offset} repeated")
             break_at[r.offset] = r.error
             head = None if ctx.fullgraph else _loop_head(code, r.offset)
-            if head is not None and head not in break_at:  # see "breaks inside for loops"
-                break_at[head] = Unsupported(
-                    r.error.kind,
-                    f"the loop's next() runs in Python: its body breaks ({r.error.detail})",
-                )
+            if head is not None and head[0] == _entry_offset(code):
+                head = None  # a while loop's iteration continuation: it starts there
+            if head is not None and head[0] not in break_at:  # see "breaks inside for loops"
+                at, next_in_python = head
+                what = "the loop's next() runs in Python" if next_in_python else "a new iteration"
+                entry = Unsupported(r.error.kind, f"{what}: its body breaks ({r.error.detail})")
+                entry.loop_entry = not next_in_python
+                break_at[at] = entry
             continue
         except Unsupported as e:  # wrapping the arguments failed
             return SkipFrame(f"{e.kind.id}: {e.detail}")
@@ -322,7 +325,9 @@ def _entry(out, root, cg, compiled, gm, body, extra_ns) -> CacheEntry:
 # in Python there (``_finish_break``), so the frame's graph stops before the loop, and each
 # iteration runs as the same two continuations of the frame's original code: the body up
 # to the break (entered with the iterator and the item), and the rest of the body up to the
-# FOR_ITER. Continuations are made from the original code (``_origin``), whichever
+# FOR_ITER. A ``while`` loop's iteration starts a continuation at the body's first
+# instruction (``loop_entry``: no step), its int locals symbolic from the start (a counter
+# would otherwise be compiled once per value). Continuations are made from the original code (``_origin``), whichever
 # continuation breaks, so the second iteration finds both compiled: a loop of any length
 # costs the graphs of one iteration, not one continuation per iteration. Continuations
 # return their successor's call as a ``Tail`` to the frame that called the first one,
@@ -367,9 +372,12 @@ def tail_or_drive():
     return Tail if driven else drive
 
 
-def _loop_head(code: types.CodeType, offset: int) -> int | None:
-    """The FOR_ITER of the innermost ``for`` loop whose body holds ``offset`` (not one of a
-    frame owning cells: its continuations are not made from the original code)."""
+def _loop_head(code: types.CodeType, offset: int) -> tuple[int, bool] | None:
+    """Where the innermost loop around ``offset`` starts an iteration: a ``for`` loop's
+    FOR_ITER (True: next() runs in Python there), or a ``while`` loop's first body
+    instruction, the target of its backward jump (False: the continuation starts there).
+    None in a frame owning cells (its continuations are not made from the original code)
+    and where a with/try block covers that place."""
     import dis
 
     if _first_code(code).co_cellvars:
@@ -377,9 +385,21 @@ def _loop_head(code: types.CodeType, offset: int) -> int | None:
     head = None
     for ins in dis.get_instructions(code):
         if ins.opname == "FOR_ITER" and ins.offset < offset < ins.argval:
-            head = ins.offset
-    if head is not None and covering_handlers(code, head):
-        return None  # inside a with/try block: FOR_ITER has no continuation there
+            if head is None or ins.offset > head[0]:
+                head = (ins.offset, True)
+        elif (
+            ins.opcode in dis.hasjrel
+            and isinstance(ins.argval, int)
+            and ins.argval < offset < ins.offset
+            and (head is None or ins.argval > head[0])
+        ):
+            head = (ins.argval, False)  # a backward jump: a while loop (or a for's back-edge)
+    if head is not None and not head[1]:
+        at = next(i for i in dis.get_instructions(code) if i.offset == head[0])
+        if at.opname == "FOR_ITER":
+            head = (head[0], True)
+    if head is None or covering_handlers(code, head[0]):
+        return None
     return head
 
 
@@ -397,6 +417,14 @@ def _compiled_entries(code: types.CodeType, ctx) -> int:
     from kiln_capture import hook
 
     return len(hook._cache.get((code, id(ctx.backend), ctx.dynamic)) or ())
+
+
+def _entry_offset(code: types.CodeType) -> int | None:
+    """Where a continuation's body starts running (in its own code's offsets)."""
+    key = _RESUME_ORIGIN.get(code)
+    if key is None:
+        return None
+    return key[1] + len(code.co_code) - len(key[0].co_code)
 
 
 def _first_code(code: types.CodeType) -> types.CodeType:
@@ -471,6 +499,10 @@ def _finish_break(
         base = len(stack) - 1
         nxt = root.instructions[idx + 1].offset
         targets = [(ins.argval, base, False), (nxt, base, False)]
+    elif getattr(error, "loop_entry", False):  # a while loop's iteration: a continuation
+        base = len(stack)
+        targets = [(ins.offset, base, False)]
+        pushes = []
     elif ins.opname == "FOR_ITER" and not handlers:
         # next() of the iterator in Python (a filter's predicate on tensor values): the
         # body's continuation gets the iterator and the item, the loop's exit neither
@@ -553,6 +585,8 @@ def _finish_break(
         rcode = _resume_code(base_code, off - shift, presence, params, reraise)
         _LOOP_DEPTH[rcode] = depth
         sizes = {n for n in params if isinstance(bound[n], SymIntVar)}
+        if getattr(error, "loop_entry", False):  # a while loop's counter: symbolic at once
+            sizes |= {n for n in params if type(getattr(bound[n], "value", None)) is int}
         if sizes:
             _SIZE_PARAMS.setdefault(rcode, set()).update(sizes)
         if eager:  # a re-raising one is captured too: RootFrame wraps its Reraise
@@ -603,7 +637,10 @@ def _finish_break(
     except Unsupported as e:
         return skip(e.detail)
 
-    step = _step_lines(ins, stack, base, root.kw_names, calls, reraise)
+    if getattr(error, "loop_entry", False):
+        step = [f"return {calls[0]}"]
+    else:
+        step = _step_lines(ins, stack, base, root.kw_names, calls, reraise)
     compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
     # the graph left the grad mode it found; the blocks re-entered above (cg.preamble)
     # set theirs, and a mode set without a block (``torch.set_grad_enabled(False)`` as

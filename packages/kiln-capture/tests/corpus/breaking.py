@@ -153,7 +153,7 @@ def break_inside_zip_loop(xs, y):
     return out, y - 1
 
 
-@case(graphs=4, breaks=3)
+@case(graphs=4, breaks=6)  # each iteration starts a continuation (i = 0, 1 specialized)
 def break_inside_while_loop(x):
     i = 0
     while i < 3:
