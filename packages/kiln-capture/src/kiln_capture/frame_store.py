@@ -268,11 +268,23 @@ def _evaluator(params: list[str], func, args: tuple, consts: list, codes: dict |
 
     def evaluate(expr: str) -> Any:
         try:
-            return eval(codes.get(expr, expr), ns)
+            return eval(codes.get(expr) or _expr_code(expr), ns)
         except Exception as e:  # the user's objects: anything may raise
             raise Unresolved(f"{expr}: {type(e).__name__}: {e}") from None
 
     return evaluate
+
+
+_expr_codes: dict[str, types.CodeType] = {}
+
+
+def _expr_code(expr: str) -> types.CodeType:
+    """``expr`` compiled, once per process (a save evaluates each tensor input's path and
+    then keeps its code: a model's hundreds of parameters compiled twice each)."""
+    code = _expr_codes.get(expr)
+    if code is None:
+        code = _expr_codes[expr] = compile(expr, "<kiln recipe>", "eval")
+    return code
 
 
 def _path_exprs(consts: list, tensors: list) -> set[str]:
@@ -375,7 +387,7 @@ def _record(entry, code, func, args, frame_shapes) -> dict:
         "native": gs.native is not None,
         "consts": tuple(consts),
         "tensors": tuple(tensors),
-        "codes": {e: compile(e, "<kiln recipe>", "eval") for e in _path_exprs(consts, tensors)},
+        "codes": {e: _expr_code(e) for e in _path_exprs(consts, tensors)},
         "files": tuple(file_shas),
         "frame_shapes": (
             tuple((k, tuple(v)) for k, v in shapes.seen.items()),
