@@ -225,6 +225,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=str(HERE / "results" / "warm_start.json"))
     ap.add_argument(
+        "--modes",
+        default="",
+        help="comma-separated subset of eager,kiln-cold,kiln-warm,kiln-whole,torch-cold,"
+        "torch-warm (default: all; kiln-warm needs kiln-cold)",
+    )
+    ap.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -240,6 +246,8 @@ def main() -> int:
     modes = ["eager", "kiln-cold", "kiln-warm", "kiln-whole"]
     if not args.no_torch:
         modes += ["torch-cold", "torch-warm"]
+    if args.modes:  # a subset, in this order (a warm row needs its cold row)
+        modes = [m for m in modes if m in args.modes.split(",")]
     rows = []
     for name in args.models.split(","):
         for layers in (int(n) for n in args.layers.split(",")):
@@ -259,10 +267,11 @@ def main() -> int:
                     row[mode] = _least(tries)
                 # the warm first call again, with the modules it imports imported before it:
                 # how much of it is Python imports (torch's meta kernels, first used by capture)
-                mods = row["kiln-warm"].get("imported", [])
-                row["kiln-warm-preimported"] = measure(
-                    name, layers, "kiln-warm", Path(tmp) / "kiln", args.threads, mods
-                )
+                if "kiln-warm" in row:
+                    mods = row["kiln-warm"].get("imported", [])
+                    row["kiln-warm-preimported"] = measure(
+                        name, layers, "kiln-warm", Path(tmp) / "kiln", args.threads, mods
+                    )
             for r in row.values():
                 if isinstance(r, dict):
                     r["imported"] = len(r.get("imported", []))
@@ -289,7 +298,7 @@ def _table(rows: list[dict], modes: list[str]) -> str:
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in rows:
         cells = [row["model"], str(row["layers"]), *(sec(row[m]) for m in modes)]
-        eager, warm = row["eager"], row["kiln-warm"]
+        eager, warm = row.get("eager", {}), row.get("kiln-warm", {})
         if "first_s" in eager and "first_s" in warm:
             cells.append(f"{warm['first_s'] / eager['first_s']:.1f}x")
             art = warm["artifact"]
@@ -307,8 +316,9 @@ def _table(rows: list[dict], modes: list[str]) -> str:
     by = {(r["model"], r["layers"]): r for r in rows}
     for (name, layers), r in by.items():
         six = by.get((name, 6))
-        if layers != 6 and six and "first_s" in r["kiln-cold"] and "first_s" in six["kiln-cold"]:
-            ratio = r["kiln-cold"]["first_s"] / six["kiln-cold"]["first_s"]
+        cold, cold6 = r.get("kiln-cold", {}), (six or {}).get("kiln-cold", {})
+        if layers != 6 and "first_s" in cold and "first_s" in cold6:
+            ratio = cold["first_s"] / cold6["first_s"]
             line = f"{name}: kiln cold x{layers} / x6 = {ratio:.2f} (goal <= 1.3)"
             whole, whole6 = r.get("kiln-whole", {}), six.get("kiln-whole", {})
             if "first_s" in whole and "first_s" in whole6:
