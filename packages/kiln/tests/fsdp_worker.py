@@ -502,6 +502,32 @@ def check_unchanged(rank: int, world: int) -> None:
                 assert len(seen) >= len(mine.blocks), f"the regions' backend saw {len(seen)}"
             assert _snapshot(mine) == before
         print(f"[rank {rank}] fsdp modules unchanged (ac={ac})", flush=True)
+    _check_two_compiles(rank, world)
+
+
+def _check_two_compiles(rank: int, world: int) -> None:
+    """Two kiln.compile objects of one FSDP model called in turn: each keeps its own
+    stand-ins, so each graph is built once (no recompile), and both train like eager."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import kiln
+
+    kiln.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    eager, mine = _sharded(MLP, "none", mesh), _sharded(MLP, "none", mesh)
+    first, second = kiln.compile(mine), kiln.compile(mine, options={"regional_reuse": False})
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, mine)]
+    g = torch.Generator().manual_seed(200 + rank)
+    for fn in (first, second, first, second):
+        x, target = _batch("mlp", g)
+        for model, opt in zip((eager, fn), opts):
+            _loss("mlp", model(x), target).backward()
+            opt.step()
+            opt.zero_grad()
+    for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+        _assert_shard_close(q, p, 1e-5, f"two compiles: {pname}")
+    stats = _assert_counts("two compiles")
+    assert stats["graphs"] == 2 and stats["recompiles"] == 0, stats
 
 
 def _hf_model(kind: str, mesh, checkpointing: bool):

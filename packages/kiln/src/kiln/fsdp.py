@@ -1,5 +1,10 @@
 """FSDP2 (``fully_shard``): each sharded module's forward compiled as a region of its own.
 
+``kiln.compile(root)`` first tries kiln/fsdp_graph.py, which compiles the whole model as
+one graph holding FSDP's all-gathers and reduce-scatters; the regions here serve per-block
+compilation (``kiln.compile(block)`` under an eager FSDP root), ``fsdp_graph=False`` and
+the calls whose FSDP options the graph does not model.
+
 Design: regions between FSDP's hooks
 ====================================
 ``fully_shard(m)`` turns ``m`` into a unit whose parameters are DTensor shards. A forward

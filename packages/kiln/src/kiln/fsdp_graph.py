@@ -13,14 +13,13 @@ torch's SimpleFSDP expresses FSDP:
   frees its unsharded parameters). kiln-capture then traces the root's forward through
   every unit, with the stand-ins as graph inputs: one graph, no break.
 - ``gather_params`` (the backend's first step) rewrites each stand-in's placeholder into
-  this rank's shard (``DTensor.to_local()``, passed on every call), padded to FSDP's
-  padded shard size, ``_c10d_functional.all_gather_into_tensor`` over the unit's shard
-  group, ``wait_tensor`` and a narrow to the unsharded rows: the unsharded parameter is a
-  value of the graph. The all-gather's autograd rule is a ``reduce_scatter_tensor`` (sum);
-  an identity in value whose gradient is divided by the group's size (``x.detach() + (x -
-  x.detach()) / n``) before the gather gives FSDP's average. The gradient reaches the
-  DTensor parameter through ``to_local``'s backward, as a DTensor shard, as FSDP's
-  post-backward writes it.
+  this rank's shard (``LocalShard``, passed on every call), padded to FSDP's padded shard
+  size, all-gathered over the unit's shard group (``AllGatherShard``:
+  ``_c10d_functional.all_gather_into_tensor`` and ``wait_tensor``) and narrowed to the
+  unsharded rows: the unsharded parameter is a value of the graph. ``AllGatherShard``'s
+  gradient is FSDP's: a ``reduce_scatter_tensor`` averaging over the group (the op's own
+  autograd rule sums), which reaches the DTensor parameter as a DTensor shard on the
+  parameter's own spec, as FSDP's post-backward writes it.
 - kiln-inductor's collectives pass issues each collective as soon as its input exists and
   waits just before the first kernel reading it: every all-gather starts at the graph's
   start and is waited on where the unit's first kernel needs it (forward prefetching), and
@@ -42,10 +41,12 @@ compiled call's first lines.
 When it applies: every unit has FSDP's defaults where they change what the graph must do
 (no ``output_dtype`` cast, a float32 or bfloat16 reduction, no CPU offload, a 1-D shard
 mesh and Shard(0) placements, no custom collectives or divide factors, gradient sync on,
-no unsharded gradients accumulated and every parameter sharded, checked on every call). A call where any of these does not
-hold runs the regions of kiln/fsdp.py (e.g. the micro-batches of gradient accumulation
-under ``set_requires_gradient_sync(False)``, and the step after them, whose reduce-scatter
-FSDP owes). ``kiln.compile(model, options={"fsdp_graph": False})`` always takes the regions.
+no unsharded gradients accumulated and every parameter sharded, checked on every call),
+and ``model``'s outermost units are FSDP's roots. A call where any of these does not hold
+runs the regions of kiln/fsdp.py: per-block compilation under an eager root, the
+micro-batches of gradient accumulation under ``set_requires_gradient_sync(False)`` and the
+step after them, whose reduce-scatter FSDP owes. ``kiln.compile(model,
+options={"fsdp_graph": False})`` always takes the regions.
 """
 
 from __future__ import annotations
@@ -161,10 +162,11 @@ class Whole:
         self.model = weakref.ref(model)
         self.enabled = enabled
         self.params: dict[int, _Param] = {}  # by id of the stand-in
+        self.made: dict[int, _Param] = {}  # by id of FSDP's parameter (the entry holds it)
         self.hooks: list[tuple[torch.nn.Module, str, dict]] = []
         self.depth = 0
         self.tops: list[weakref.ref] | None = None
-        self.forward: Callable = lambda *a, **k: None  # set by compile_whole
+        self.forward: Callable | None = None  # the captured root call, set by compile_whole
 
     def applies(self) -> bool:
         model = self.model()
@@ -181,9 +183,9 @@ class Whole:
         model = self.model()
         for group in _groups(model):
             for p in group.fsdp_params:
-                entry = self.params.get(id(getattr(p, "_kiln_standin", None)))
-                if entry is None:
-                    entry = _stand_in(p)
+                entry = self.made.get(id(p))
+                if entry is None:  # the same stand-in every call: captured frames guard it
+                    entry = self.made[id(p)] = _stand_in(p)
                     self.params[id(entry.standin)] = entry
                 entry.swap(entry.standin)
         for unit in fsdp.units(model):
@@ -342,7 +344,6 @@ def _stand_in(p: Any) -> _Param:
         requires_grad=p.sharded_param.requires_grad,
     )
     standin.untyped_storage().resize_(0)  # a shape for capture, no memory
-    p._kiln_standin = standin
     group = p.mesh_info.shard_process_group
     rows = p.padded_sharded_param_size[0]
     return _Param(p, standin, group.group_name, group.size(), rows, p.param_dtype, p.reduce_dtype)
