@@ -373,7 +373,7 @@ def unary(tx, fn, a: Var) -> Var:
 
 def isinstance_check(tx, obj: Var, cls: Var) -> bool:
     classes = cls.as_const()
-    if isinstance(obj, PickedTensorVar):
+    if isinstance(obj, PickedTensorVar) and obj.may_be_a_number():
         raise obj._which("isinstance()")
     t = obj.python_type()
     return issubclass(t, classes)
@@ -895,10 +895,16 @@ class PickedTensorVar(TensorVar):
     def getattr(self, tx, name: str) -> Var:
         if name.endswith("_") and not name.startswith("_"):
             raise self._written(f"in-place {name}()")
-        numbers = [i for i in self.items if not isinstance(i, TensorVar)]
-        if numbers or any(isinstance(i, PickedTensorVar) for i in self.items):
-            raise self._which(f".{name}")  # eager may have a number there
+        if self.may_be_a_number():
+            raise self._which(f".{name}")
         return super().getattr(tx, name)
+
+    def may_be_a_number(self) -> bool:
+        """Whether eager's answer may be one of the numbers (``max(t, 0)``)."""
+        return any(
+            not isinstance(i, TensorVar) or (isinstance(i, PickedTensorVar) and i.may_be_a_number())
+            for i in self.items
+        )
 
     def setitem(self, tx, key: Var, value: Var) -> None:
         raise self._written("item assignment")
