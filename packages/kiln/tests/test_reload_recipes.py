@@ -167,6 +167,14 @@ CHILD = textwrap.dedent(
             raise AssertionError("rebuilt or traced")
         graph_data.rebuild = refuse
         kiln_aot.api.trace = refuse
+    import logging
+    from kiln import report
+
+    page = report.Report("child.py", [])  # what the HTML report would say
+    handler = report._Collector(page)
+    for name in ("kiln_capture", "kiln_inductor"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.DEBUG)
     torch.manual_seed(0)
     model = Stack(4).eval()
     x = torch.randn(4, 16)
@@ -177,6 +185,7 @@ CHILD = textwrap.dedent(
     print(json.dumps({
         "err": float((out - ref).abs().max()), "stats": kiln.stats(),
         "loaded": s.loaded, "reloaded": s.reloaded, "saved": s.saved,
+        "kept": report.kept_captures_line(page), "reuse": report.regional_reuse_lines(page),
     }))
     """
 )
@@ -192,6 +201,7 @@ def _process(tmp_path, mode: str, **env) -> dict:
         "KILN_CAPTURE_CACHE": "1",
         "KILN_CAPTURE_FRAMES": "1",
         "KILN_CAPTURE_RAISE_INTERNAL": "1",
+        "KILN_LOG": "timings,graphs",
         **env,
     }
     here = os.path.dirname(__file__)
@@ -214,6 +224,11 @@ def test_a_warm_process_reloads_the_kept_capture(tmp_path):
     assert (cold["saved"], cold["loaded"], cold["reloaded"]) == (1, 0, 0)
     warm = _process(tmp_path, "warm")
     assert (warm["saved"], warm["loaded"], warm["reloaded"]) == (0, 1, 1)
+    # the HTML report says so, and still lists the reused block
+    assert "1 frame(s) loaded from disk" in warm["kept"], warm["kept"]
+    assert "1 compiled graph(s) reloaded" in warm["kept"], warm["kept"]
+    assert any("reused for 4 instances" in line for line in warm["reuse"]), warm["reuse"]
+    assert cold["kept"].startswith("kept captures: none")
     # without the artifact cache the recipe does not hold: the graph is rebuilt, compiled
     off = _process(tmp_path, "off", KILN_ARTIFACT_CACHE="0")
     assert (off["loaded"], off["reloaded"]) == (1, 0)

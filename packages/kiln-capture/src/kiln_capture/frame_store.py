@@ -552,10 +552,12 @@ def _reloaded(ctx, recipe, examples: list, inputs: list[str], gs: GuardSet, make
     except Exception as e:  # the backend's: the graph is rebuilt and compiled instead
         log("recompiles", f"a reload recipe failed ({type(e).__name__}: {e}): compiling")
         compiled = None
-    ctx.backend_seconds += time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    ctx.backend_seconds += seconds
     if compiled is None:
         return None
     STATS.reloaded += 1
+    log("timings", f"compiled graph reloaded from its recipe: {seconds:.4f} s")
     fast = getattr(compiled, "kiln_guarded_call", None)
     if callable(fast) and gs.guards_tensors(inputs, examples):
         compiled = fast  # as compile_captured: every input's metadata is guarded

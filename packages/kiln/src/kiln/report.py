@@ -208,6 +208,21 @@ def artifact_cache_line(report: Report) -> str:
     return f"artifact cache: {hits} hit(s), {misses} miss(es), load {load:.3f} s"
 
 
+def kept_captures_line(report: Report) -> str:
+    """Frames whose whole capture an earlier process kept on disk (kiln-capture's
+    frame_store.py): loaded without tracing, and of those how many compiled graphs came
+    back from the backend's reload recipe without rebuilding the graph."""
+    lines = [r for section in report.records.values() for r in section]
+    loaded = sum("kept capture of " in r and "frame_s=" in r for r in lines)
+    reloaded = sum("reloaded from its recipe" in r for r in lines)
+    if not loaded:
+        return "kept captures: none loaded (off, a first run, or the frames changed)"
+    return (
+        f"kept captures: {loaded} frame(s) loaded from disk without tracing, "
+        f"{reloaded} compiled graph(s) reloaded without their graph"
+    )
+
+
 def render(report: Report) -> str:
     esc = html.escape
     parts = [
@@ -247,6 +262,7 @@ def render(report: Report) -> str:
             parts.append("<p class='muted'>none</p>")
     parts.append("<h2 id='timings'>Compile time by stage</h2>")
     parts.append(f"<p id='artifact-cache'>{esc(artifact_cache_line(report))}</p>")
+    parts.append(f"<p id='kept-captures'>{esc(kept_captures_line(report))}</p>")
     reuse = "".join(f"<li>{esc(line)}</li>" for line in regional_reuse_lines(report))
     parts.append(
         f"<p>regional reuse (blocks compiled once):</p><ul id='regional-reuse'>{reuse}</ul>"
