@@ -397,15 +397,13 @@ KNOWN_STEP_BREAKS = {
     "Python runs as it is, and the wrapped module's forward inside it is a captured frame "
     "of its own, split at DDP's buckets (kiln.distributed.split_inside_ddp)",
     ("B009", "Object(FSDPState) as an argument"): "FSDP2's forward hooks are traced as "
-    "calls taking FSDP's state: kiln.compile(fsdp_model) compiles the model as one graph "
-    "with FSDP's collectives in it (kiln/fsdp_graph.py), a compiled function calling the "
-    "plain model meets FSDP's hooks",
+    "calls taking FSDP's state (a compiled function calling the FSDP model, plain or "
+    "kiln-compiled, whose original module is traced inline); the call then runs as it "
+    "is: FSDP's hooks eagerly, or kiln.compile(fsdp_model)'s one graph with FSDP's "
+    "collectives in it (kiln/fsdp_graph.py)",
     ("B009", "operator eq on Object(DeviceMesh)"): "a DeviceMesh comparison in FSDP's code",
     ("B009", "tensor subclass DTensor"): "the optimizer over FSDP2's DTensor parameters "
     "(zero_grad, step): kiln-capture does not model DTensor",
-    ("B005", "construction of ReferenceType"): "the call of the object kiln.compile(model) "
-    "returned, from a compiled function: kiln's lookup of its compiled call (a "
-    "WeakKeyDictionary) is not traced, so the call runs as it is, the model's own graphs",
     ("B005", "torch function __post_init__"): "a dataclass of torch.distributed (DTensor's "
     "specs, made by the eager DTensor ops of SGD's momentum): its generated __init__ (file "
     "<string>, not known as torch's) is captured as a frame of its own and breaks at the "
