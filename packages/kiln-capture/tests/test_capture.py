@@ -180,3 +180,50 @@ def test_tensor_branch_inside_try():
     # the branch breaks; float(...) of the sum is a graph value (issue #17), no break
     assert (out.graph_count, out.break_count) == (2, 1)
     assert all(b.resumed for b in out.breaks)
+
+
+class _ReversedDict(dict):
+    def __iter__(self):
+        return reversed(list(self.keys()))
+
+
+def _store_into_a_dict_subclass(x, d):
+    d["baz"] = 4  # an item store kiln does not model: done in Python, then resumed
+    return x * d["foo"] * d["bar"]
+
+
+def _store_by_a_data_value(lengths, ones):
+    k = lengths[3]
+    ones[(3, slice(k, None, None))] = 0  # a slice bound only the data gives
+    return ones * 2
+
+
+def _store_that_raises(x, d):
+    try:
+        d[[1]] = x  # unhashable key: TypeError, caught by the frame
+        return x + 1
+    except TypeError:
+        return x - 1
+
+
+@pytest.mark.parametrize(
+    "fn,make",
+    [
+        (_store_into_a_dict_subclass, lambda: (torch.randn(4), _ReversedDict(foo=1, bar=2))),
+        (_store_by_a_data_value, lambda: (torch.arange(10), torch.randn(10, 20))),
+        (_store_that_raises, lambda: (torch.randn(4), _ReversedDict(foo=1))),
+    ],
+)
+def test_an_item_store_kiln_cannot_model_runs_in_python_and_resumes(fn, make):
+    args = make()
+    eager_args = tuple(a.clone() if isinstance(a, torch.Tensor) else type(a)(a) for a in args)
+    backend = CountingBackend()
+    fast = kiln_capture.optimize(backend)(fn)
+    for _ in range(2):
+        got_args = tuple(a.clone() if isinstance(a, torch.Tensor) else type(a)(a) for a in args)
+        assert_same(fast(*got_args), fn(*eager_args))
+        assert_same(
+            list(got_args[1].items()) if isinstance(args[1], dict) else got_args[1],
+            list(eager_args[1].items()) if isinstance(args[1], dict) else eager_args[1],
+        )
+    assert kiln_capture.stats()["eager_frames"] == 0

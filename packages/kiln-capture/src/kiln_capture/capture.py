@@ -495,6 +495,9 @@ def _finish_break(
         targets = [(root.instructions[idx + 1].offset, base, True)]
         if ins.opname == "LOAD_METHOD" or (sys.version_info >= (3, 12) and ins.arg & 1):
             pushes = [False, True]  # NULL, then the bound attribute (as the trace models it)
+    elif ins.opname == "STORE_SUBSCR":  # ``container[key] = value`` in Python
+        base = len(stack) - 3
+        targets = [(root.instructions[idx + 1].offset, base, False)]
     elif ins.opname in _STEP_JUMPS or ins.opname in _STEP_JUMP_OR_POP:
         base = len(stack) - 1
         nxt = root.instructions[idx + 1].offset
@@ -752,6 +755,8 @@ def _step_lines(
         step, tail = f"__k_x, __k_r = __k_enter_with({t[-1]})", [f"return {calls[0]}"]
     elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
         step, tail = f"__k_r = getattr({t[-1]}, {ins.argval!r})", [f"return {calls[0]}"]
+    elif ins.opname == "STORE_SUBSCR":
+        step, tail = f"{t[-2]}[{t[-1]}] = {t[-3]}", [f"return {calls[0]}"]
     elif ins.opname == "FOR_ITER":
         step = f"__k_r = next({t[-1]}, __k_C)"  # the constants list: never an item
         tail = ["if __k_r is __k_C:", f"    return {calls[1]}", f"return {calls[0]}"]
@@ -779,7 +784,7 @@ def _reraise_victim(ins, stack: list[Var], base: int) -> int:
         return base + 1
     if ins.opname == "FORMAT_VALUE":
         return base
-    if ins.opname in ("BINARY_SUBSCR", "BINARY_OP", "COMPARE_OP"):
+    if ins.opname in ("BINARY_SUBSCR", "BINARY_OP", "COMPARE_OP", "STORE_SUBSCR"):
         return len(stack) - 2
     return len(stack) - 1
 
