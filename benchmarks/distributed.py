@@ -37,7 +37,9 @@ benchmarks/results/distributed_cpu_<model>.json.
 (``kiln.compile`` of the root: one graph with FSDP's all-gathers and reduce-scatters in
 it, kiln/fsdp_graph.py) and ``kiln regions`` (``options={"fsdp_graph": False}``: each
 unit's forward a region between FSDP's eager hooks, kiln/fsdp.py); the table has
-``region boundaries`` instead of the bucket columns, and writes
+``peak MB`` (what torch's CPU allocator had out at most during one more step, above its
+start, rank 0; the second of two profiled steps, as a compiler may compile again for the
+profiler) and ``region boundaries`` instead of the bucket columns, and writes
 benchmarks/results/distributed_cpu_fsdp_<model>.json.
 """
 
@@ -228,13 +230,26 @@ def fsdp_rows(rank: int, world: int, args) -> list:
             opt.zero_grad()
             if step >= args.warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
+        inputs, target = _batch(args.model, g)
+
+        def one_step(fn=fn, opt=opt, inputs=inputs, target=target):
+            _loss(args.model, fn(*inputs), target).backward()
+            opt.step()
+            opt.zero_grad()
+
+        sys.path.insert(0, str(HERE))
+        from models import _allocated_peak_mb
+
+        counts = _counts(compiler)  # before the profiled steps, which may compile again
+        _allocated_peak_mb(one_step)  # (capture guards on the profiler's state)
         rows.append(
             {
                 "compiler": compiler,
                 "step_ms": statistics.median(times),
                 "spread_ms": [min(times), max(times)],
+                "peak_mb": _allocated_peak_mb(one_step),
                 "region_boundaries": None,
-                **_counts(compiler),
+                **counts,
             }
         )
         final[compiler] = [p.to_local().detach().clone() for p in model.parameters()]
@@ -252,8 +267,8 @@ def _report_fsdp(per_rank: list, args) -> None:
     from provenance import commit
 
     print(f"\nFSDP2 {args.model}, {args.world} CPU processes (gloo)")
-    print(f"{'compiler':<16}{'ms/step':>9}{'spread':>17}{'vs eager':>10}{'graphs/brk/fb':>15}"
-          f"{'region bounds':>15}{'params ok':>11}")  # fmt: skip
+    print(f"{'compiler':<16}{'ms/step':>9}{'spread':>17}{'vs eager':>10}{'peak MB':>9}"
+          f"{'graphs/brk/fb':>15}{'region bounds':>15}{'params ok':>11}")  # fmt: skip
     eager = per_rank[0][0]["step_ms"]
     for k, row in enumerate(per_rank[0]):
         ok = all(r[k].get("params_equal_eager", True) for r in per_rank)
@@ -261,7 +276,8 @@ def _report_fsdp(per_rank: list, args) -> None:
         bounds = "-" if row["region_boundaries"] is None else str(row["region_boundaries"])
         lo, hi = row["spread_ms"]
         print(f"{row['compiler']:<16}{row['step_ms']:>9.2f}{f'{lo:.2f}-{hi:.2f}':>17}"
-              f"{eager / row['step_ms']:>9.2f}x{counts:>15}{bounds:>15}{'yes' if ok else 'NO':>11}")  # fmt: skip
+              f"{eager / row['step_ms']:>9.2f}x{row['peak_mb']:>9.2f}{counts:>15}{bounds:>15}"
+              f"{'yes' if ok else 'NO':>11}")  # fmt: skip
     out = HERE / "results" / f"distributed_cpu_fsdp_{args.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"commit": commit(), "world": args.world, "model": args.model, "wrap": "fsdp"}
