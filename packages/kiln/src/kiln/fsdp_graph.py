@@ -124,7 +124,8 @@ def _eligible(model: torch.nn.Module) -> bool:
     for group in _groups(model):
         if group.mp_policy.output_dtype is not None:
             return False
-        if group._reduce_dtype not in (None, torch.float32, torch.bfloat16):
+        reduced = group._reduce_dtype or group.mp_policy.param_dtype or group._orig_dtype
+        if reduced not in (None, torch.float32, torch.bfloat16):
             return False  # FSDP divides before and after a float16 sum: not an average
         if isinstance(group.offload_policy, CPUOffloadPolicy):
             return False
