@@ -232,6 +232,12 @@ def test_a_warm_process_reloads_the_kept_capture(tmp_path):
     # without the artifact cache the recipe does not hold: the graph is rebuilt, compiled
     off = _process(tmp_path, "off", KILN_ARTIFACT_CACHE="0")
     assert (off["loaded"], off["reloaded"]) == (1, 0)
+    # another compiler setting (kiln-capture's key does not hold it): the recipe does not
+    # hold, the graph is compiled and its new recipe kept; the next such process reloads
+    other = _process(tmp_path, "other", KILN_MAX_INLINE_OPS="119")
+    assert (other["loaded"], other["reloaded"]) == (1, 0)
+    again = _process(tmp_path, "warm", KILN_MAX_INLINE_OPS="119")
+    assert (again["loaded"], again["reloaded"]) == (1, 1)
 
 
 def test_the_report_lists_reloaded_blocks(cache, monkeypatch):

@@ -52,7 +52,9 @@ whose backend has ``kiln_reload(recipe, example_inputs, make_graph)`` asks it fo
 callable first (kiln-inductor's runtime/reload.py checks that its compiler, machine and
 settings are the ones the recipe was made with). ``make_graph()`` rebuilds the graph
 when the backend needs it after all (a plan its cache lost); an answer of None rebuilds
-the graph and calls the backend as usual. The graph is kept as ``marshal`` bytes inside
+the graph and calls the backend as usual, and the recipe of that callable replaces the
+kept one (a compiler whose sources or settings changed reloads again from the next
+process on). The graph is kept as ``marshal`` bytes inside
 the record, decoded only then. A reloaded graph counts as a graph (``stats()``) and is
 called as a compiled one would be (the guarded call when every input's metadata is
 guarded).
@@ -534,6 +536,15 @@ def _install(rec: dict, code, func, args: tuple, ctx):
             gm = make_graph()
             compiled = compile_captured(ctx, gm, examples, inputs, gs)
             graphs.append(gm)
+            # a recipe that did not hold (the compiler, its settings or the machine
+            # changed) is replaced by the one this compile made: the next process reloads
+            recipe = getattr(compiled, RELOAD_ATTR, None)
+            if recipe is not None and recipe != rec["reload"]:
+                try:
+                    marshal.dumps(recipe)
+                    rec["reload"] = recipe
+                except ValueError:
+                    pass
     ns = namespace_of(consts, func.__globals__, compiled, {})
     run = types.FunctionType(rec["run"], ns, "__run")
     run.__kiln_source__ = rec["run_src"]
@@ -573,6 +584,7 @@ def load(code: types.CodeType, func, args: tuple, ctx):
     key = frame_key(code, ctx)
     records = _read(key)
     for rec in records or ():
+        recipe = rec.get("reload")
         try:
             entry = _install(rec, code, func, args, ctx)
         except (Unresolved, KeyError, TypeError, ValueError) as e:
@@ -582,6 +594,8 @@ def load(code: types.CodeType, func, args: tuple, ctx):
             STATS.skipped += 1
             continue
         STATS.loaded += 1
+        if rec.get("reload") != recipe:  # the backend's callable of this process: kept
+            code_cache.write_entry(_path(key), MAGIC, FORMAT, key, records)
         log(
             "timings",
             f"capture of {code.co_qualname} loaded from disk: {time.perf_counter() - start:.4f} s",
