@@ -58,7 +58,7 @@ def plan_memory(
     outputs = {o.buffer.name for o in ir.outputs if isinstance(o, StorageView)}
     # fallback outputs may alias their inputs: inputs live as long as the outputs
     for k, step in enumerate(steps):
-        if isinstance(step, ExternKernel) and step.kind == "fallback":
+        if isinstance(step, ExternKernel) and step.kind == "fallback" and _may_alias(step.op):
             ends = [last_use.get(o.name, k) for o in step.outputs]
             alias_end = max(ends, default=k)
             if any(o.name in outputs for o in step.outputs):
@@ -79,6 +79,7 @@ def plan_memory(
         last_use[b] = len(steps)
     owned: set[str] = set()
     pool: list[str] = []  # dead storage the wrapper owns
+    pooled_at: dict[str, int] = {}  # a pooled buffer -> the step after which it died
     dying_here: dict[int, list[str]] = {}
     for b, k in last_use.items():
         dying_here.setdefault(k, []).append(b)
@@ -116,6 +117,7 @@ def plan_memory(
                 if reuse is not None:
                     if reuse in pool:
                         pool.remove(reuse)
+                        pooled_at.pop(reuse, None)
                     plan.reused += 1
                 allocs.append((name, reuse, kind))
                 owned.add(name)
@@ -123,11 +125,31 @@ def plan_memory(
         freed = [b for b in dying_here.get(k, []) if b not in outputs]
         # owned storage stays referenced (in the pool) until a later buffer takes it over
         plan.frees[k] = [b for b in freed if b not in owned]
-        pool.extend(b for b in freed if b in owned and b not in pool)
+        for b in freed:
+            if b in owned and b not in pool:
+                pool.append(b)
+                pooled_at[b] = k
         for name, _, _ in allocs:
             if last_use.get(name) is None and name not in outputs:
                 pool.append(name)  # written but never read (dead output)
+                pooled_at[name] = k
+    # storage no later buffer takes over is freed when it dies: kept in the pool to the
+    # graph's end, it counted against the peak (ResNet-50's backward held a dozen dead
+    # activation-sized buffers through its last, largest layers)
+    for b, k in pooled_at.items():
+        plan.frees.setdefault(k, []).append(b)
     return plan
+
+
+def _may_alias(op: object) -> bool:
+    """Whether a fallback's results may share storage with its arguments: an ATen op whose
+    schema marks no result as an alias (``Tensor(a)``) returns fresh tensors (the backward
+    of a convolution kept its inputs alive to the graph's end because its weight gradient
+    is a graph output)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return True
+    return any(r.alias_info is not None for r in schema.returns)
 
 
 def _span_bytes(name: str, ir: GraphIR) -> sympy.Expr:
