@@ -187,6 +187,26 @@ def test_program(fn, make):
     assert kiln_capture.stats()["eager_frames"] == 0
 
 
+def _sizes_in_a_set(x):
+    st = set()
+    for n in (x.size(0), x.size(0) + 1, x.size(0) + 2):
+        st.add(n % 2)
+    return x * len(st), st, 1 in st
+
+
+def test_a_symbolic_size_in_a_set_is_specialized():
+    """A set member is a Python int: a symbolic size added to a set takes its value (a
+    shape guard keeps it), as a dict key does, instead of breaking the graph."""
+    backend = CountingBackend()
+    compiled = kiln_capture.optimize(backend, dynamic=True)(_sizes_in_a_set)
+    for n in (4, 6, 5):
+        x = torch.randn(n, 2)
+        assert_same(compiled(x), _sizes_in_a_set(x))
+    stats = kiln_capture.stats()
+    assert stats["breaks"] == 0 and stats["eager_frames"] == 0
+    assert len(backend.graphs) == 2  # even sizes, odd sizes
+
+
 def test_a_changed_child_is_seen():
     """The set's members are the modules themselves: replacing a child recompiles or
     follows it, never runs the old one."""

@@ -506,9 +506,11 @@ def _finish_break(
         base = len(stack)
         targets = [(ins.offset, base, False)]
         pushes = []
-    elif ins.opname == "FOR_ITER" and not handlers:
+    elif ins.opname == "FOR_ITER":
         # next() of the iterator in Python (a filter's predicate on tensor values): the
-        # body's continuation gets the iterator and the item, the loop's exit neither
+        # body's continuation gets the iterator and the item, the loop's exit neither.
+        # Under a try block (a 3.12 comprehension's own cleanup handler too), what next()
+        # raises is re-raised by FOR_ITER on a Reraise in the frame's code
         base = len(stack) - 1
         body = root.instructions[idx + 1]
         if body.opname == "STORE_FAST" and body.argval not in live_locals(

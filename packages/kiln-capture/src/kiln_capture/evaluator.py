@@ -59,6 +59,7 @@ from kiln_capture.variables.containers import (
 from kiln_capture.variables.contexts import ContextVar
 from kiln_capture.variables.exceptions import (
     ExcVar,
+    RaisingVar,
     Reraise,
     as_exception,
     attribute_error,
@@ -806,6 +807,8 @@ class Frame:
 
     def FOR_ITER(self, ins):
         it = self.stack[-1]
+        if isinstance(it, RaisingVar):  # a re-raising continuation's first step
+            raise it.raised()
         if not isinstance(it, IteratorVar):
             raise Unsupported(breaks.UNSUPPORTED_VALUE, f"iteration over {it!r}")
         v = it.next()

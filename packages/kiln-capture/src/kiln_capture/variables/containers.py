@@ -16,6 +16,7 @@ from kiln_capture import breaks
 from kiln_capture.errors import Unsupported
 from kiln_capture.variables.base import MethodCallVar, Var
 from kiln_capture.variables.constants import ConstVar, is_constant_value
+from kiln_capture.variables.sizes import SymIntVar
 
 
 def _raised(cls: type, *args: object) -> Unsupported:
@@ -452,7 +453,8 @@ def rebuild_key(cg, k: object) -> str:
 def set_key(tx, v: Var) -> object:
     """What a set holds for ``v``, hashed as Python hashes it: a constant's value, or the
     object the trace knows ``v`` to be (a module, class, function: anything whose hash is
-    its identity). A value computed in the trace (a tensor) is not supported; an
+    its identity). A symbolic size takes its value (guarded), as a dict key does; a
+    tensor is its TracedKey; another value computed in the trace is not supported; an
     unhashable value raises eager's TypeError."""
     try:
         kind = v.python_type()
@@ -464,7 +466,7 @@ def set_key(tx, v: Var) -> object:
 
     if isinstance(v, TensorVar):
         return TracedKey(v)
-    if v.is_const():
+    if v.is_const() or isinstance(v, SymIntVar):  # a size: specialized, as a dict key is
         value = v.as_const()
     else:
         from kiln_capture.variables.functions import _NO_VALUE, python_value

@@ -161,6 +161,7 @@ class Reraise:
 
     __call__ = __bool__ = __getitem__ = __format__ = __str__ = __repr__ = _kiln_raise
     __enter__ = __exit__ = __contains__ = __getattr__ = _kiln_raise
+    __next__ = _kiln_raise  # FOR_ITER's iterator (without it, FOR_ITER would crash)
     __lt__ = __le__ = __eq__ = __ne__ = __gt__ = __ge__ = _kiln_raise
     __hash__ = None  # type: ignore[assignment]
 
