@@ -307,3 +307,38 @@ def test_explain_captures(cache_dir):
         warnings.simplefilter("error")
         report = kiln_capture.explain(m)(x)
     assert report.graph_count == 1 and report.guards
+
+
+def _applying(op):
+    def apply(a, b):
+        return op(a, b)
+
+    return apply
+
+
+def test_closures_over_functions_sharing_one_code_are_told_apart(cache_dir):
+    """torch's ``Tensor.__rmod__``, ``__rpow__`` and ``__rsub__`` are one decorator's wrapper
+    (one code object) around different functions. A kept capture of a closure over one of
+    them was loaded for a closure over another: its fingerprint held the wrapper's code, not
+    what the wrapper's closure holds (OpInfo's ``__rpow__`` after ``__rmod__``: wrong
+    results). Each is now a capture of its own, equal to eager."""
+    torch.manual_seed(0)
+    x, y = torch.randn(5), torch.randn(5)
+    ops = (torch.Tensor.__rmod__, torch.Tensor.__rpow__, torch.Tensor.__rsub__)
+    assert len({op.__code__ for op in ops}) == 1
+    for op in ops:
+        fn = _applying(op)
+        kiln_capture.reset()
+        hook._met.clear()
+        b = CountingBackend()
+        got = kiln_capture.optimize(b)(fn)(x, y)
+        assert len(b.graphs) == 1
+        torch.testing.assert_close(got, op(x, y), equal_nan=True)
+    # a closure over the same function again is the kept capture, loaded
+    loaded = frame_store.STATS.loaded
+    kiln_capture.reset()
+    hook._met.clear()
+    torch.testing.assert_close(
+        kiln_capture.optimize(CountingBackend())(_applying(ops[0]))(x, y), ops[0](x, y)
+    )
+    assert frame_store.STATS.loaded == loaded + 1

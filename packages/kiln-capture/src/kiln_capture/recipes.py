@@ -161,13 +161,17 @@ def _module_dict(obj: dict) -> bool:
     return isinstance(name, str) and getattr(sys.modules.get(name), "__dict__", None) is obj
 
 
-def fingerprint(obj: Any) -> tuple:
+def fingerprint(obj: Any, _seen: frozenset = frozenset()) -> tuple:
     """What another process's object must share with ``obj`` to stand for it."""
     if isinstance(obj, types.FunctionType):
         # defaults by their recipes (a default function by its import path and code)
         defaults = tuple(recipe_of(v, {}) for v in obj.__defaults__ or ())
         kw = tuple((k, recipe_of(v, {})) for k, v in sorted((obj.__kwdefaults__ or {}).items()))
-        return ("fn", code_digest(obj.__code__), defaults, kw)
+        # and what its closure holds: functions made by one decorator share their code
+        # (torch's Tensor.__rmod__ and __rpow__ are the same wrapper around different
+        # functions), so the code alone let one stand for the other
+        closure = tuple(_cell_print(c, _seen | {id(obj)}) for c in obj.__closure__ or ())
+        return ("fn", code_digest(obj.__code__), defaults, kw, closure)
     if isinstance(obj, types.CodeType):
         return ("code", code_digest(obj))
     if isinstance(obj, types.BuiltinFunctionType):  # torch._C._nn.gelu: what its name names
@@ -186,6 +190,18 @@ def fingerprint(obj: Any) -> tuple:
     if r is None:
         raise NotPersistable(f"class {type(obj).__qualname__} has no import path")
     return ("inst", r[1], r[2])
+
+
+def _cell_print(cell: Any, seen: frozenset) -> tuple:
+    try:
+        value = cell.cell_contents
+    except ValueError:
+        return ("empty",)
+    if isinstance(value, types.FunctionType):
+        if id(value) in seen:
+            return ("self",)  # a recursive closure: its code is already in the fingerprint
+        return fingerprint(value, seen)
+    return recipe_of(value, {})
 
 
 def files_of(obj: Any) -> list[str]:
