@@ -19,6 +19,7 @@ handlers see the exception at the right place (that path then runs eagerly).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import threading
 import time
@@ -37,7 +38,7 @@ from kiln_capture.codegen import CodeGen, build_function
 from kiln_capture.config import config
 from kiln_capture.dynamic import FrameShapes
 from kiln_capture.errors import BackendError, GraphBreakError, Raised, Unsupported
-from kiln_capture.evaluator import UNBOUND, Return, RootFrame
+from kiln_capture.evaluator import UNBOUND, NestedStop, Return, RootFrame
 from kiln_capture.guards import GuardSet, hoist_args
 from kiln_capture.log import log
 from kiln_capture.output import OutputGraph
@@ -77,6 +78,8 @@ _RESUME_ORIGIN: dict[types.CodeType, tuple] = {}
 # continuation code -> how many loop resumes led to it (a break inside a loop resumes in a
 # continuation that re-enters the loop; its next break makes a continuation of that one)
 _LOOP_DEPTH: dict[types.CodeType, int] = {}
+# continuations whose prologue calls a callee's continuation (see "nested breaks")
+_NESTED_CODES: set[types.CodeType] = set()
 # continuation codes that must run eagerly (past config.loop_resume_limit)
 EAGER_RESUME_CODES: set[types.CodeType] = set()
 # continuation code -> its parameters that held symbolic sizes at the break (they stay
@@ -113,6 +116,9 @@ def compile_frame(
     """Trace ``func``'s frame into a cache entry. ``frame_shapes`` holds the sizes earlier
     compiles of this frame saw (automatic dynamic shapes, dynamic.py)."""
     break_at: dict[int, Unsupported] = {}
+    nested: tuple | None = None  # see "nested breaks"
+    nested_error: Unsupported | None = None
+    tried_nested: set[int] = set()
     for _ in range(MAX_RESTARTS):
         out = OutputGraph(
             func.__globals__,
@@ -123,8 +129,15 @@ def compile_frame(
         try:
             sizes = frozenset(_SIZE_PARAMS.get(code, ()))
             root = RootFrame(out, code, func, args, set(break_at), sizes)
+            root.nested_stop = nested
             kind, value = _run_root(root)
         except _Restart as r:
+            stop = None if ctx.fullgraph else _nested_stop(root, r)
+            if stop is not None and r.offset not in tried_nested and r.offset not in break_at:
+                tried_nested.add(r.offset)
+                nested, nested_error = stop, r.error
+                continue
+            nested = None
             if r.offset in break_at:
                 return SkipFrame(f"break at offset {r.offset} repeated")
             break_at[r.offset] = r.error
@@ -140,6 +153,13 @@ def compile_frame(
             continue
         except Unsupported as e:  # wrapping the arguments failed
             return SkipFrame(f"{e.kind.id}: {e.detail}")
+        if kind == "nested":
+            entry = _finish_nested_break(out, root, value, nested_error, ctx)
+            if entry is not None:
+                return entry
+            break_at[nested[0]] = nested_error  # break at the call, as before
+            nested = None
+            continue
         if kind == "return":
             return _finish_return(out, root, value, ctx)
         if kind == "raise":
@@ -169,6 +189,8 @@ def _run_root(root: RootFrame):
             return "return", r.value
         except Raised as e:  # no handler of the trace caught it: it leaves the frame
             return "raise", (ins.offset, e)
+        except NestedStop as s:
+            return "nested", s.frame
         except Unsupported as e:
             raise _Restart(ins.offset, e) from None
 
@@ -356,20 +378,22 @@ def drive(fn, *args):
     """Call the continuation ``fn``, then each one it hands back as a Tail, in this frame."""
     r = Tail(fn, *args)
     while type(r) is Tail:
-        _DRIVEN.on = True  # taken by the continuation's run function, first thing
+        _DRIVEN.on = r.fn  # taken by the continuation's run function, first thing
         try:
             r = r.fn(*r.args)
         finally:
-            _DRIVEN.on = False
+            _DRIVEN.on = None
     return r
 
 
-def tail_or_drive():
+def tail_or_drive(fn):
     """How a continuation's run function calls its own continuation: as a Tail where
-    ``drive`` called it (the flag is taken before any user code runs), else by driving."""
-    driven = getattr(_DRIVEN, "on", False)
-    _DRIVEN.on = False
-    return Tail if driven else drive
+    ``drive`` called it (the flag is taken before any user code runs), else by driving.
+    The flag names the function ``drive`` called: where that one runs eagerly, a
+    continuation its code calls (a nested break's callee) drives its own."""
+    driven = getattr(_DRIVEN, "on", None)
+    _DRIVEN.on = None
+    return Tail if driven is fn else drive
 
 
 def _loop_head(code: types.CodeType, offset: int) -> tuple[int, bool] | None:
@@ -408,7 +432,7 @@ def _origin(code: types.CodeType) -> tuple[types.CodeType, int] | None:
     continuation's own continuations are made from the original (a frame owning no cells:
     the closure of each is the original function's)."""
     key = _RESUME_ORIGIN.get(code)
-    if key is None or _first_code(code).co_cellvars:
+    if key is None or _first_code(code).co_cellvars or code in _NESTED_CODES:
         return None
     return key[0], len(code.co_code) - len(key[0].co_code)
 
@@ -422,7 +446,7 @@ def _compiled_entries(code: types.CodeType, ctx) -> int:
 def _entry_offset(code: types.CodeType) -> int | None:
     """Where a continuation's body starts running (in its own code's offsets)."""
     key = _RESUME_ORIGIN.get(code)
-    if key is None:
+    if key is None or code in _NESTED_CODES:
         return None
     return key[1] + len(code.co_code) - len(key[0].co_code)
 
@@ -654,7 +678,7 @@ def _finish_break(
     if out.grad_enabled != out.initial_grad:
         regrad = [f"torch._C._set_grad_enabled({out.grad_enabled})"]
     extra.update(__k_drive=drive, __k_entry=tail_or_drive)
-    go = "__k_entry()" if root.code in _RESUME_ORIGIN else "__k_drive"
+    go = "__k_entry(__k_fn)" if root.code in _RESUME_ORIGIN else "__k_drive"
     body = (
         [f"__k_go = {go}"]
         + out.prelude
@@ -676,6 +700,200 @@ def _finish_break(
             f"{config.loop_resume_limit} breaks resumed inside one loop)"
         )
         brk = dataclasses.replace(brk, detail=detail, resumed=False)
+    _record_break(ctx, brk)
+    return _entry(out, root, cg, compiled, gm, body, extra)
+
+
+# Design note: "nested breaks"
+# ----------------------------
+# A break inside a function the frame called (one level down: the root frame's CALL, the
+# callee's own CALL, say a print()) resumes both frames in one continuation, as
+# torch.compile's nested graph breaks do, instead of breaking at the root frame's call
+# (which runs the callee as a frame of its own: one graph more). The trace is run again
+# and stops at the callee's step (``RootFrame.nested_stop``); the generated code runs the
+# step, then calls a continuation of the root frame's code, entered after its CALL, whose
+# prologue first calls a continuation of the callee's code (built by the generated code
+# around the callee's closure cells, ``make_resume_code(call_args=...)``) and keeps its
+# result where the CALL would have left it. Tracing that continuation inlines the
+# callee's continuation: the rest of the callee and the rest of the caller make one
+# graph. Left as before (a break at the root frame's call): a step other than a call,
+# handlers or context managers around either place, a callee owning cells, a closure
+# cell the root frame does not hold, other globals, and a call inside a loop.
+
+
+# a generator's frame is resumed, not called, by the root's call: never a nested break
+_NOT_PLAIN_CODE = (
+    inspect.CO_GENERATOR
+    | inspect.CO_COROUTINE
+    | inspect.CO_ITERABLE_COROUTINE
+    | inspect.CO_ASYNC_GENERATOR
+)
+
+
+def _nested_stop(root: RootFrame, r) -> tuple | None:
+    """Where a nested break stops the trace: (root offset, callee code, callee offset)."""
+    frames = getattr(r.error, "frames", None)
+    if not frames or len(frames) < 2 or frames[-1] != (root.code, r.offset):
+        return None
+    ccode, coff = frames[-2]
+    at = root.instructions[root.index_of[r.offset]]
+    cins = next((i for i in _instructions(ccode) if i.offset == coff), None)
+    if at.opname != "CALL" or cins is None or cins.opname != "CALL":
+        return None
+    if ccode.co_flags & _NOT_PLAIN_CODE:
+        return None
+    return (r.offset, ccode, coff)
+
+
+def _instructions(code: types.CodeType) -> list:
+    import dis
+
+    return list(dis.get_instructions(code))
+
+
+def _finish_nested_break(
+    out: OutputGraph, root: RootFrame, frame, error: Unsupported, ctx
+) -> CacheEntry | None:
+    """The entry for a nested break (see "nested breaks"); None where it does not apply."""
+    from kiln_capture.variables.functions import NestedFunctionVar, UserFunctionVar
+
+    code, ccode = root.code, frame.code
+    ins = root.current
+    cidx = frame.ip
+    cins = frame.instructions[cidx]
+    fn = root.calling  # the root's CALL called the callee itself (not apply(), a module...)
+    if type(fn) is UserFunctionVar:
+        called = fn.fn.__code__
+    elif type(fn) is NestedFunctionVar:
+        called = fn.code
+    else:
+        return None
+    if (
+        called is not ccode
+        or ccode.co_flags & _NOT_PLAIN_CODE
+        or covering_handlers(code, ins.offset)
+        or covering_handlers(ccode, cins.offset)
+        or frame.contexts
+        or frame.generic_withs
+        or root.generic_withs
+        or ccode.co_cellvars
+        or frame.globals is not root.globals
+        or any(isinstance(v, IteratorVar) for v in root.stack)
+        or _loop_around(code, ins.offset, root.instructions)
+        or _loop_around(ccode, cins.offset, frame.instructions)
+    ):
+        return None
+    frame_cells = [root.cells[c] for c in code.co_cellvars if c in root.cells]
+    if len(frame_cells) != len(code.co_cellvars):
+        return None
+    cell_names = {id(c): f"__k_c{i}" for i, c in enumerate(frame_cells)}
+    for j, name in enumerate(code.co_freevars):
+        cell_names.setdefault(id(root.cells[name]), f"__k_fn.__closure__[{j}]")
+    try:
+        callee_cells = [cell_names[id(frame.cells[n])] for n in ccode.co_freevars]
+    except KeyError:
+        return None  # a closure cell the root frame does not hold
+    where = error.where or root.location()
+    brk = GraphBreak(
+        error.kind, error.detail, where[0], where[1], where[2], True, tuple(error.chain)
+    )
+    rstack = [NULL if v is UNBOUND else v for v in root.stack]
+    cstack = [NULL if v is UNBOUND else v for v in frame.stack]
+    cbase = len(cstack) - cins.arg - 2
+    rnext = root.instructions[root.index_of[ins.offset] + 1].offset
+    cnext = frame.instructions[cidx + 1].offset
+    if in_exception_range(code, rnext):
+        return None
+    bound = {n: v for n, v in root.locals.items() if v is not UNBOUND and n in code.co_varnames}
+    live = live_locals(code, rnext)
+    params = [n for n in code.co_varnames if n in bound and n in live and n not in code.co_cellvars]
+    cbound = {n: v for n, v in frame.locals.items() if v is not UNBOUND}
+    clive = live_locals(ccode, cnext)
+    cparams = [n for n in ccode.co_varnames if n in cbound and n in clive]
+    below_c = [i for i, v in enumerate(cstack[:cbase]) if not isinstance(v, NullVar)]
+    cpresence = [not isinstance(v, NullVar) for v in cstack[:cbase]] + [True]
+    n_inner = len(below_c) + 1 + len(cparams)
+    rpresence = [not isinstance(v, NullVar) for v in rstack] + [False, True] + [True] * n_inner
+    try:
+        crcode = _resume_code(ccode, cnext, cpresence, cparams)
+        orcode = _resume_code(code, rnext, rpresence, params, call_args=n_inner)
+    except Unsupported:
+        return None
+
+    cg = CodeGen(out)
+    cg.frame_cells = {id(c): f"__k_c{i}" for i, c in enumerate(frame_cells)}
+    cg.collect(
+        [v for v in rstack + cstack if not isinstance(v, NullVar)]
+        + [bound[n] for n in params]
+        + [cbound[n] for n in cparams]
+        + [c.contents for c in frame_cells if c.contents is not None]
+        + out.side_effects.values()
+    )
+    try:
+        temps = [
+            f"__k_b{i} = {cg.rebuild(v)}"
+            for i, v in enumerate(rstack)
+            if not isinstance(v, NullVar)
+        ]
+        temps += [
+            f"__k_t{i} = {cg.rebuild(v)}"
+            for i, v in enumerate(cstack)
+            if not isinstance(v, NullVar)
+        ]
+        locals_line = f"__k_l = ({''.join(cg.rebuild(bound[n]) + ', ' for n in params)})"
+        clocals_line = f"__k_cl = ({''.join(cg.rebuild(cbound[n]) + ', ' for n in cparams)})"
+        compute, apply = out.side_effects.replay(cg)
+        fill_cells = [
+            f"__k_c{i}.cell_contents = {cg.rebuild(c.contents)}"
+            for i, c in enumerate(frame_cells)
+            if c.contents is not None
+        ]
+    except Unsupported:
+        return None
+    make_cells = [f"__k_c{i} = __k_cell()" for i in range(len(frame_cells))]
+    closure = (
+        "(" + "".join(f"__k_c{i}, " for i in range(len(frame_cells))) + ") + "
+        if frame_cells
+        else ""
+    ) + "(__k_fn.__closure__ or ())"
+    cclosure = "(" + "".join(f"{c}, " for c in callee_cells) + ")" if callee_cells else "None"
+    extra: dict = {"__k_rcn": crcode, "__k_rco": orcode}
+    inner_stack = [f"__k_t{i}" for i in below_c] + ["__k_r"]
+    if keeps_first_slot(ccode, cparams):
+        inner = ["__k_cl[0]", *inner_stack, "*__k_cl[1:]"]
+    else:
+        inner = [*inner_stack, "*__k_cl"]
+    cfn = f"__k_FunctionType(__k_rcn, __k_G, {crcode.co_name!r}, None, {cclosure})"
+    oclosure = closure if code.co_freevars or code.co_cellvars else "None"
+    ofn = f"__k_FunctionType(__k_rco, __k_G, {orcode.co_name!r}, None, {oclosure})"
+    below = [f"__k_b{i}" for i, v in enumerate(rstack) if not isinstance(v, NullVar)]
+    stack_args = [*below, cfn, *inner]
+    if keeps_first_slot(code, params):
+        call = f"__k_go({', '.join([ofn, '__k_l[0]', *stack_args, '*__k_l[1:]'])})"
+    else:
+        call = f"__k_go({', '.join([ofn, *stack_args, '*__k_l'])})"
+    step = _step_lines(cins, cstack, cbase, frame.kw_names, [call], None)
+    compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
+    regrad = []
+    if out.grad_enabled != out.initial_grad:
+        regrad = [f"torch._C._set_grad_enabled({out.grad_enabled})"]
+    extra.update(__k_drive=drive, __k_entry=tail_or_drive)
+    go = "__k_entry(__k_fn)" if root.code in _RESUME_ORIGIN else "__k_drive"
+    body = (
+        [f"__k_go = {go}"]
+        + out.prelude
+        + _graph_call(root, compiled, inputs, extra)
+        + make_cells
+        + cg.preamble
+        + regrad
+        + fill_cells
+        + temps
+        + [locals_line, clocals_line]
+        + compute
+        + apply
+        + ["__k_prev = __k_enable(True)", "try:"]
+    )
+    body += ["    " + s for s in step] + ["finally:", "    __k_enable(__k_prev)"]
     _record_break(ctx, brk)
     return _entry(out, root, cg, compiled, gm, body, extra)
 
@@ -819,14 +1037,22 @@ def enter_with(mgr: object) -> tuple[object, object]:
 
 
 def _resume_code(
-    code, offset, presence, params, reraise: bool = False, raise_at_entry: bool = False
+    code,
+    offset,
+    presence,
+    params,
+    reraise: bool = False,
+    raise_at_entry: bool = False,
+    call_args: int | None = None,
 ) -> types.CodeType:
-    key = (code, offset, tuple(presence), tuple(params), reraise, raise_at_entry)
+    key = (code, offset, tuple(presence), tuple(params), reraise, raise_at_entry, call_args)
     rc = _RESUME_CODES.get(key)
     if rc is None:
-        rc = make_resume_code(code, offset, presence, params, raise_at_entry)
+        rc = make_resume_code(code, offset, presence, params, raise_at_entry, call_args)
         _RESUME_CODES[key] = rc
         _RESUME_ORIGIN[rc] = key[:4]
+        if call_args is not None:
+            _NESTED_CODES.add(rc)
     return rc
 
 

@@ -90,6 +90,14 @@ class _Unbound(Var):
 UNBOUND = _Unbound()
 
 
+class NestedStop(BaseException):
+    """Raised where a nested break stops the trace: at ``frame``'s instruction (a frame
+    the root frame called), before it runs (capture.py, "nested breaks")."""
+
+    def __init__(self, frame) -> None:
+        self.frame = frame
+
+
 class Return(Exception):
     def __init__(self, value: Var) -> None:
         self.value = value
@@ -139,6 +147,11 @@ def decoded(code: types.CodeType) -> tuple[tuple[dis.Instruction, ...], dict[int
 
 
 class Frame:
+    # set on a root frame: (offset of its CALL, callee code, callee offset) where a nested
+    # break stops the trace (capture.py, "nested breaks")
+    nested_stop: tuple | None = None
+    calling: Var | None = None  # what a root frame's latest call called
+
     def __init__(
         self,
         out: OutputGraph,
@@ -221,6 +234,10 @@ class Frame:
 
     def step(self) -> None:
         ins = self.instructions[self.ip]
+        if self.depth == 1 and self.parent.nested_stop is not None:
+            stop = self.parent.nested_stop
+            if stop == (self.parent.current.offset, self.code, ins.offset):
+                raise NestedStop(self)
         self.current = ins
         self.out.frame = self
         if ins.positions is not None and ins.positions.lineno is not None:
@@ -242,8 +259,11 @@ class Frame:
             if e.where is None:
                 e.where = self.location()
             e.chain.append(f"{self.name} ({self.code.co_filename}:{self.lineno})")
+            if not hasattr(e, "frames"):
+                e.frames = []
+            e.frames.append((self.code, ins.offset))
             raise
-        except (Return, KeyboardInterrupt):
+        except (Return, KeyboardInterrupt, NestedStop):
             raise
         except RecursionError as e:
             raise Unsupported(breaks.UNSUPPORTED_VALUE, "recursion too deep while capturing") from e
@@ -714,6 +734,8 @@ class Frame:
 
     def call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
         inner = self._compiled_inside(fn)
+        if self.depth == 0:
+            self.calling = inner or fn  # a nested break's callee (capture.py)
         return (inner or fn).call(self, args, kwargs)
 
     def _compiled_inside(self, fn: Var) -> Var | None:

@@ -95,7 +95,7 @@ def two_prints(x):
     return y * 2
 
 
-@case(graphs=3, breaks=2)
+@case(graphs=2, breaks=1)  # a nested break: the callee and this frame resume together
 def break_with_live_stack_values(x):
     return x * 2 + helper_print(x)
 
@@ -105,7 +105,7 @@ def helper_print(v):
     return v + 1
 
 
-@case(graphs=3, breaks=2)
+@case(graphs=2, breaks=1)  # a nested break: the callee and this frame resume together
 def break_in_inlined_function_resumes_in_callee(x):
     y = x * 3
     z = helper_print(y)

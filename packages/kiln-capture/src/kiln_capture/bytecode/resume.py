@@ -79,6 +79,7 @@ def make_resume_code(
     stack: list[bool],
     params: list[str],
     raise_at_entry: bool = False,
+    call_args: int | None = None,
 ) -> types.CodeType:
     """Code that continues ``code`` at ``offset``.
 
@@ -87,7 +88,9 @@ def make_resume_code(
     With ``raise_at_entry`` it takes one more argument, an exception, and raises it as if
     the instruction at ``offset`` had: the handler covering ``offset`` (a with-statement's
     ``__exit__``, an ``except``) sees it. Generated code uses it when a graph that runs
-    inside such a block raises.
+    inside such a block raises. With ``call_args`` (a nested break, capture.py) the saved
+    stack ends with a NULL, a callee's continuation and its ``call_args`` arguments: the
+    prologue calls it, and the body starts with its result where the frame's CALL left it.
     """
     # the frame's own cells (its cellvars) come in as free variables, cellvars first and
     # then the frame's own free variables: the continuation function's closure holds the
@@ -141,6 +144,10 @@ def make_resume_code(
             k += 1
         else:
             prologue += emit("PUSH_NULL")
+    if call_args is not None:  # a nested break: the callee's continuation is called first
+        if "PRECALL" in dis.opmap:
+            prologue += emit("PRECALL", call_args)
+        prologue += emit("CALL", call_args)
     raise_entry = []
     raise_span = (len(prologue), len(prologue))
     if raise_at_entry:
@@ -167,6 +174,8 @@ def make_resume_code(
     ]
     flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
     name = f"__kiln_{'raise' if raise_at_entry else 'resume'}_at_{offset}_{code.co_name}"
+    if call_args is not None:
+        name = f"__kiln_resume_at_{offset}_{code.co_name}_nested"
     return code.replace(
         co_code=bytes(prologue) + bytes(raw),
         co_varnames=tuple(varnames),
@@ -174,7 +183,7 @@ def make_resume_code(
         co_freevars=tuple(freevars),
         co_nlocals=len(varnames),
         co_argcount=len(stack_names) + len(params) + int(raise_at_entry),
-        co_stacksize=code.co_stacksize + 1,
+        co_stacksize=max(code.co_stacksize, len(stack) + 1) + 1,
         co_posonlyargcount=0,
         co_kwonlyargcount=0,
         co_flags=flags,
