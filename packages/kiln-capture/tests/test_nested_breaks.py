@@ -128,3 +128,32 @@ def test_calls_that_are_not_plain_calls_break_at_the_call():
         out.sum().backward()
         expected.sum().backward()
         assert_same(x.grad, x2.grad)
+
+
+@kiln_capture.disable
+def _opaque():
+    pass
+
+
+def _sin_then_break(x):
+    y = torch.sin(x)
+    _opaque()
+    return y
+
+
+def _loop_of_calls(x):
+    for _ in range(50):
+        x = _sin_then_break(x)
+    return x
+
+
+def test_call_inside_a_loop_keeps_the_loops_continuations():
+    """Inside a loop a nested break is not taken: the break at the call starts the loop's
+    own continuations (one iteration's graphs, whatever the count)."""
+    backend = CountingBackend()
+    opt = kiln_capture.optimize(backend)(_loop_of_calls)
+    x = torch.randn(4)
+    assert_same(opt(x), _loop_of_calls(x))
+    stats = kiln_capture.stats()
+    assert stats["breaks"] <= 4 and stats["eager_frames"] == 0  # not one per iteration
+    assert len(backend.graphs) <= 3

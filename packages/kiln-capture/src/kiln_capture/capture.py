@@ -140,16 +140,7 @@ def compile_frame(
             nested = None
             if r.offset in break_at:
                 return SkipFrame(f"break at offset {r.offset} repeated")
-            break_at[r.offset] = r.error
-            head = None if ctx.fullgraph else _loop_head(code, r.offset)
-            if head is not None and head[0] == _entry_offset(code):
-                head = None  # a while loop's iteration continuation: it starts there
-            if head is not None and head[0] not in break_at:  # see "breaks inside for loops"
-                at, next_in_python = head
-                what = "the loop's next() runs in Python" if next_in_python else "a new iteration"
-                entry = Unsupported(r.error.kind, f"{what}: its body breaks ({r.error.detail})")
-                entry.loop_entry = not next_in_python
-                break_at[at] = entry
+            _break_at(break_at, code, r.offset, r.error, ctx)
             continue
         except Unsupported as e:  # wrapping the arguments failed
             return SkipFrame(f"{e.kind.id}: {e.detail}")
@@ -157,7 +148,7 @@ def compile_frame(
             entry = _finish_nested_break(out, root, value, nested_error, ctx)
             if entry is not None:
                 return entry
-            break_at[nested[0]] = nested_error  # break at the call, as before
+            _break_at(break_at, code, nested[0], nested_error, ctx)  # at the call, as before
             nested = None
             continue
         if kind == "return":
@@ -176,6 +167,21 @@ def compile_frame(
         drain_generators([*root.stack, *root.locals.values()])
         return _finish_break(out, root, value, break_at[root.instructions[value].offset], ctx)
     return SkipFrame("too many graph breaks in one frame")
+
+
+def _break_at(break_at: dict, code: types.CodeType, offset: int, error, ctx) -> None:
+    """Break at ``offset`` on the next run; inside a loop, also where an iteration starts
+    (see "breaks inside for loops")."""
+    break_at[offset] = error
+    head = None if ctx.fullgraph else _loop_head(code, offset)
+    if head is not None and head[0] == _entry_offset(code):
+        head = None  # a while loop's iteration continuation: it starts there
+    if head is not None and head[0] not in break_at:
+        at, next_in_python = head
+        what = "the loop's next() runs in Python" if next_in_python else "a new iteration"
+        entry = Unsupported(error.kind, f"{what}: its body breaks ({error.detail})")
+        entry.loop_entry = not next_in_python
+        break_at[at] = entry
 
 
 def _run_root(root: RootFrame):
@@ -740,8 +746,10 @@ def _nested_stop(root: RootFrame, r) -> tuple | None:
     cins = next((i for i in _instructions(ccode) if i.offset == coff), None)
     if at.opname != "CALL" or cins is None or cins.opname != "CALL":
         return None
-    if ccode.co_flags & _NOT_PLAIN_CODE:
+    if ccode.co_flags & _NOT_PLAIN_CODE or covering_handlers(root.code, r.offset):
         return None
+    if _loop_around(root.code, r.offset, root.instructions):
+        return None  # inside a loop: the loop's own continuations (see "breaks inside for loops")
     return (r.offset, ccode, coff)
 
 
