@@ -676,6 +676,36 @@ def _finish_break(
         step = [f"return {calls[0]}"]
     else:
         step = _step_lines(ins, stack, base, root.kw_names, calls, reraise)
+    compiled, gm, body = _step_body(
+        out,
+        cg,
+        ctx,
+        root,
+        extra,
+        make_cells,
+        fill_cells,
+        temps,
+        [locals_line],
+        compute,
+        apply,
+        step,
+    )
+    if eager:
+        detail = (
+            brk.detail + f"; the rest of the frame runs eagerly (more than "
+            f"{config.loop_resume_limit} breaks resumed inside one loop)"
+        )
+        brk = dataclasses.replace(brk, detail=detail, resumed=False)
+    _record_break(ctx, brk)
+    return _entry(out, root, cg, compiled, gm, body, extra)
+
+
+def _step_body(
+    out, cg, ctx, root, extra, make_cells, fill_cells, temps, locals_lines, compute, apply, step
+) -> tuple:
+    """The compiled graph and the body of a break's generated code: the graph's call, the
+    cells and the state it re-establishes, the locals, then the step (run with capture
+    enabled again) that hands over to the continuation."""
     compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
     # the graph left the grad mode it found; the blocks re-entered above (cg.preamble)
     # set theirs, and a mode set without a block (``torch.set_grad_enabled(False)`` as
@@ -694,20 +724,13 @@ def _finish_break(
         + regrad
         + fill_cells
         + temps
-        + [locals_line]
+        + locals_lines
         + compute
         + apply
         + ["__k_prev = __k_enable(True)", "try:"]
     )
     body += ["    " + s for s in step] + ["finally:", "    __k_enable(__k_prev)"]
-    if eager:
-        detail = (
-            brk.detail + f"; the rest of the frame runs eagerly (more than "
-            f"{config.loop_resume_limit} breaks resumed inside one loop)"
-        )
-        brk = dataclasses.replace(brk, detail=detail, resumed=False)
-    _record_break(ctx, brk)
-    return _entry(out, root, cg, compiled, gm, body, extra)
+    return compiled, gm, body
 
 
 # Design note: "nested breaks"
@@ -881,27 +904,20 @@ def _finish_nested_break(
     else:
         call = f"__k_go({', '.join([ofn, *stack_args, '*__k_l'])})"
     step = _step_lines(cins, cstack, cbase, frame.kw_names, [call], None)
-    compiled, gm, inputs = _compile_graph(out, cg, ctx, restore_grad=True)
-    regrad = []
-    if out.grad_enabled != out.initial_grad:
-        regrad = [f"torch._C._set_grad_enabled({out.grad_enabled})"]
-    extra.update(__k_drive=drive, __k_entry=tail_or_drive)
-    go = "__k_entry(__k_fn)" if root.code in _RESUME_ORIGIN else "__k_drive"
-    body = (
-        [f"__k_go = {go}"]
-        + out.prelude
-        + _graph_call(root, compiled, inputs, extra)
-        + make_cells
-        + cg.preamble
-        + regrad
-        + fill_cells
-        + temps
-        + [locals_line, clocals_line]
-        + compute
-        + apply
-        + ["__k_prev = __k_enable(True)", "try:"]
+    compiled, gm, body = _step_body(
+        out,
+        cg,
+        ctx,
+        root,
+        extra,
+        make_cells,
+        fill_cells,
+        temps,
+        [locals_line, clocals_line],
+        compute,
+        apply,
+        step,
     )
-    body += ["    " + s for s in step] + ["finally:", "    __k_enable(__k_prev)"]
     _record_break(ctx, brk)
     return _entry(out, root, cg, compiled, gm, body, extra)
 
