@@ -61,7 +61,8 @@ def test_depthwise_convolution_reads_channels_last():
 
 
 def test_depthwise_backward_reads_channels_last_gradient_and_input():
-    gm = _check(depthwise_backward, _randn((2, 6, 9, 10), (2, 6, 9, 10), (6, 1, 7, 7)), 1)
+    # 7x7 over 4 x 60 x 60: the input's bytes exceed the channels-last workspace
+    gm = _check(depthwise_backward, _randn((4, 6, 60, 60), (4, 6, 60, 60), (6, 1, 7, 7)), 1)
     (conv,) = _convs(gm)
     assert all(a.target is aten.clone.default for a in conv.args[:2])
     assert conv.meta["val"][0].is_contiguous(memory_format=torch.channels_last)
@@ -92,6 +93,17 @@ def test_depthwise_backward_stays_nchw_where_it_is_faster():
         assert not any(a.target is aten.clone.default for a in conv.args[:2])
     # the forward of the same small convolution still runs channels-last
     _check(depthwise, _randn((2, 6, 4, 4), (6, 1, 7, 7), (6,)), 1)
+
+
+def test_depthwise_backward_stays_nchw_where_its_workspace_exceeds_the_input():
+    # oneDNN's channels-last weight gradient needs 1 KiB per weight element (6 x 7 x 7:
+    # 294 KiB) whatever the batch: at batch 2 of 9 x 10 images the input is 4 KiB
+    inputs = _randn((2, 6, 9, 10), (2, 6, 9, 10), (6, 1, 7, 7))
+    gm = _check(depthwise_backward, inputs, 0)
+    (conv,) = _convs(gm)
+    assert not any(a.target is aten.clone.default for a in conv.args[:2])
+    # 3x3 kernels have no such workspace: channels-last at the same size
+    _check(small_kernel_backward, _randn((2, 6, 9, 10), (2, 6, 9, 10), (6, 1, 3, 3)), 1)
 
 
 def small_kernel_backward(g, x, w):

@@ -29,8 +29,19 @@ H=2 0.75/12; 9x9 too: C=768, H=8 7.5/30). 3x3 kernels gain at every size (C=768,
 channels-last. The forward gains at every size (7x7, C=768, H=2: 1.3/0.12), so a forward
 may run channels-last while its backward reads the NCHW values it was traced with.
 
+Memory (``_backward_workspace_fits``): for kernels larger than 3x3, oneDNN's channels-last
+weight gradient allocates a workspace of 1 KiB per weight element (C * KH * KW * 1024
+bytes, whatever the batch and image: C=96 7x7 4.6 MB, C=192 9.2 MB, C=768 37 MB; 3x3
+none; the NCHW backward's peak is about its operands' size). At a small batch that dwarfs
+the activations: HF ConvNeXt's small training step (batch 2, 64x64 images) peaked at its
+C=192 backward's 9.2 MB workspace on top of the weight gradients made so far (kiln 46 MB
+against torch.compile's 39). A backward whose workspace would exceed its input's bytes
+stays NCHW (C=96, 16x16, batch 2: 2.5 against 1.1 ms, one thread; ConvNeXt-T at batch 64,
+56x56, keeps channels-last: 4.6 MB against 74 MB of input).
+
 Before: depthwise ``convolution``/``convolution_backward`` with NCHW operands. After:
-the same ops on channels-last operands (a backward only where ``_backward_gains``);
+the same ops on channels-last operands (a backward only where ``_backward_gains`` and
+``_backward_workspace_fits``);
 values unchanged.
 """
 
@@ -78,6 +89,22 @@ _BACKWARD_MIN_PIXELS = 64
 _BACKWARD_MAX_CHANNELS = 640
 
 
+# oneDNN's channels-last depthwise weight gradient: a workspace of this many bytes per weight
+# element for kernels larger than 3x3 (fp32, torch 2.13; module docstring)
+_BACKWARD_WORKSPACE_PER_WEIGHT = 1024
+_BACKWARD_WORKSPACE_MIN_KERNEL = 25
+
+
+def _backward_workspace_fits(x: Any, w: Any) -> bool:
+    """Whether the channels-last backward's workspace is at most its input's bytes."""
+    xv, wv = traced_tensor(x), traced_tensor(w)
+    assert xv is not None and wv is not None
+    if wv.shape[2] * wv.shape[3] < _BACKWARD_WORKSPACE_MIN_KERNEL:
+        return True
+    workspace = wv.numel() * _BACKWARD_WORKSPACE_PER_WEIGHT
+    return workspace <= xv.numel() * xv.element_size()
+
+
 def _backward_gains(x: Any, w: Any) -> bool:
     xv, wv = traced_tensor(x), traced_tensor(w)
     assert xv is not None and wv is not None
@@ -123,8 +150,10 @@ def depthwise_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> i
             _is_clone_to_channels_last(o) for o in operands
         ):
             continue  # converted already (the pass ran on this graph)
-        if node.target is aten.convolution_backward.default and not _backward_gains(x, w):
-            continue  # NCHW is faster for this one
+        if node.target is aten.convolution_backward.default and not (
+            _backward_gains(x, w) and _backward_workspace_fits(x, w)
+        ):
+            continue  # NCHW is faster for this one, or needs far less memory
         add = NodeBuilder(gm.graph, node)
         for operand in dict.fromkeys(operands):
             _to_channels_last(add, node, operand)
