@@ -256,3 +256,29 @@ def test_autocast_object_live_across_a_break():
 
     report, _ = _run(f, *_args())
     assert report.break_count == 2 and all(b.resumed for b in report.breaks), report.breaks
+
+
+def test_composites_under_cuda_autocast_make_no_real_tensors():
+    """scaled_dot_product_attention's math path and dropout make tensors with their
+    input's options: under CUDA autocast the wrappers report ``cuda``, and such a factory
+    must give a wrapper too, not a real CUDA tensor (on a GPU one was allocated and met a
+    meta tensor: a graph break per attention under ``torch.autocast("cuda")``)."""
+    cuda = torch.device("cuda")
+
+    def wrap(*shape, dtype=torch.float32):
+        return autocast_state.DeviceMeta(torch.empty(*shape, dtype=dtype, device="meta"), cuda)
+
+    q, mask = wrap(2, 4, 8, 16), wrap(8, 8, dtype=torch.bool)
+    state = (("cuda", BF16),)
+    with torch.device("meta"), autocast_state.autocast_as(state):
+        with autocast_state.device_meta_mode():
+            att = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            dropped = torch.nn.functional.dropout(q, 0.1)
+            fresh = torch.empty_like(q, dtype=torch.int64)
+        assert (att.dtype, att.device, tuple(att.shape)) == (BF16, cuda, (2, 4, 8, 16))
+        assert isinstance(att, autocast_state.DeviceMeta) and att.elem.device.type == "meta"
+        assert dropped.device == cuda and dropped.elem.device.type == "meta"
+        assert fresh.dtype == torch.int64 and fresh.device == cuda
+        if not torch.cuda.is_available():  # without the mode: a CUDA factory is reached
+            with pytest.raises(NotImplementedError, match="CUDA"):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)

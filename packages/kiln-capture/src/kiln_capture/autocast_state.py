@@ -12,6 +12,14 @@ the casts included, on their meta tensor. The real autocast state is set to the 
 for that one call, with the autocast weight cache off (it is keyed by tensor address and
 the wrappers die after each op).
 
+Composite ops (``scaled_dot_product_attention``'s math path, ``dropout``) make tensors of
+their own with their input's options: on the wrapper's real device, where a real CUDA
+tensor would be allocated and then meet a meta one ("Expected all tensors to be on the
+same device": a graph break per op on the GPU, while the CPU, whose factories the
+``torch.device("meta")`` context already redirects, was fine). ``device_meta_mode()``
+therefore also intercepts every op below autocast, factories included: a requested device
+becomes ``meta`` and the result a wrapper reporting it.
+
 The state is a tuple of ``(device, dtype)`` for each device with autocast enabled; the
 frame's state at entry is guarded (``current()``), since the same code traced with
 autocast on and off gives different graphs.
@@ -23,6 +31,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 DEVICES = ("cpu", "cuda")
@@ -72,18 +81,44 @@ class DeviceMeta(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        device = None
+        return _run_on_meta(func, args, kwargs)
 
-        def unwrap(t):
-            nonlocal device
-            if isinstance(t, DeviceMeta):
-                device = device or t.device
-                return t.elem
-            return t
 
-        args, kwargs = tree_map(unwrap, (args, kwargs or {}))
-        out = func(*args, **kwargs)
-        return tree_map(lambda t: DeviceMeta(t, device) if isinstance(t, torch.Tensor) else t, out)
+def _run_on_meta(func, args, kwargs):
+    """``func`` on the meta tensors of its arguments (wrappers unwrapped, a real tensor
+    replaced by a meta one of its metadata, a requested device by ``meta``); tensors in
+    the result wrapped to report the device the arguments or the request named."""
+    device = None
+
+    def unwrap(t):
+        nonlocal device
+        if isinstance(t, DeviceMeta):
+            device = device or t.device
+            return t.elem
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            device = device or t.device
+            return t.to("meta")
+        return t
+
+    args, kwargs = tree_map(unwrap, (args, dict(kwargs or {})))
+    asked = kwargs.get("device")
+    if asked is not None and torch.device(asked).type != "meta":
+        device = torch.device(asked)
+        kwargs["device"] = torch.device("meta")
+    out = func(*args, **kwargs)
+    if device is None:
+        return out
+    return tree_map(lambda t: DeviceMeta(t, device) if isinstance(t, torch.Tensor) else t, out)
+
+
+class _DeviceMetaMode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _run_on_meta(func, args, kwargs)
+
+
+def device_meta_mode() -> TorchDispatchMode:
+    """Every op below autocast, factories included, runs on meta tensors (design note)."""
+    return _DeviceMetaMode()
 
 
 def to_meta(value):
@@ -126,6 +161,7 @@ __all__ = [
     "DeviceMeta",
     "autocast_as",
     "current",
+    "device_meta_mode",
     "to_meta",
     "with_device",
 ]

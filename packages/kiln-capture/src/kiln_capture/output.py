@@ -831,6 +831,7 @@ class OutputGraph:
                 autocast_state.autocast_as(self.autocast)
                 if under_autocast
                 else contextlib.nullcontext(),
+                autocast_state.device_meta_mode() if under_autocast else contextlib.nullcontext(),
                 self._symbolic_meta_mode(force=symbolic),
                 self.shape_env.speculating(choose=choose),
             ):
