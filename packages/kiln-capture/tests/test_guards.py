@@ -355,7 +355,7 @@ def test_hoisted_reads_are_computed_once_in_guard_order():
         "__r2 = __r1.b",
         "if not (type(__r2) is int): return False",
         "if not (__r2 == 3): return False",
-        "if not (not any((getattr(__k_C[1], n) for n in ('p', 'q')))): return False",
+        "if not (not any(getattr(__k_C[1], n) for n in ('p', 'q'))): return False",
         "if not (len(x) == 2): return False",
     ]
 
@@ -385,6 +385,27 @@ def test_hoisted_chains_through_calls_and_constants():
         "if not (__r3.d == 2): return False",
         "if not (f(*__r0) and f(*__r0)): return False",
         "if not (g(__r0, k=1) is g(__r0, k=1)): return False",
+    ]
+
+
+def test_hoisted_reads_keep_text_around_them():
+    """An expression's text is its own with the shared chains replaced (offsets count
+    UTF-8 bytes); an expression of several lines is left as it is."""
+    lines = guards.hoist_reads(
+        [
+            "__k_G['é'].a == 'ü' or  __k_G['é'].b",
+            "__k_G['é'].a  is not None",
+            "(__k_G['é'].a ==\n 1)",
+            "f(__k_G['é'].a, k='ß')",
+        ]
+    )
+    assert lines == [
+        "__r0 = __k_G['é']",
+        "__r1 = __r0.a",
+        "if not (__r1 == 'ü' or  __r0.b): return False",
+        "if not (__r1  is not None): return False",
+        "if not ((__k_G['é'].a ==\n 1)): return False",
+        "if not (f(__r1, k='ß')): return False",
     ]
 
 

@@ -54,6 +54,13 @@ class CaptureConfig:
         "with the same code and guards runs its compiled graph without tracing it; 0: "
         "capture in every process (KILN_CAPTURE_CACHE=0 turns this off too)",
     )
+    gc_pause: bool = setting(
+        "KILN_CAPTURE_GC_PAUSE",
+        True,
+        "no automatic cyclic garbage collection while a frame is captured and compiled "
+        "(gc_pause.py: a full collection walks every object of the process); 0: the "
+        "collector runs as it would without kiln",
+    )
     log_topics: frozenset[str] = setting(
         "KILN_LOG", frozenset(), "comma-separated log topics: graphs, guards, breaks, recompiles"
     )

@@ -39,8 +39,6 @@ Python expression of each guard stays for ``first_failure`` and for builds witho
 from __future__ import annotations
 
 import ast
-import contextlib
-import gc
 import types
 from collections import Counter
 from collections.abc import Iterator
@@ -49,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln_capture import _C, code_cache
+from kiln_capture.gc_pause import paused
 from kiln_capture.shape_guards import ShapeGuards
 from kiln_capture.sources import AttrSource, ClosureSource, ItemSource, Source
 
@@ -369,108 +368,128 @@ def guard_namespace(gs: GuardSet, globals_dict: dict) -> dict:
 
 
 _SCOPES = (ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.Lambda)
-_LEAVES = (ast.Name, ast.Constant, ast.expr_context)  # no chain below them to name
+_NOT_CHAINS = ("type", "len", "tuple")  # cheap, and the result is what a guard compares
+_CHILDREN: dict[type, tuple[str, ...]] = {}  # node type -> its fields that hold nodes
 
 
-def _chain_keys(node: ast.AST, memo: dict, keys: set[str]) -> None:
-    """Add the text of every read chain in ``node`` to ``keys``, outside nested scopes
-    (their names are not ours)."""
-    if isinstance(node, _SCOPES) or isinstance(node, _LEAVES):
-        return
-    key = _chain_key(node, memo)
+def _children(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.iter_child_nodes`` without its per-field checks of fields that hold no node."""
+    t = type(node)
+    fields = _CHILDREN.get(t)
+    if fields is None:
+        fields = _CHILDREN[t] = tuple(f for f in t._fields if f not in ("ctx", "op", "ops"))
+    for f in fields:
+        v = getattr(node, f)
+        if isinstance(v, ast.AST):
+            yield v
+        elif isinstance(v, list):
+            for x in v:
+                if isinstance(x, ast.AST):
+                    yield x
+
+
+def _scan(node: ast.AST, keys: set[str]) -> str | None:
+    """The text of ``node`` when it is a read chain, else None; the text of every read
+    chain below it, itself included, added to ``keys`` (a name alone is not added), and
+    each node's answer kept on it as ``_k`` for ``_rewrite``. Nested scopes are not
+    looked into (their names are not ours).
+
+    A read chain is a pure read rooted at a name: ``a.b``, ``a[<const>]``,
+    ``getattr(a, <const>)``, or a call of such a chain on such chains and constants
+    (read-only sources). Its text is built from its parts' (a model's guards are
+    thousands of chains a dozen reads deep)."""
+    t = type(node)
+    key = None
+    if t is ast.Name:
+        return node.id
+    if t is ast.Constant or t in _SCOPES:
+        return None
+    if t is ast.Attribute:
+        base = _scan(node.value, keys)
+        key = None if base is None else f"{base}.{node.attr}"
+    elif t is ast.Subscript:
+        base = _scan(node.value, keys)
+        if type(node.slice) is ast.Constant:
+            key = None if base is None else f"{base}[{node.slice.value!r}]"
+        else:
+            _scan(node.slice, keys)
+    elif t is ast.Call:
+        func = _scan(node.func, keys)
+        args = [repr(a.value) if type(a) is ast.Constant else _scan(a, keys) for a in node.args]
+        for k in node.keywords:
+            _scan(k.value, keys)
+        chain = not node.keywords and func is not None and None not in args
+        if chain and not (type(node.func) is ast.Name and node.func.id in _NOT_CHAINS):
+            key = f"{func}({', '.join(args)})"  # type: ignore[arg-type]
+    else:
+        for child in _children(node):
+            _scan(child, keys)
+    node._k = key  # type: ignore[attr-defined]
     if key is not None:
         keys.add(key)
-    for child in ast.iter_child_nodes(node):
-        _chain_keys(child, memo, keys)
-
-
-class _Hoist(ast.NodeTransformer):
-    def __init__(
-        self,
-        shared: set[str],
-        names: dict[str, str],
-        lines: list[str],
-        prefix: str = "__r",
-        keys: dict[int, tuple[ast.AST, str | None]] | None = None,
-    ) -> None:
-        self.shared, self.names, self.lines, self.prefix = shared, names, lines, prefix
-        # the chain keys ``_shared_chains`` already took of these trees' nodes
-        self.keys: dict[int, tuple[ast.AST, str | None]] = {} if keys is None else keys
-
-    def visit(self, node):
-        if isinstance(node, _SCOPES) or isinstance(node, _LEAVES):
-            return node
-        key = _chain_key(node, self.keys)  # taken before the children change
-        node = self.generic_visit(node)
-        if key is None or key not in self.shared:
-            return node
-        name = self.names.get(key)
-        if name is None:
-            name = self.names[key] = f"{self.prefix}{len(self.names)}"
-            self.lines.append(f"{name} = {ast.unparse(node)}")
-        return ast.Name(id=name, ctx=ast.Load())
-
-
-def _chain_key(node: ast.AST, memo: dict[int, tuple[ast.AST, str | None]]) -> str | None:
-    """The source text of a read chain, None for any other node. A read chain is a pure
-    read rooted at a name: ``a.b``, ``a[<const>]``, ``getattr(a, <const>)``, or a call of
-    such a chain on such chains and constants (read-only sources). Each node is looked
-    at once, its text built from its parts' (a model's guards are thousands of chains a
-    dozen reads deep; ``ast.unparse`` of every prefix of each was most of the guard
-    function's compile time). ``memo`` holds each node it answers for, so no id is
-    reused while it lives."""
-    seen = memo.get(id(node))
-    if seen is not None:
-        return seen[1]
-    key = None
-    if isinstance(node, ast.Name):
-        key = node.id
-    elif isinstance(node, ast.Attribute):
-        base = _chain_key(node.value, memo)
-        key = None if base is None else f"{base}.{node.attr}"
-    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        base = _chain_key(node.value, memo)
-        key = None if base is None else f"{base}[{node.slice.value!r}]"
-    elif isinstance(node, ast.Call) and not node.keywords:
-        # type(), len(), tuple(): cheap, and the result is what the guard compares
-        if not (isinstance(node.func, ast.Name) and node.func.id in ("type", "len", "tuple")):
-            func = _chain_key(node.func, memo)
-            args = [
-                repr(a.value) if isinstance(a, ast.Constant) else _chain_key(a, memo)
-                for a in node.args
-            ]
-            if func is not None and None not in args:
-                key = f"{func}({', '.join(args)})"  # type: ignore[arg-type]
-    memo[id(node)] = (node, key)
     return key
 
 
-def _shared_chains(trees: list[ast.AST], memo: dict | None = None) -> set[str]:
-    counts: Counter[str] = Counter()
-    memo = {} if memo is None else memo
-    for tree in trees:
-        keys: set[str] = set()
-        _chain_keys(tree, memo, keys)
-        counts.update(keys)
-    return {k for k, n in counts.items() if n > 1}
+def _splice(text: bytes, start: int, end: int, edits: list[tuple[int, int, str]]) -> str:
+    """``text[start:end]`` (UTF-8, as the parser's offsets count) with ``edits``, spans
+    in order that do not overlap, replaced."""
+    parts, at = [], start
+    for s, e, new in edits:
+        parts.append(text[at:s].decode())
+        parts.append(new)
+        at = e
+    parts.append(text[at:end].decode())
+    return "".join(parts)
 
 
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic collector off while a pass builds thousands of AST nodes (none of them
-    in a cycle): its generation-0 runs were a third of ``hoist_reads``'s time."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+class _Hoist:
+    """Replaces the shared read chains of expressions by locals named ``<prefix><n>``,
+    appending each local's assignment to ``lines`` at its first use. An expression's
+    text is its source with spans replaced, so nothing is printed back from a tree."""
+
+    def __init__(self, shared: set[str], lines: list[str], prefix: str) -> None:
+        self.shared, self.lines, self.prefix = shared, lines, prefix
+        self.names: dict[str, str] = {}
+
+    def edits(self, node: ast.AST, text: bytes) -> list[tuple[int, int, str]]:
+        """The replacements inside ``node`` (its children's first, in source order)."""
+        t = type(node)
+        if t is ast.Name or t is ast.Constant or t in _SCOPES:
+            return []
+        out: list[tuple[int, int, str]] = []
+        if t is ast.Attribute:
+            out = self.edits(node.value, text)
+        elif t is ast.Subscript:
+            out = self.edits(node.value, text) + self.edits(node.slice, text)
+        else:
+            for child in _children(node):
+                out += self.edits(child, text)
+        key = getattr(node, "_k", None)
+        if key is None or key not in self.shared:
+            return out
+        name = self.names.get(key)
+        start, end = node.col_offset, node.end_col_offset
+        if name is None:
+            name = self.names[key] = f"{self.prefix}{len(self.names)}"
+            self.lines.append(f"{name} = {_splice(text, start, end, out)}")
+        return [(start, end, name)]
+
+
+def _parse(exprs: list[str]) -> list[ast.expr | None]:
+    """Each expression's tree, parsed together; None for one of several lines (its
+    offsets would not be those of its own text: it is left as it is)."""
+    one_line = [e if "\n" not in e and "\r" not in e else "None" for e in exprs]
+    body = ast.parse("\n".join(f"({e})" for e in one_line)).body
+    if len(body) != len(exprs):  # not an expression each: parsed alone, to say which
+        for e in exprs:
+            ast.parse(e, mode="eval")
+        raise SyntaxError("kiln: guard expressions did not parse one a line")
+    return [s.value if e is o else None for s, e, o in zip(body, exprs, one_line)]  # type: ignore[attr-defined]
 
 
 def hoist_reads(guards: list[str]) -> list[str]:
     """Straight-line guard code with shared read chains computed once (design note above)."""
-    with _no_gc():
+    with paused():  # thousands of AST nodes, none in a cycle (gc_pause.py)
         return _hoist_reads(guards)
 
 
@@ -486,11 +505,20 @@ def _hoisted(exprs: list[str], prefix: str, lines: list[str]) -> Iterator[str]:
     whose assignments are appended to ``lines`` as each expression is visited (before it
     is yielded: a caller interleaving its own lines keeps every read after the guards
     before it)."""
-    trees = [ast.parse(e, mode="eval").body for e in exprs]
-    memo: dict[int, tuple[ast.AST, str | None]] = {}
-    hoist = _Hoist(_shared_chains(trees, memo), {}, lines, prefix, keys=memo)
+    trees = _parse(exprs)
+    counts: Counter[str] = Counter()
     for tree in trees:
-        yield ast.unparse(hoist.visit(tree))
+        if tree is not None:
+            keys: set[str] = set()
+            _scan(tree, keys)
+            counts.update(keys)
+    hoist = _Hoist({k for k, n in counts.items() if n > 1}, lines, prefix)
+    for e, tree in zip(exprs, trees):
+        if tree is None:
+            yield e
+            continue
+        text = f"({e})".encode()
+        yield _splice(text, 1, len(text) - 1, hoist.edits(tree, text))
 
 
 def hoist_args(exprs: list[str], prefix: str) -> tuple[list[str], list[str]]:
@@ -503,7 +531,7 @@ def hoist_args(exprs: list[str], prefix: str) -> tuple[list[str], list[str]]:
 
     def make() -> tuple[tuple[str, ...], tuple[str, ...]]:
         lines: list[str] = []
-        with _no_gc():
+        with paused():
             hoisted = tuple(_hoisted(exprs, prefix, lines))
         return tuple(lines), hoisted
 

@@ -32,6 +32,7 @@ from kiln_capture.capture import EAGER_RESUME_CODES, CacheEntry, SkipFrame, comp
 from kiln_capture.config import config
 from kiln_capture.dynamic import FrameShapes
 from kiln_capture.errors import BackendError, DynamicShapeError, GraphBreakError
+from kiln_capture.gc_pause import paused
 from kiln_capture.log import log
 
 RUN_DEFAULT = object()
@@ -203,7 +204,7 @@ def _callback(code: types.CodeType, func, args: tuple):
     frame_shapes = _frame_shapes.setdefault(key, FrameShapes()) if ctx.dynamic is None else None
     start, backend_before = time.perf_counter(), ctx.backend_seconds
     try:
-        with saved_tensor_hooks_suspended():
+        with saved_tensor_hooks_suspended(), paused(config.gc_pause):
             result = compile_frame(code, func, args, ctx, frame_shapes)
     except (GraphBreakError, BackendError, DynamicShapeError):
         raise
@@ -253,7 +254,7 @@ def _load_kept(ctx: Context, key: tuple, code: types.CodeType, func, args: tuple
     """The entry a process captured for this frame before (frame_store.py), installed."""
     start, backend_before = time.perf_counter(), ctx.backend_seconds
     try:
-        with saved_tensor_hooks_suspended():
+        with saved_tensor_hooks_suspended(), paused(config.gc_pause):
             found = frame_store.load(code, func, args, ctx)
     except (GraphBreakError, BackendError, DynamicShapeError):
         raise
@@ -283,7 +284,8 @@ def _load_kept(ctx: Context, key: tuple, code: types.CodeType, func, args: tuple
 def _keep(ctx: Context, code: types.CodeType, func, args: tuple, entry, frame_shapes) -> None:
     """Keep a new capture on disk (frame_store.py); never fails the call."""
     try:
-        frame_store.save(code, func, args, ctx, entry, frame_shapes)
+        with paused(config.gc_pause):
+            frame_store.save(code, func, args, ctx, entry, frame_shapes)
     except Exception as e:
         if config.raise_internal:
             raise
