@@ -87,3 +87,37 @@ def test_hf_convnext_inference_and_training(monkeypatch, tmp_path):
             assert got[n] is None or not got[n].any(), n
             continue
         torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_resnet_style_training_small_output_weight_gradients_are_matmuls(monkeypatch, tmp_path):
+    """Training: the output and every gradient match eager. The last stage's convolutions
+    (2 x 4 x 4 output pixels) take their weight gradients as matmuls of im2col rows that a
+    generated kernel copies (patch_conv.py), their backward computes the input gradient
+    only; the earlier stages' (2 x 8 x 8 and more) stay whole convolution backwards."""
+    import copy
+
+    torch.manual_seed(0)
+    model = ResNet().train()
+    ref = copy.deepcopy(model)
+    image = torch.randn(2, 3, 32, 32)
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    out = kiln_cpp.compile_fx(model, [image])(image)
+    want = ref(image)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    weight = torch.linspace(-1, 1, want.numel()).view(want.shape)
+    (out * weight).sum().backward()
+    (want * weight).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    for (name, b), c in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-5, msg=name)
+    wrappers = "\n".join(p.read_text() for p in tmp_path.glob("graph*/wrapper.py"))
+    backward = [
+        line for line in wrappers.splitlines() if "fallback aten.convolution_backward" in line
+    ]
+    # the last stage's 5 convolutions (4x4 outputs) leave their weight gradient to a matmul;
+    # the 9 of the two stages before keep it, and so does the stem (no input gradient)
+    assert sum("[True, False, False]" in line for line in backward) == 5, backward
+    assert sum("[True, True, False]" in line for line in backward) == 9, backward
+    assert sum("[False, True, False]" in line for line in backward) == 1, backward
+    assert "fallback aten.as_strided" not in wrappers and "fallback aten.clone" not in wrappers

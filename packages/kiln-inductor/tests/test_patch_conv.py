@@ -48,10 +48,10 @@ def _backward(mask):
     return fn
 
 
-def _check(fn, inputs, rewritten):
+def _check(fn, inputs, rewritten, whole=True):
     gm = aten_graph(fn, inputs)
     assert rewrite_patch_convolutions(gm, CPU) == rewritten
-    if rewritten:
+    if rewritten and whole:
         targets = _targets(gm)
         assert aten.convolution.default not in targets
         assert aten.convolution_backward.default not in targets
@@ -62,6 +62,7 @@ def _check(fn, inputs, rewritten):
     for g, w, t in zip(got, want, traced):
         assert g.shape == w.shape and g.stride() == t.stride()
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    return gm
 
 
 def test_patch_convolution_is_a_matmul():
@@ -96,3 +97,53 @@ def test_patch_convolution_backward_is_matmuls(mask):
 def test_other_devices_keep_their_convolutions():
     gm = aten_graph(patchify, _randn((2, 6, 8, 10), (5, 6, 2, 2), (5,)))
     assert rewrite_patch_convolutions(gm, torch.device("cuda")) == 0
+
+
+def _strided_backward(stride, padding, mask, groups=1):
+    def fn(g, x, w):
+        grads = aten.convolution_backward.default(
+            g, x, w, [0], stride, padding, [1, 1], False, [0, 0], groups, mask
+        )
+        return tuple(grads[i] for i in range(3) if mask[i])
+
+    return fn
+
+
+def _convolution_backwards(gm):
+    return [n for n in gm.graph.nodes if n.target is aten.convolution_backward.default]
+
+
+@pytest.mark.parametrize(
+    "kernel,stride,padding,mask",
+    [
+        (3, [2, 2], [1, 1], [True, True, False]),  # ResNet's 3x3 stride 2 on 4x4
+        (1, [2, 2], [0, 0], [True, True, True]),  # its 1x1 stride-2 shortcut
+        (1, [1, 1], [0, 0], [False, True, False]),
+        (3, [1, 2], [1, 0], [False, True, True]),
+    ],
+    ids=str,
+)
+def test_small_output_weight_gradient_is_a_matmul(kernel, stride, padding, mask):
+    # N*Ho*Wo <= 64: the weight gradient is G.T @ im2col rows; the input gradient and the
+    # bias gradient stay with the convolution's backward (gone when neither is asked for)
+    x = _randn((2, 8, 5, 6))[0]
+    ho = (5 + 2 * padding[0] - kernel) // stride[0] + 1
+    wo = (6 + 2 * padding[1] - kernel) // stride[1] + 1
+    g, w = _randn((2, 7, ho, wo), (7, 8, kernel, kernel))
+    gm = _check(_strided_backward(stride, padding, mask), [g, x, w], 1, whole=False)
+    assert aten.mm.default in _targets(gm)
+    convs = _convolution_backwards(gm)
+    if mask[0] or mask[2]:
+        (conv,) = convs
+        assert conv.args[10] == [mask[0], False, mask[2]]
+    else:
+        assert not convs
+    assert rewrite_patch_convolutions(gm, CPU) == 0  # once is enough
+
+
+def test_large_output_and_grouped_weight_gradients_stay_convolutions():
+    mask = [True, True, False]
+    big = _randn((2, 7, 8, 8), (2, 8, 8, 8), (7, 8, 3, 3))  # N*Ho*Wo = 128
+    _check(_strided_backward([1, 1], [1, 1], mask), big, 0)
+    grouped = _randn((2, 8, 2, 2), (2, 8, 4, 4), (8, 4, 3, 3))
+    _check(_strided_backward([2, 2], [1, 1], mask, groups=2), grouped, 0)

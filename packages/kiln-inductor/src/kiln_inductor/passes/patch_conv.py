@@ -13,6 +13,17 @@ kernels run these shapes far below its matmul's throughput, and badly so channel
 and in the backward: HF ConvNeXt's 384 -> 768 downsampling on (2, 384, 8, 8), one thread,
 ~6 ms forward and ~12 ms backward where the same products as mm take ~1 ms each.
 
+The weight gradient of any dense convolution whose output has few pixels over the batch
+(N*Ho*Wo <= ``_SMALL_OUTPUT_ROWS``: a ResNet's last stages at small images) is a matmul
+too, of G.T with the input's windows as rows (im2col: a strided view of the padded input,
+copied as (N*Ho*Wo, C*kh*kw) rows). oneDNN's weight-gradient kernels spread their work over
+the output's pixels, and with a handful of them run far below matmul speed: HF ResNet's
+small CPU step (batch 2, 64x64), one thread, 1024 -> 2048 1x1 stride 2 on 4x4 ~8.3 ms,
+512 -> 512 3x3 stride 2 on 4x4 2.5-8 ms, where the rows and the mm take ~0.6 ms each; at
+N*Ho*Wo = 64 about 1.3 against 1.0 ms, at 128 even or behind. The input gradient stays
+with the convolution's backward (its mask without the weight), which computes nothing
+else when the input needs no gradient either.
+
 Before: ``convolution`` / ``convolution_backward`` nodes. After: the patch ones are
 ``mm``/``addmm`` over reshaped and permuted views (lowering computes the patch rows as one
 copy where the operand is not already laid out as rows), and their results have the
@@ -101,6 +112,82 @@ def _backward(b: NodeBuilder, node: torch.fx.Node, kh: int, kw: int) -> dict[int
     return outs
 
 
+# a dense convolution's weight gradient is a matmul when its output has at most this many
+# pixels over the batch (module docstring)
+_SMALL_OUTPUT_ROWS = 64
+
+
+def _small_output(node: torch.fx.Node) -> bool:
+    """Whether a ``convolution_backward`` node's weight gradient is best a matmul of the
+    output gradient with the input's windows (module docstring)."""
+    grad, x, w = node.args[:3]
+    _, padding, dilation, transposed, _, groups = node.args[4:10]
+    gv, xv, wv = traced_tensor(grad), traced_tensor(x), traced_tensor(w)
+    if gv is None or xv is None or wv is None or not node.args[10][1]:
+        return False
+    if gv.dim() != 4 or xv.dim() != 4 or wv.dim() != 4 or len(padding) != 2:
+        return False
+    if transposed or groups != 1 or any(d != 1 for d in dilation):
+        return False
+    n, _, ho, wo = gv.shape
+    return xv.dtype.is_floating_point and n * ho * wo <= _SMALL_OUTPUT_ROWS
+
+
+def _window_rows(b: NodeBuilder, x: Any, node: torch.fx.Node) -> torch.fx.Node:
+    """The input's convolution windows as (N*Ho*Wo, C*kh*kw) rows (im2col)."""
+    stride, padding = node.args[4], node.args[5]
+    n, c, h, wd = traced_tensor(x).shape
+    _, _, kh, kw = traced_tensor(node.args[2]).shape
+    _, _, ho, wo = traced_tensor(node.args[0]).shape
+    if any(padding):
+        ph, pw = padding
+        x = b(aten.constant_pad_nd.default, x, [pw, pw, ph, ph], 0.0)
+        h, wd = h + 2 * ph, wd + 2 * pw
+    if not traced_tensor(x).is_contiguous():
+        x = b(aten.clone.default, x, memory_format=torch.contiguous_format)
+    sh, sw = stride
+    windows = b(
+        aten.as_strided.default, x, [n, ho, wo, c, kh, kw], [c * h * wd, sh * wd, sw, h * wd, wd, 1]
+    )
+    return b(aten.reshape.default, windows, [n * ho * wo, c * kh * kw])
+
+
+def _small_output_weight_gradient(b: NodeBuilder, node: torch.fx.Node) -> torch.fx.Node:
+    grad, x, w = node.args[:3]
+    co = traced_tensor(w).shape[0]
+    g = b(aten.reshape.default, b(aten.permute.default, grad, [0, 2, 3, 1]), [-1, co])
+    gw = b(aten.mm.default, b(aten.permute.default, g, [1, 0]), _window_rows(b, x, node))
+    return b.in_layout_of(
+        b(aten.reshape.default, gw, list(traced_tensor(w).shape)), node.meta["val"][1]
+    )
+
+
+def _split_weight_gradient(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """The weight gradient of a small-output ``convolution_backward`` as a matmul; the node
+    keeps the rest of its mask (erased when nothing is left)."""
+    users = list(node.users)
+    if not all(u.target is operator.getitem for u in users):
+        return False
+    b = NodeBuilder(graph, node)
+    gw = _small_output_weight_gradient(b, node)
+    if not _same_meta(gw, node.meta["val"][1]):
+        b.undo()  # never expected: keep the convolution's
+        return False
+    for user in users:
+        if user.args[1] == 1:
+            user.replace_all_uses_with(gw)
+            graph.erase_node(user)
+    mask = list(node.args[10])
+    mask[1] = False
+    if not any(mask):
+        graph.erase_node(node)
+        return True
+    node.args = (*node.args[:10], mask)
+    old = node.meta["val"]
+    node.meta["val"] = (old[0], None, old[2])
+    return True
+
+
 def _same_meta(new: torch.fx.Node, old: Any) -> bool:
     v = new.meta["val"]
     return (
@@ -112,8 +199,9 @@ def _same_meta(new: torch.fx.Node, old: Any) -> bool:
 
 
 def rewrite_patch_convolutions(gm: torch.fx.GraphModule, device: torch.device) -> int:
-    """Rewrite patch convolutions and their backward as matmuls on CPU (module docstring);
-    returns how many nodes were rewritten."""
+    """Rewrite patch convolutions and their backward, and the weight gradients of
+    small-output convolutions, as matmuls on CPU (module docstring); returns how many
+    nodes were rewritten."""
     if device.type != "cpu":
         return 0
     graph = gm.graph
@@ -130,6 +218,8 @@ def rewrite_patch_convolutions(gm: torch.fx.GraphModule, device: torch.device) -
         else:
             continue
         if kernel is None:
+            if build is _backward and _small_output(node):
+                done += _split_weight_gradient(graph, node)
             continue
         b = NodeBuilder(graph, node)
         outs = build(b, node, *kernel)
@@ -149,4 +239,6 @@ def rewrite_patch_convolutions(gm: torch.fx.GraphModule, device: torch.device) -
                 graph.erase_node(user)
         graph.erase_node(node)
         done += 1
-    return finish_pass(gm, done, f"{done} patch convolution(s) (kernel == stride) as matmuls")
+    return finish_pass(
+        gm, done, f"{done} patch convolution(s) (kernel == stride) or weight gradient(s) as matmuls"
+    )
