@@ -130,6 +130,10 @@ def cell_get(cell: CellVar) -> Var:
 _DECODED: dict[int, tuple[types.CodeType, tuple[dis.Instruction, ...], dict[int, int]]] = {}
 
 
+# (code, line, function name) -> that frame's part of a node's stack trace
+_TRACE_LINES: dict[tuple[types.CodeType, int, str], str] = {}
+
+
 def decoded(code: types.CodeType) -> tuple[tuple[dis.Instruction, ...], dict[int, int]]:
     """``code``'s instructions and the index of each offset, decoded once per code object
     (read-only: frames share them). Every inlined call decoded its function again: the
@@ -291,10 +295,16 @@ class Frame:
         frames = []
         f: Frame | None = self
         while f is not None:
-            line = linecache.getline(f.code.co_filename, f.lineno).strip()
-            frames.append(
-                f'  File "{f.code.co_filename}", line {f.lineno}, in {f.name}\n    {line}\n'
-            )
+            key = (f.code, f.lineno, f.name)
+            entry = _TRACE_LINES.get(key)
+            if entry is None:  # each line read and formatted once (a node per op)
+                if len(_TRACE_LINES) >= 65536:
+                    _TRACE_LINES.clear()
+                line = linecache.getline(f.code.co_filename, f.lineno).strip()
+                entry = _TRACE_LINES[key] = (
+                    f'  File "{f.code.co_filename}", line {f.lineno}, in {f.name}\n    {line}\n'
+                )
+            frames.append(entry)
             f = f.parent
         return "".join(reversed(frames))
 

@@ -7,19 +7,41 @@ the frame's arguments are plain parameters, ``__k_fn`` is the running function a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+_CACHES = ("_expr", "_hash")  # kept in an instance's __dict__, never pickled
 
 
 class Source:
+    """A source is immutable, and a read chain a dozen sources deep is hashed (the
+    frozen-source check, guard dedupe) and printed (every guard) many times: each
+    source's text and hash are made once, from its parts' (made once too)."""
+
     def expr(self) -> str:
+        e = self.__dict__.get("_expr")
+        if e is None:
+            e = self.__dict__["_expr"] = self._text()
+        return e
+
+    def _text(self) -> str:
         raise NotImplementedError
+
+    def _cached_hash(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            names = _FIELDS[type(self)]
+            h = self.__dict__["_hash"] = hash((type(self), *(getattr(self, n) for n in names)))
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHES}
 
 
 @dataclass(frozen=True)
 class LocalSource(Source):
     name: str
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return self.name
 
 
@@ -27,7 +49,7 @@ class LocalSource(Source):
 class GlobalSource(Source):
     name: str
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return f"__k_G[{self.name!r}]"
 
 
@@ -36,7 +58,7 @@ class ClosureSource(Source):
     fn: Source | None  # None: the frame's own function
     index: int
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         base = self.fn.expr() if self.fn is not None else "__k_fn"
         return f"{base}.__closure__[{self.index}].cell_contents"
 
@@ -49,7 +71,7 @@ class CellSource(Source):
     fn: Source | None  # None: the frame's own function
     index: int
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         base = self.fn.expr() if self.fn is not None else "__k_fn"
         return f"{base}.__closure__[{self.index}]"
 
@@ -59,7 +81,7 @@ class AttrSource(Source):
     base: Source
     name: str
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         if self.name.isidentifier() and not self.name.startswith("__"):
             return f"{self.base.expr()}.{self.name}"
         return f"getattr({self.base.expr()}, {self.name!r})"
@@ -72,7 +94,7 @@ class DictKeySource(Source):
     base: Source
     index: int
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return f"list({self.base.expr()})[{self.index}]"
 
 
@@ -84,7 +106,7 @@ class DictEntrySource(Source):
     table: str
     key: str
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return f"{self.base.expr()}.{self.table}[{self.key!r}]"
 
 
@@ -93,7 +115,7 @@ class ItemSource(Source):
     base: Source
     key: object  # int or str
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return f"{self.base.expr()}[{self.key!r}]"
 
 
@@ -103,7 +125,7 @@ class ConstRef(Source):
 
     index: int
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return f"__k_C[{self.index}]"
 
 
@@ -115,7 +137,7 @@ class FreshSource(Source):
 
     index: int
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return f"__k_m{self.index}"
 
 
@@ -127,7 +149,7 @@ class CallSource(Source):
     base: Source
     args: tuple
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         args = "".join(f", {a!r}" for a in self.args)
         return f"{self.fn.expr()}({self.base.expr()}{args})"
 
@@ -140,5 +162,13 @@ class TensorKeySource(Source):
     base: Source
     key: Source
 
-    def expr(self) -> str:
+    def _text(self) -> str:
         return f"{self.base.expr()}[{self.key.expr()}]"
+
+
+# the hash dataclasses generate for each class hashes its fields, a base source's too:
+# replaced by one that hashes the same values once per instance
+_FIELDS: dict[type, tuple[str, ...]] = {}
+for _cls in Source.__subclasses__():
+    _FIELDS[_cls] = tuple(f.name for f in fields(_cls))
+    _cls.__hash__ = Source._cached_hash  # type: ignore[method-assign]
