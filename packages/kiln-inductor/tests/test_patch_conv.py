@@ -102,7 +102,7 @@ def test_other_devices_keep_their_convolutions():
 def _strided_backward(stride, padding, mask, groups=1):
     def fn(g, x, w):
         grads = aten.convolution_backward.default(
-            g, x, w, [0], stride, padding, [1, 1], False, [0, 0], groups, mask
+            g, x, w, [w.shape[0]], stride, padding, [1, 1], False, [0, 0], groups, mask
         )
         return tuple(grads[i] for i in range(3) if mask[i])
 
@@ -119,26 +119,31 @@ def _convolution_backwards(gm):
         (3, [2, 2], [1, 1], [True, True, False]),  # ResNet's 3x3 stride 2 on 4x4
         (1, [2, 2], [0, 0], [True, True, True]),  # its 1x1 stride-2 shortcut
         (1, [1, 1], [0, 0], [False, True, False]),
-        (3, [1, 2], [1, 0], [False, True, True]),
+        (3, [1, 2], [1, 0], [True, False, True]),
+        (2, [3, 1], [0, 1], [True, True, False]),  # kernel < stride: pixels no window reads
     ],
     ids=str,
 )
-def test_small_output_weight_gradient_is_a_matmul(kernel, stride, padding, mask):
-    # N*Ho*Wo <= 64: the weight gradient is G.T @ im2col rows; the input gradient and the
-    # bias gradient stay with the convolution's backward (gone when neither is asked for)
+def test_small_output_convolution_backward_is_matmuls(kernel, stride, padding, mask):
+    # N*Ho*Wo <= 64: the weight gradient is G.T @ im2col rows, the input gradient the
+    # col2im of G @ W, the bias gradient a sum: no convolution left
     x = _randn((2, 8, 5, 6))[0]
     ho = (5 + 2 * padding[0] - kernel) // stride[0] + 1
     wo = (6 + 2 * padding[1] - kernel) // stride[1] + 1
     g, w = _randn((2, 7, ho, wo), (7, 8, kernel, kernel))
-    gm = _check(_strided_backward(stride, padding, mask), [g, x, w], 1, whole=False)
+    gm = _check(_strided_backward(stride, padding, mask), [g, x, w], 1)
     assert aten.mm.default in _targets(gm)
-    convs = _convolution_backwards(gm)
-    if mask[0] or mask[2]:
-        (conv,) = convs
-        assert conv.args[10] == [mask[0], False, mask[2]]
-    else:
-        assert not convs
     assert rewrite_patch_convolutions(gm, CPU) == 0  # once is enough
+
+
+def test_small_output_large_kernel_keeps_its_input_gradient_in_the_convolution():
+    # 5x5 = 25 taps: col2im would sum 25 shifted copies; the convolution's backward keeps
+    # the input gradient (its mask without the weight's and the bias's)
+    mask = [True, True, True]
+    g, x, w = _randn((2, 7, 3, 3), (2, 8, 7, 7), (7, 8, 5, 5))
+    gm = _check(_strided_backward([1, 1], [0, 0], mask), [g, x, w], 1, whole=False)
+    (conv,) = _convolution_backwards(gm)
+    assert conv.args[10] == [True, False, False]
 
 
 def test_large_output_and_grouped_weight_gradients_stay_convolutions():
