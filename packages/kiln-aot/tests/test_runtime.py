@@ -235,3 +235,43 @@ def test_dtype_changing_views_of_inputs_are_real_views(compiler):
         grads.append(xg.grad)
     assert_close(grads[0], grads[1])
     assert_close(grads[0], torch.cat([torch.zeros(1, 4, 2), w]))
+
+
+def rotary_like(inv_freq, pos, x, w):
+    """A matmul under the caller's autocast, then a region that turns autocast off (as
+    rotary embeddings do) around a matmul whose float32 result feeds cos."""
+    h = x @ w
+    with torch.autocast("cpu", enabled=False):
+        freqs = (inv_freq[None, :, None].float() @ pos[:, None, :].float()).transpose(1, 2)
+        cos = torch.cat((freqs, freqs), -1).cos()
+    return h * cos.to(h.dtype)[0, :, :1], cos
+
+
+def _rotary_inputs(requires_grad=False):
+    inv = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    pos = torch.arange(300)[None].expand(2, 300)
+    x, w = torch.randn(300, 8), torch.randn(8, 8, requires_grad=requires_grad)
+    return inv, pos, x, w
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_compiled_code_runs_without_the_callers_autocast(compiler, requires_grad):
+    """The traced graph holds autocast's casts; its compiled code runs with autocast off,
+    else the matmul of the disabled region, called again at run time, would be cast to
+    bfloat16 and its consumer read a bf16 buffer as float32."""
+    cf = aot_function(rotary_like, compiler)
+    args = _rotary_inputs(requires_grad)
+    ref = (*args[:3], args[3].detach().clone().requires_grad_(requires_grad))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = cf(*args), rotary_like(*ref)
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16, torch.float32]
+    assert_close(got[1], want[1])
+    assert_close(got[0].float(), want[0].float())
+    if requires_grad:
+        got[0].float().sum().backward()
+        want[0].float().sum().backward()
+        assert_close(args[3].grad, ref[3].grad)
+    # the same function outside autocast: its own plan, float32 throughout
+    out = cf(*args)
+    assert out[0].dtype == torch.float32
+    assert_close(out[0], rotary_like(*args)[0])

@@ -625,6 +625,38 @@ def test_callers_autocast_applies_and_leaving_it_recompiles():
     assert kiln.stats()["recompiles"] == 1
 
 
+def rotary_under_callers_autocast(inv_freq, pos, x, w):
+    h = x @ w
+    with torch.autocast("cpu", enabled=False):  # as rotary embeddings do
+        freqs = (inv_freq[None, :, None].float() @ pos[:, None, :].float()).transpose(1, 2)
+        cos = torch.cat((freqs, freqs), -1).cos()
+    return h * cos.to(h.dtype)[0, :, :1], cos
+
+
+def test_callers_autocast_with_a_disabled_region_inside():
+    """Called under the caller's autocast, the compiled graph's extern matmuls run with
+    autocast off (their casts are in the graph): the disabled region's float32 matmul was
+    cast to bfloat16 again at run time and its kernel read the bf16 buffer as float32
+    (rotary embeddings of HF LLaMA under bf16 autocast; a Triton compile error on GPUs)."""
+    torch.manual_seed(0)
+    inv = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    pos = torch.arange(300)[None].expand(2, 300)
+    x, w = torch.randn(300, 8), torch.randn(8, 8, requires_grad=True)
+    w_ref = w.detach().clone().requires_grad_(True)
+    compiled = kiln.compile(rotary_under_callers_autocast, options={"raise_on_error": True})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = compiled(inv, pos, x, w)
+        want = rotary_under_callers_autocast(inv, pos, x, w_ref)
+    assert [t.dtype for t in got] == [torch.bfloat16, torch.float32]
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert_close_bf16(got[0], want[0])
+    got[0].float().sum().backward()
+    want[0].float().sum().backward()
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=2e-2, atol=5e-2)
+    s = kiln.stats()
+    assert (s["graphs"], s["breaks"], s["fallbacks"]) == (1, 0, 0)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_cache_hits_skip_the_aot_signature_and_changes_still_recompile(backend, monkeypatch):
     """On a cache hit capture's guards have checked every input's tensor metadata, so the

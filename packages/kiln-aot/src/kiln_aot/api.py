@@ -66,7 +66,7 @@ from kiln_aot.joint import trace_joint
 from kiln_aot.log import log
 from kiln_aot.module_state import call_module, state_names, state_tensors, swapped_state
 from kiln_aot.partition import min_cut_partition
-from kiln_aot.runtime import InferencePlan, TrainingPlan
+from kiln_aot.runtime import InferencePlan, TrainingPlan, autocast_key
 
 Compiler = Callable[[fx.GraphModule, list], Callable]
 
@@ -91,7 +91,7 @@ def _signature(
     too): ``torch.Size`` and the stride tuple are hashed as they come (no copies). An
     input with symbolic sizes is keyed without its sizes and strides: its plan serves every
     size (the caller guards them; kiln-capture does)."""
-    parts: list[Any] = [need_grad, extra]
+    parts: list[Any] = [need_grad, extra, autocast_key()]
     tensor = torch.Tensor
     for i, a in enumerate(flat):
         if symbolic is not None and i < len(symbolic) and symbolic[i] is not None:
@@ -322,10 +322,13 @@ def guarded_call(
     )
     mutates = bool(plan.info.mutated_inputs)
     grad_enabled = torch.is_grad_enabled
+    autocast = autocast_key()
 
     def call(*args: Any) -> Any:
-        if (grad_enabled() and any_requires_grad) is not need_grad or (
-            module is not None and module.training is not training
+        if (
+            (grad_enabled() and any_requires_grad) is not need_grad
+            or (module is not None and module.training is not training)
+            or autocast_key() != autocast
         ):
             return checked(*args)
         for i, offset in aliases:

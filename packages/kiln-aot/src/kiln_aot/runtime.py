@@ -26,6 +26,31 @@ from kiln_aot.backward_variants import BackwardVariants, contiguous_tangent
 from kiln_aot.errors import DoubleBackwardError
 from kiln_aot.graph_trace import OutputInfo, TraceInfo
 
+# Autocast acts when a graph is traced: the traced graph holds its casts and the dtypes
+# they give. Its compiled code must then run with autocast off, or the ATen ops it calls
+# (extern matmuls, fallback kernels) would be cast again and hand a kernel a bf16 buffer
+# where the graph planned a float32 one (a nested ``torch.autocast(enabled=False)``
+# region's matmul, rotary embeddings: garbage on the CPU, a Triton compile error on GPUs).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+_no_autocast = torch._C._DisableAutocast
+
+
+def autocast_key() -> tuple:
+    """The thread's autocast state, part of a plan's key: ``()`` when autocast is off."""
+    if not _any_autocast():
+        return ()
+    return tuple(
+        (d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)
+    )
+
+
+def call_without_autocast(fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` with autocast off (compiled code, see above)."""
+    if not _any_autocast():
+        return fn(*args)
+    with _no_autocast():
+        return fn(*args)
+
 
 def _as_tuple(out: Any) -> tuple:
     if isinstance(out, (tuple, list)):
@@ -123,12 +148,12 @@ class InferencePlan:
         self._guarded = getattr(self.compiled, "kiln_guarded_call", self.compiled)
 
     def __call__(self, flat_args: Sequence[Any]) -> Any:
-        return self._finish(flat_args, _as_tuple(self.compiled(*flat_args)))
+        return self._finish(flat_args, _as_tuple(call_without_autocast(self.compiled, *flat_args)))
 
     def guarded(self, flat_args: Sequence[Any]) -> Any:
         """``self(flat_args)`` for inputs matching the plan's examples in dtype, device,
         sizes and strides (api.guarded_call's callers check them)."""
-        return self._finish(flat_args, _as_tuple(self._guarded(*flat_args)))
+        return self._finish(flat_args, _as_tuple(call_without_autocast(self._guarded, *flat_args)))
 
     def _finish(self, flat_args: Sequence[Any], outs: tuple) -> Any:
         if self.plain:
@@ -192,7 +217,7 @@ class CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan: TrainingPlan, *args):
-        outs = _as_tuple(plan.fw(*args))
+        outs = _as_tuple(call_without_autocast(plan.fw, *args))
         fw_outs, saved = outs[: plan.num_fwd_outputs], outs[plan.num_fwd_outputs :]
         if plan.info.mutated_inputs:
             # A saved input that is about to be overwritten keeps its pre-write value.
@@ -228,13 +253,14 @@ class CompiledFunction(torch.autograd.Function):
         args = saved + list(tangents)
         del saved, tangents
         steal = getattr(bw, "call_stealing", None)
+        run = steal if steal is not None else (lambda a: bw(*a))
         if torch.is_grad_enabled():
             # create_graph=True: the compiled backward is not itself differentiable.
             with torch.no_grad():
-                grads = _as_tuple(steal(args) if steal is not None else bw(*args))
+                grads = _as_tuple(call_without_autocast(run, args))
             grads = _double_backward_guard(grads)
         else:
-            grads = _as_tuple(steal(args) if steal is not None else bw(*args))
+            grads = _as_tuple(call_without_autocast(run, args))
         result: list[Any] = [None] * (plan.num_inputs + 1)
         for index, g in zip(plan.grad_inputs, grads):
             result[index + 1] = g
