@@ -108,3 +108,33 @@ def test_use_triton_for_cpu_leaves_no_backend_where_there_was_none():
 
 def test_importing_registers_the_cuda_backend():
     assert isinstance(get_backend("cuda"), kiln_triton.TritonBackend)
+
+
+def test_bf16_masked_lm_head_backward_reordered_block_in_a_persistent_kernel():
+    """DistilBERT's masked-LM head trained under bf16 autocast: its backward fuses the
+    bias gradient's column sum with the layer-norm and GELU backward, a block whose index
+    is an expression of its own variables (an access order refined): those were looked up,
+    not substituted, and the kernel named variables it never defined (H200 bf16 training:
+    ``NameError: y1_0``)."""
+    import copy
+
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.DistilBertConfig(n_layers=1, dim=256, n_heads=4, hidden_dim=1024, vocab_size=512)
+    cfg.dropout = cfg.attention_dropout = 0.0
+    model = T.DistilBertForMaskedLM(cfg).train()
+    ids = torch.randint(0, 512, (2, 128))
+
+    def step(m, run):
+        m.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = run(input_ids=ids).logits
+        out.float().square().mean().backward()
+        return {n: p.grad for n, p in m.named_parameters()}
+
+    want = step(model, model)
+    trained = copy.deepcopy(model)
+    with use_triton_for_cpu():
+        got = step(trained, torch.compile(trained, backend=kiln_triton.compile_fx))
+    for name, g in want.items():
+        torch.testing.assert_close(got[name].float(), g.float(), rtol=2e-2, atol=2e-2)

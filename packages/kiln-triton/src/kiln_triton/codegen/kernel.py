@@ -552,8 +552,12 @@ class TritonKernel:
     def _vars(self, node: ComputedBuffer, subs: dict[Any, Any]) -> tuple[list[Any], list[Any], Any]:
         vars_, rvars, store, _ = self.group.bound[node.name]
         allsubs = {**self.subs, **subs}
-        vs = [allsubs.get(v, v) for v in vars_]
-        rvs = [allsubs.get(v, v) for v in rvars]
+        # a node's index is a block variable or, for an access fusion reordered, an
+        # expression of several (``(128*y1_0 + 256*x0 + y1_1) // 32768 % 2``): substituted
+        # inside, not only looked up (a looked-up expression kept the block's own variables,
+        # undefined where the block runs in the r dimension of a persistent kernel)
+        vs = [sympy.sympify(v).xreplace(allsubs) for v in vars_]
+        rvs = [sympy.sympify(v).xreplace(allsubs) for v in rvars]
         return vs, rvs, sympy.sympify(store).xreplace(subs)
 
     def pointwise(self, block: Block, subs: dict[Any, Any], flat: str = "") -> None:
