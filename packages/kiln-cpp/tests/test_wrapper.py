@@ -3,6 +3,8 @@ that are views come back as views with eager's strides."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 import kiln_cpp  # noqa: F401
@@ -33,6 +35,28 @@ def test_storage_of_dead_buffers_is_reused_and_results_stay_right():
     # moderate magnitudes: sin/cos of large matmul outputs amplify last-bit differences
     compiled = check_compiled(f, [torch.randn(32, 32) * 0.2, torch.randn(32, 32) * 0.2], rtol=1e-4)
     assert compiled.stats["reused_buffers"] >= 1
+
+
+def test_kernel_writes_over_a_dead_matmul_result_and_results_stay_right():
+    """A matmul's result is storage the wrapper alone references: the GELU-like kernel
+    reading it last writes its output there (no allocation), also when the mm reads a
+    value the kernel reads too."""
+
+    def f(x, w):
+        m = aten.mm.default(x, w)
+        g = aten.mul.Tensor(aten.sigmoid.default(m), m)
+        return (aten.add.Tensor(g, aten.sum.dim_IntList(x, [1], True)),)
+
+    compiled = check_compiled(f, [torch.randn(16, 8), torch.randn(8, 16)], rtol=1e-5)
+    src = compiled.wrapper_source
+    extern = re.search(r"^ +(buf\d+) = extern\d+$", src, re.M)
+    assert extern, src
+    over = rf"^ +buf\d+ = {extern.group(1)}(\.as_strided\(.*\))?  # in place$"
+    assert re.search(over, src, re.M), src
+    assert "empty_strided((16, 16)" not in src, src
+    again = compiled(torch.ones(16, 8), torch.ones(8, 16))[0]  # a second call, other data
+    want = f(torch.ones(16, 8), torch.ones(8, 16))[0]
+    torch.testing.assert_close(again, want)
 
 
 def test_view_outputs_keep_eager_strides():

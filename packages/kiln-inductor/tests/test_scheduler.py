@@ -353,3 +353,37 @@ def test_pooled_storage_no_buffer_takes_over_is_freed_when_it_dies():
     plan = plan_memory(steps, ir)
     mm = next(k for k, s in enumerate(steps) if isinstance(s, ExternKernel))
     assert _freed_after(plan, a) == [mm]
+
+
+def test_fresh_library_results_are_reused_in_place():
+    """A matmul's result is a tensor only the wrapper references: the pointwise kernel
+    that reads it last writes its output over it (HF ConvNeXt's GELU backward over the mm
+    before it), and the wrapper allocates nothing for that output."""
+
+    def f(a, w):
+        m = aten.mm.default(a, w)
+        return (aten.exp.default(aten.sin.default(m)),)
+
+    ir, steps = schedule(f, [torch.randn(16, 16), torch.randn(16, 32)])
+    mm = next(s for s in steps if isinstance(s, ExternKernel))
+    m = mm.outputs[0].name
+    plan = plan_memory(steps, ir)
+    reuses = [
+        (name, reuse, kind) for allocs in plan.allocations.values() for name, reuse, kind in allocs
+    ]
+    assert any(reuse == m and kind in ("inplace", "pool") for _, reuse, kind in reuses), reuses
+
+
+def test_results_of_a_collective_are_not_reused():
+    """A functional collective's wait hands back its input: its result is no storage of
+    its own, and nothing takes it over."""
+    from kiln_inductor.scheduler.memory import _returns_fresh
+
+    mm = ExternKernel("extern0", aten.mm.default, (), {}, "extern")
+    assert _returns_fresh(mm)
+    view = ExternKernel("fallback0", aten.split.Tensor, (), {}, "fallback")
+    assert not _returns_fresh(view)
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    if c10d is not None and hasattr(c10d, "wait_tensor"):
+        wait = ExternKernel("extern1", c10d.wait_tensor.default, (), {}, "extern")
+        assert not _returns_fresh(wait)

@@ -3,8 +3,14 @@ reuses the storage of a buffer that is dead by then, and when each buffer can be
 
 Before: the ordered steps of ``fuse_nodes``. After: a ``MemoryPlan``.
 
-Only storage the wrapper allocated itself is recycled (never graph inputs, constants or
-what an ATen call returned, which may alias other tensors). A buffer is dead after the last
+Only storage the wrapper holds the one reference to is recycled: what it allocated itself,
+and what an ATen call returned fresh (an op whose schema marks no result as an alias of
+an argument: mm, convolution, attention, a convolution's backward; never a collective,
+whose result its wait hands back), but never graph inputs or constants. A matmul's result
+taken over by the kernel after it (a GELU's backward written over the mm's output) saves
+an allocation and, where no later buffer of its size follows, memory at that point: HF
+ConvNeXt's small training step peaked in a pointwise kernel reading one dead mm output
+and writing a buffer of the same size. A buffer is dead after the last
 step that reads it; graph outputs never die. A kernel may write its output in place of an
 input it is the last reader of when every read of that input is at the very index it
 writes (a pointwise output written over a dead input). A scatter always writes over its
@@ -85,6 +91,8 @@ def plan_memory(
         dying_here.setdefault(k, []).append(b)
     for k, step in enumerate(steps):
         allocs: list[tuple[str, str | None, str]] = []
+        if isinstance(step, ExternKernel) and _returns_fresh(step):
+            owned.update(o.name for o in step.outputs)
         if isinstance(step, FusedGroup):
             for name in step.outputs:
                 buf = ir.buffers[name]
@@ -139,6 +147,14 @@ def plan_memory(
     for b, k in pooled_at.items():
         plan.frees.setdefault(k, []).append(b)
     return plan
+
+
+def _returns_fresh(step: ExternKernel) -> bool:
+    """Whether a library call's results are tensors of their own, which only the wrapper
+    references (module docstring)."""
+    if is_collective_op(step.op) or is_wait_op(step.op):
+        return False
+    return getattr(step.op, "_schema", None) is not None and not _may_alias(step.op)
 
 
 def _may_alias(op: object) -> bool:
