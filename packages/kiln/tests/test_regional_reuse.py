@@ -114,6 +114,34 @@ def test_hf_layers_compiled_once(name, train, aten_graphs):
     assert sum(ops for ops, *_ in reused_graphs) < sum(ops for ops, *_ in whole_graphs)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoder_mask_made_inside_each_block_runs_causal(name, aten_graphs, monkeypatch):
+    """transformers builds a decoder's causal mask from ``arange``s outside the layers:
+    under regional reuse it reached every layer's block as an input, where kiln-aot could
+    not see it is a constant, so attention ran with a mask. Made inside each block (a
+    constant input every instance shares), it is folded: attention runs ``is_causal``
+    with no mask, and the results and gradients equal eager's."""
+    import kiln_aot.redirects as redirects
+
+    folded = []
+    real = redirects._causal
+    monkeypatch.setattr(redirects, "_causal", lambda *a: folded.append(real(*a)) or folded[-1])
+    torch.manual_seed(0)
+    eager = _hf(name)
+    eager.train(True)
+    _run(name, True, True, eager, aten_graphs)
+    assert STATS.blocks_compiled == 1 and STATS.instances == LAYERS, STATS
+    assert folded and all(folded), folded  # every traced attention: a causal constant
+    ids = torch.randint(1, 128, (2, 16))
+    model = _hf(name)
+    from kiln_capture import explain
+
+    gm = explain(model)(ids).graphs[0]
+    plan = plan_regions(getattr(gm, "gm", gm))
+    blocks = [p for p in plan.pieces if p.group is not None]
+    assert all(p.consts and not any(c in p.inputs for c in p.consts) for p in blocks)
+
+
 def test_explain_lists_reused_blocks():
     model = _hf("gpt2").eval()
     ids = torch.randint(1, 128, (2, 16), generator=torch.Generator().manual_seed(1))

@@ -103,6 +103,9 @@ class Piece:
     outputs: list[torch.fx.Node]
     group: int | None = None
     path: str = ""
+    # values computed from constants alone that every instance of the group reads, made
+    # inside the piece instead of passed in (``_constant_inputs``), in program order
+    consts: list[torch.fx.Node] = field(default_factory=list)
 
 
 @dataclass
@@ -201,6 +204,7 @@ def plan_regions(gm: torch.fx.GraphModule) -> RegionPlan | None:
     pieces = _pieces(gm, nodes, [c for c in chosen if c.key in group_of], group_of)
     if pieces is None:
         return None
+    _constant_inputs(pieces)
     plan = RegionPlan(pieces, groups)
     try:
         plan.source = _stitch_source(gm, plan)
@@ -384,6 +388,68 @@ def _piece(run: list[torch.fx.Node]) -> Piece | None:
     return Piece(run, list(inputs), outputs)
 
 
+# constant inputs made inside each region instance: at most this many nodes, of at most
+# this many elements each (a mask from aranges: kiln-aot folds a causal one away)
+CONST_NODES, CONST_NUMEL = 64, 1 << 24
+_RANDOM_WORDS = ("rand", "dropout", "normal", "bernoulli", "multinomial", "poisson", "uniform")
+
+
+def _constant_inputs(pieces: list[Piece]) -> None:
+    """Region inputs computed from constants alone (no graph input, no random op, no
+    write), the same node for every instance of a group, are recomputed inside each
+    instance: the decoder's causal mask that transformers builds from ``arange``s reaches
+    every layer as such an input, and only inside the piece can kiln-aot see it is a
+    constant (and run exactly causal attention as ``is_causal=True``, without the mask)."""
+    by_group: dict[int, list[Piece]] = {}
+    for piece in pieces:
+        if piece.group is not None:
+            by_group.setdefault(piece.group, []).append(piece)
+    for members in by_group.values():
+        shared = [
+            a
+            for k, a in enumerate(members[0].inputs)
+            if all(len(m.inputs) > k and m.inputs[k] is a for m in members)
+        ]
+        consts: list[torch.fx.Node] = []
+        for a in shared:
+            ancestry = _constant_ancestry(a)
+            if ancestry is not None:
+                consts.extend(n for n in ancestry if n not in consts)
+        if not consts:
+            continue
+        made = set(consts)
+        position = {n: i for i, n in enumerate(members[0].nodes[0].graph.nodes)}
+        consts.sort(key=position.__getitem__)
+        for m in members:
+            m.inputs = [a for a in m.inputs if a not in made]
+            m.consts = list(consts)
+
+
+def _constant_ancestry(node: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """``node`` and the nodes it is computed from, when they are all deterministic calls
+    on constants (module attributes included) and small; None otherwise."""
+    order: list[torch.fx.Node] = []
+    seen: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op not in ("call_function", "call_method", "get_attr") or len(seen) > CONST_NODES:
+            return None
+        if n.op != "get_attr":
+            name = str(getattr(n.target, "__name__", n.target)).lower()
+            if any(w in name for w in _RANDOM_WORDS) or _written(n) is not None:
+                return None
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor) and (val.numel() > CONST_NUMEL or val.requires_grad):
+                return None
+        order.append(n)
+        stack.extend(n.all_input_nodes)
+    return order
+
+
 def _written(n: torch.fx.Node) -> torch.fx.Node | None:
     """The input an in-place node writes (its first argument, or ``out=``), if any."""
     out = n.kwargs.get("out")
@@ -395,6 +461,8 @@ def _written(n: torch.fx.Node) -> torch.fx.Node | None:
         return first if name.endswith("_") and not name.startswith("__") else None
     if n.target in _INPLACE_OPERATORS or n.kwargs.get("inplace") is True:
         return first
+    if getattr(n.target, "__module__", None) == "_operator":
+        return None  # operator.and_, or_, not_: named with a "_", writing nothing
     schema = getattr(n.target, "_schema", None)
     if schema is not None and getattr(schema, "is_mutable", False):
         return first
@@ -473,6 +541,8 @@ def _piece_module(gm: torch.fx.GraphModule, piece: Piece, k: int) -> torch.fx.Gr
     for a in piece.inputs:
         local[a] = graph.placeholder(a.name)
         local[a].meta = dict(a.meta)
+    for n in piece.consts:
+        local[n] = graph.node_copy(n, local.__getitem__)
     for n in piece.nodes:
         local[n] = graph.node_copy(n, local.__getitem__)
     graph.output(tuple(local[o] for o in piece.outputs))
