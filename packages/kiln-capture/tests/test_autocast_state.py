@@ -280,5 +280,6 @@ def test_composites_under_cuda_autocast_make_no_real_tensors():
         assert dropped.device == cuda and dropped.elem.device.type == "meta"
         assert fresh.dtype == torch.int64 and fresh.device == cuda
         if not torch.cuda.is_available():  # without the mode: a CUDA factory is reached
-            with pytest.raises(NotImplementedError, match="CUDA"):
+            # (a CPU build has no CUDA kernels; a CUDA build here has no driver)
+            with pytest.raises((NotImplementedError, RuntimeError)):
                 torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
