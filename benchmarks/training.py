@@ -281,9 +281,12 @@ def _counts(cname: str) -> dict:
             "breaks": int(sum(counters["graph_break"].values())),
         }
     import kiln
+    import kiln_capture
 
     s = kiln.stats()
-    return {k: s.get(k, 0) for k in ("graphs", "breaks", "fallbacks", "eager_frames")}
+    out: dict = {k: s.get(k, 0) for k in ("graphs", "breaks", "fallbacks", "eager_frames")}
+    out["break_reasons"] = kiln_capture.break_reasons()
+    return out
 
 
 def _compile(cname: str, model):
@@ -344,7 +347,13 @@ def worker(name: str, device: str, mode: str, big: bool, rounds: int, steps: int
                 ref = _distance(exact, want_loss, reference)
                 entry["float64_err"], entry["eager_float64_err"] = got, ref
                 entry["correct"] = got <= 2 * ref + tol
-            entry.update({k: v - before.get(k, 0) for k, v in _counts(cname).items()})
+            after = _counts(cname)
+            reasons, earlier = after.pop("break_reasons", {}), before.pop("break_reasons", {})
+            entry.update({k: v - before.get(k, 0) for k, v in after.items()})
+            if entry.get("breaks"):  # why, for the JSON (the top ten by count)
+                new = {r: c - earlier.get(r, 0) for r, c in reasons.items()}
+                top = sorted(((c, r) for r, c in new.items() if c > 0), reverse=True)[:10]
+                entry["break_reasons"] = {r: c for c, r in top}
             runs[cname] = compiled
             progress(f"{name} {cname}: compiled in {entry['compile_s']:.1f} s, err {max(errs):.1e}")
         except Exception as e:  # a failing compiler is a row's result, not the suite's end

@@ -227,3 +227,24 @@ def test_an_item_store_kiln_cannot_model_runs_in_python_and_resumes(fn, make):
             list(eager_args[1].items()) if isinstance(args[1], dict) else eager_args[1],
         )
     assert kiln_capture.stats()["eager_frames"] == 0
+
+
+def _prints(x):
+    y = x.sin()
+    print("between the graphs")
+    return y.cos()
+
+
+def test_breaks_are_counted_with_their_reasons(capsys):
+    """``stats.break_reasons()``: each break's kind, detail and user line, counted, so a
+    benchmark can say why without capturing again under explain."""
+    kiln_capture.reset()
+    fast = kiln_capture.optimize(CountingBackend())(_prints)
+    x = torch.randn(3)
+    assert_same(fast(x), _prints(x))
+    assert kiln_capture.stats()["breaks"] == 1
+    ((reason, count),) = kiln_capture.break_reasons().items()
+    line = _prints.__code__.co_firstlineno + 2
+    assert count == 1 and reason.startswith("B001 print()") and reason.endswith(f".py:{line}")
+    kiln_capture.reset()
+    assert kiln_capture.break_reasons() == {}

@@ -17,7 +17,7 @@ from kiln_capture.api import ExplainOutput, OptimizedModule, disable, explain, o
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.dynamic import mark_dynamic, mark_static
 from kiln_capture.errors import BackendError, DynamicShapeError, GraphBreakError
-from kiln_capture.stats import stats
+from kiln_capture.stats import break_reasons, eager_reasons, stats
 
 __all__ = [
     "BackendError",
@@ -34,4 +34,6 @@ __all__ = [
     "optimize",
     "reset",
     "stats",
+    "break_reasons",
+    "eager_reasons",
 ]

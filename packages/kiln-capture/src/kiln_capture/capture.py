@@ -1118,7 +1118,9 @@ def _record_break(ctx, brk: GraphBreak) -> None:
         if ctx.recorder is not None:
             ctx.recorder.region_boundaries.append(brk)
         return
-    counters.bump("breaks")
+    counters.graph_break(
+        f"{brk.kind.id} {brk.detail[:200]} @ {brk.filename}:{brk.lineno}".replace("\n", " ")
+    )
     log("breaks", str(brk))
     if ctx.recorder is not None:
         ctx.recorder.breaks.append(brk)

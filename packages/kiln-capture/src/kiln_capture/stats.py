@@ -16,6 +16,8 @@ COUNTERS: dict[str, int] = {
 }
 # frames run eagerly by kiln's choice, by reason (cache size limit, internal error, ...)
 EAGER_REASONS: dict[str, int] = {}
+# graph breaks by kind, detail and user line ("B001 print() @ model.py:12")
+BREAK_REASONS: dict[str, int] = {}
 
 
 def bump(name: str) -> None:
@@ -27,10 +29,16 @@ def eager_frame(reason: str) -> None:
     EAGER_REASONS[reason] = EAGER_REASONS.get(reason, 0) + 1
 
 
+def graph_break(reason: str) -> None:
+    COUNTERS["breaks"] += 1
+    BREAK_REASONS[reason] = BREAK_REASONS.get(reason, 0) + 1
+
+
 def clear() -> None:
     for key in COUNTERS:
         COUNTERS[key] = 0
     EAGER_REASONS.clear()
+    BREAK_REASONS.clear()
 
 
 def stats() -> dict[str, int]:
@@ -42,3 +50,9 @@ def stats() -> dict[str, int]:
 def eager_reasons() -> dict[str, int]:
     """Why frames ran eagerly (``stats()["eager_frames"]``), with counts."""
     return dict(EAGER_REASONS)
+
+
+def break_reasons() -> dict[str, int]:
+    """The graph breaks of ``stats()["breaks"]`` by kind, detail and user line, with
+    counts (a benchmark can say why without a second capture under ``explain``)."""
+    return dict(BREAK_REASONS)

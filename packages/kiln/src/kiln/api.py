@@ -175,8 +175,9 @@ def reset() -> None:
 def stats() -> dict[str, int]:
     """Since the last reset: graphs compiled, graphs that fell back to eager, graph breaks,
     recompiles, frames kiln chose to run eagerly (cache size limit, internal errors:
-    ``kiln_capture.stats.eager_reasons()`` says which), and frames that reached the cache
-    size limit (each warned once, with the guard that failed)."""
+    ``kiln_capture.eager_reasons()`` says which; ``kiln_capture.break_reasons()`` names
+    each break), and frames that reached the cache size limit (each warned once, with
+    the guard that failed)."""
     captured = kiln_capture.stats()
     return {
         "graphs": captured["graphs"],
