@@ -41,6 +41,23 @@ def _model(name: str, use_cache: bool | None = False):
     return T.BertForMaskedLM(T.BertConfig(**SMALL, vocab_size=128))
 
 
+def _pair(name: str, use_cache: bool | None):
+    """The eager model and a copy of its weights, in train mode, with dropout off."""
+    torch.manual_seed(0)
+    eager = _model(name, use_cache)
+    model = _model(name, use_cache)
+    model.load_state_dict(eager.state_dict())
+    for m in [*eager.modules(), *model.modules()]:
+        # dropout draws differ between eager and compiled code (functional dropout: the
+        # configs say 0)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    eager.train()
+    model.train()
+    kiln.reset()
+    return eager, model
+
+
 @pytest.mark.parametrize(
     "name,use_cache",
     [("gpt2", None), ("llama", None), ("bert", None), ("t5", False), ("bart", False)]
@@ -49,19 +66,7 @@ def _model(name: str, use_cache: bool | None = False):
     + [("t5", None), ("bart", None)],
 )
 def test_training_with_labels_is_one_graph(name, use_cache):
-    torch.manual_seed(0)
-    eager = _model(name, use_cache)
-    for m in eager.modules():  # dropout draws differ between eager and compiled code
-        if isinstance(m, torch.nn.Dropout):  # (functional dropout: the configs say 0)
-            m.p = 0.0
-    model = _model(name, use_cache)
-    model.load_state_dict(eager.state_dict())
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    eager.train()
-    model.train()
-    kiln.reset()
+    eager, model = _pair(name, use_cache)
     compiled = kiln.compile(model)
     ids = torch.randint(1, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     want = eager(ids, labels=ids).loss
@@ -82,19 +87,7 @@ def test_training_under_bf16_autocast_is_one_graph(name):
     backward outside it. One graph, no break or fallback, the loss and gradients close to
     eager's (bf16 rounding). The H200's first bf16 run found breaks per attention, a
     compile error and wrong rotary values here; the CPU path shares their fixes."""
-    torch.manual_seed(0)
-    eager = _model(name, False if name in ("t5", "bart") else None)
-    for m in eager.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    model = _model(name, False if name in ("t5", "bart") else None)
-    model.load_state_dict(eager.state_dict())
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    eager.train()
-    model.train()
-    kiln.reset()
+    eager, model = _pair(name, False if name in ("t5", "bart") else None)
     compiled = kiln.compile(model)
     ids = torch.randint(1, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.autocast("cpu", dtype=torch.bfloat16):
