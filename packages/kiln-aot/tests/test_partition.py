@@ -181,3 +181,33 @@ def test_partition_summary_reports_saved_bytes_and_recomputed_ops():
     assert f"saves {len(saved)} tensors ({mb:.2f} MB)" in text, text
     recomputed = int(text.split("recomputes ")[1].split()[0])
     assert recomputed >= 1  # the GELU (erf and its pointwise ops) is recomputed
+
+
+@pytest.mark.parametrize("tagged", [False, True])
+def test_recompute_in_backward_tag_recomputes_what_the_cut_would_save(tagged):
+    # ``big`` (a matmul of the primal ``w``: never recomputed by default) is what the
+    # backward of ``x @ big`` reads; tagged recompute_in_backward (kiln_aot.annotate, as
+    # kiln's FSDP graph tags a parameter's all-gather), the forward saves ``w`` instead
+    # and the backward computes ``big`` again
+    import contextlib
+
+    from kiln_aot import annotate
+
+    def fn(w, x):
+        scope = annotate(recompute_in_backward=True) if tagged else contextlib.nullcontext()
+        with scope:
+            big = torch.mm(w, w)
+        return (x @ big).relu()
+
+    w, x = torch.randn(32, 32, requires_grad=True), torch.randn(8, 32, requires_grad=True)
+    joint, info = trace_joint(fn, [w, x], [True, True])
+    fw, bw = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+    saved = _saved_nodes(fw, info.num_fwd_outputs)
+    saved_mm = [n for n in saved if n.target == aten.mm.default]
+    bw_mms = [n for n in bw.graph.nodes if n.meta.get("recompute_in_backward")]
+    if tagged:
+        assert not saved_mm and [n.target for n in bw_mms] == [aten.mm.default]
+    else:
+        assert len(saved_mm) == 1 and not bw_mms
+    with annotate(recompute_in_backward=True):  # outside a trace: nothing happens
+        torch.testing.assert_close(fn(w, x), (x @ (w @ w)).relu())

@@ -57,6 +57,10 @@ back like any input mutation).
 ``partition_fn(joint_gm, joint_inputs, *, num_fwd_outputs) -> (fw_gm, bw_gm)``.
 Dropout's mask is always computed once in the forward and saved for the backward.
 
+``annotate(**meta)``: a context manager; ATen nodes traced inside it carry ``meta``
+(``op_tracer.CARRIED_META``: ``recompute_in_backward``, ``collective_group``), as those of
+a torch-level node carrying that metadata do.
+
 ``CORE_ATEN_OPS`` / ``KEPT_OPS``: the declared op sets (``kiln_aot.core_ops``).
 ``verify_graph(gm)`` checks the contract. ``tangent_copies()`` counts the tangents copied
 before a compiled backward (backward_variants.py: the backward is compiled on its first
@@ -72,6 +76,7 @@ from kiln_aot.decompositions import default_decompositions
 from kiln_aot.errors import DoubleBackwardError, KilnAotError, PartitionError, Unsupported
 from kiln_aot.fake import FakeTensor, fake_like
 from kiln_aot.graph_trace import OutputInfo, TraceInfo, trace
+from kiln_aot.op_tracer import annotate
 from kiln_aot.partition import min_cut_partition, save_all_partition
 from kiln_aot.verify import ContractViolation, verify_graph
 
@@ -91,6 +96,7 @@ __all__ = [
     "__version__",
     "aot_function",
     "aot_graph",
+    "annotate",
     "aot_module",
     "default_decompositions",
     "fake_like",

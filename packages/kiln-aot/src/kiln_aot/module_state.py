@@ -63,13 +63,13 @@ class SourceTrackingInterpreter(torch.fx.Interpreter):
     line (``meta["stack_trace"]``, set by graph capture) each ATen op comes from."""
 
     def run_node(self, n: torch.fx.Node):
-        from kiln_aot.op_tracer import current_tracer, format_stack_trace
+        from kiln_aot.op_tracer import CARRIED_META, current_tracer, format_stack_trace
 
         tracer = current_tracer()
         if tracer is not None:
             tracer.stack_trace = n.meta.get("stack_trace")
             tracer.source = format_stack_trace(tracer.stack_trace)
-            tracer.recompute = n.meta.get("recompute")
+            tracer.annotations = {k: n.meta[k] for k in CARRIED_META if k in n.meta}
             # the sides of data branches the capture took inside this op (kiln-capture)
             tracer.speculation = list(n.meta.get("kiln_speculation", ()))
         return super().run_node(n)
@@ -87,4 +87,4 @@ def call_module(module: torch.nn.Module, args: Sequence) -> object:
         tracer = current_tracer()
         if tracer is not None:
             tracer.source = tracer.stack_trace = None  # later ops (the backward) have none
-            tracer.recompute = None
+            tracer.annotations = {}

@@ -58,6 +58,15 @@ from kiln_aot.state import StorageState, TensorState, ViewStep, bind_args
 
 _LIBRARY_LOGGED: set[Any] = set()  # library ops already logged (KILN_LOG=fallbacks)
 
+# Metadata of a torch-level node that every ATen node traced from it carries (plain data):
+# - ``recompute``: the activation-checkpointing region it is in (kiln-capture's tag);
+# - ``recompute_in_backward``: recompute it in the backward rather than save it (its
+#   inputs are saved instead; ``partition.min_cut``), e.g. a sharded parameter's gather;
+# - ``collective_group``: a key shared by collectives that are fetched together (one
+#   sharded unit's parameters): kiln-inductor's collectives pass bounds how many groups
+#   are in flight at once.
+CARRIED_META = ("recompute", "recompute_in_backward", "collective_group")
+
 aten = torch.ops.aten
 
 # Ops that only re-label a tensor: the result is the same value (and the same storage).
@@ -91,6 +100,24 @@ _ACTIVE: list[Tracer] = []
 def current_tracer() -> Tracer | None:
     """The innermost running tracer on this thread of control, if any."""
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextlib.contextmanager
+def annotate(**meta: Any) -> Iterator[None]:
+    """While tracing, every ATen node recorded inside the block gets ``meta`` (plain data,
+    keys of ``CARRIED_META``), as a torch-level node's carried metadata does: for code
+    that has no torch-level node of its own (an ``autograd.Function``'s backward). Outside
+    a trace it does nothing."""
+    tracer = current_tracer()
+    if tracer is None:
+        yield
+        return
+    saved = tracer.annotations
+    tracer.annotations = {**saved, **meta}
+    try:
+        yield
+    finally:
+        tracer.annotations = saved
 
 
 def user_source_line() -> str | None:
@@ -128,9 +155,9 @@ class Tracer:
         # meta["stack_trace"], and its innermost frame as "file:line   code").
         self.stack_trace: str | None = None
         self.source: str | None = None
-        # the activation-checkpointing region of that node (capture's meta["recompute"]),
-        # copied onto the ATen nodes it becomes: the partitioner recomputes them
-        self.recompute: int | None = None
+        # that node's CARRIED_META entries (an activation-checkpointing region, a
+        # recompute or collective-group tag), copied onto the ATen nodes it becomes
+        self.annotations: dict[str, Any] = {}
         self._mutations = 0
         self.sizes = sym_nodes.SymEmitter(self.graph)  # symbolic sizes as graph nodes
         self.shape_env: Any = None  # where unbacked symbols go when no input has an env
@@ -268,8 +295,7 @@ class Tracer:
         node = self.graph.call_function(func, args, kwargs)
         if self.stack_trace:
             node.meta["stack_trace"] = self.stack_trace
-        if self.recompute is not None:
-            node.meta["recompute"] = self.recompute
+        node.meta.update(self.annotations)
         if isinstance(out, torch.Tensor):
             node.meta["val"] = out
             return node

@@ -21,6 +21,13 @@ recomputable, matmuls too, and saving a value only the region reads costs
 are not recomputed: the cut keeps the regions' inputs and outputs and the backward
 recomputes each region from them, one region at a time, as eager checkpointing does.
 
+Recomputed on request (``meta["recompute_in_backward"]``, carried from the torch-level node
+onto its ATen nodes: kiln's FSDP graph tags each gather of a unit that reshards after
+forward): such a node is recomputable whatever its op (a collective too) and saving it
+costs ``CHECKPOINTED_SAVE_COST`` times its bytes, so the cut saves its inputs (the shard)
+and the backward computes it again (gathers again), as eager FSDP2 does; without the tag
+a collective is never recomputed and its result is saved.
+
 Random ops are never recomputed: dropout's mask is computed once in the forward and saved
 (as a bool tensor: the tracer records ``bernoulli`` draws as a bool mask converted back to
 floats, so the cut can keep the 1-byte mask and redo the conversion in the backward).
@@ -107,6 +114,8 @@ def recomputable(node: fx.Node) -> bool:
         return recomputable(node.args[0])
     if core_ops.is_random(target):
         return False
+    if node.meta.get("recompute_in_backward"):
+        return True  # asked for (module docstring): whatever its op
     if node.meta.get("recompute") is not None:
         return True  # inside a checkpointed region: everything but random draws
     if target in core_ops.VIEW_OPS or target in _CHEAP:
@@ -139,6 +148,11 @@ def _inside_region(node: fx.Node, backward: set[fx.Node]) -> bool:
     )
 
 
+def _must_recompute(node: fx.Node) -> bool:
+    """Tagged ``recompute_in_backward`` (module docstring), and recomputable."""
+    return bool(node.meta.get("recompute_in_backward")) and recomputable(node)
+
+
 def _tie_break(node: fx.Node) -> int:
     """Among equal sizes: save a primal (alive anyway), then an intermediate, and last an
     input the graph overwrites (saving it costs a copy at run time)."""
@@ -168,7 +182,9 @@ def choose_saved(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
         size = nbytes(n)
         cap = INF if size is None else size * 4 + _tie_break(n)
         boundary = False  # a checkpointed region's output: saved, as checkpointing does
-        if n.meta.get("recompute") is not None and size is not None:
+        if _must_recompute(n) and size is not None:
+            cap = size * 4 * CHECKPOINTED_SAVE_COST + _tie_break(n)
+        elif n.meta.get("recompute") is not None and size is not None:
             if _inside_region(n, backward):
                 cap = size * 4 * CHECKPOINTED_SAVE_COST + _tie_break(n)
             else:
