@@ -77,3 +77,79 @@ def test_collectives_keep_their_order_and_a_graph_without_them_is_untouched():
     plain = torch.fx.symbolic_trace(lambda x: x.sin() + 1)
     before = plain.code
     assert schedule_collectives(plain) == 0 and plain.code == before
+
+
+def _layers(n: int, grouped: bool = True) -> torch.fx.GraphModule:
+    """``n`` layers ``h = relu(h @ t(gather(shard_k)))`` (FSDP's forward), each shard's
+    all-gather and its wait where capture leaves them (the graph's start), the gathered
+    weight transposed there too, each all-gather tagged with its layer's group; then each
+    layer's weight gradient reduce-scattered (tagged ``("rs", k)``) and only returned."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    shards = [g.placeholder(f"shard{k}") for k in range(n)]
+    weights = []
+    for k, shard in enumerate(shards):
+        start = g.call_function(c10d.all_gather_into_tensor.default, (shard, 2, "0"))
+        start.name = f"ag{k}"
+        wait = g.call_function(c10d.wait_tensor.default, (start,))
+        wait.name = f"wait{k}"
+        t = g.call_function(aten.permute.default, (wait, [1, 0]))
+        t.name = f"t{k}"
+        if grouped:
+            start.meta["collective_group"] = ("all_gather", k)
+        weights.append(t)
+    h, grads = x, []
+    for k, t in enumerate(weights):
+        mm = g.call_function(aten.mm.default, (h, t))
+        mm.name = f"mm{k}"
+        h = g.call_function(aten.relu.default, (mm,))
+        grad = g.call_function(
+            aten.mm.default, (g.call_function(aten.permute.default, (h, [1, 0])), x)
+        )
+        rs = g.call_function(c10d.reduce_scatter_tensor.default, (grad, "avg", 2, "0"))
+        rs.name = f"rs{k}"
+        if grouped:
+            rs.meta["collective_group"] = ("rs", k)
+        done = g.call_function(c10d.wait_tensor.default, (rs,))
+        done.name = f"done{k}"
+        grads.append(done)
+    g.output((h, *grads))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2, -1])
+def test_grouped_all_gathers_start_at_most_prefetch_groups_ahead(prefetch):
+    gm = _layers(5)
+    schedule_collectives(gm, prefetch=prefetch)
+    order = _names(gm)
+    for k in range(5):
+        # each transpose (a view) just before its matmul, the wait before it
+        assert order.index(f"wait{k}") < order.index(f"t{k}") == order.index(f"mm{k}") - 1
+        if prefetch < 0 or k < prefetch:
+            assert order.index(f"ag{k}") < order.index("wait0"), order  # at the start
+        elif prefetch == 0:  # just before its own wait: nothing in flight under a matmul
+            assert order.index(f"ag{k}") + 1 == order.index(f"wait{k}"), order
+        else:  # as the layer `prefetch` uses earlier is waited on (then computes)
+            assert order.index(f"ag{k}") == order.index(f"wait{k - prefetch}") + 1, order
+        if k and prefetch != 0:
+            # the layer's gather is in flight while an earlier layer's matmul runs
+            assert order.index(f"ag{k}") < order.index(f"mm{k - 1}"), order
+
+
+def test_grouped_reduce_scatters_keep_one_group_in_flight():
+    gm = _layers(4)
+    schedule_collectives(gm, prefetch=1)
+    order = _names(gm)
+    for k in range(4):
+        # issued once its gradient exists, under the next layer's matmul
+        assert order.index(f"rs{k}") < (order.index(f"mm{k + 1}") if k < 3 else len(order))
+        if k < 3:  # waited on before the next one starts (only the output reads it)
+            assert order.index(f"done{k}") + 1 == order.index(f"rs{k + 1}"), order
+
+
+def test_ungrouped_collectives_start_after_their_inputs_as_before():
+    gm = _layers(3, grouped=False)
+    schedule_collectives(gm)
+    order = _names(gm)
+    assert [order.index(f"ag{k}") for k in range(3)] == [0, 1, 2]  # all at the start
+    assert all(order.index(f"done{k}") > order.index("mm2") for k in range(3))  # at the end

@@ -99,6 +99,16 @@ class Config:
         "order, so NHWC kernels are contiguous)",
         affects_cache=True,
     )
+    prefetch_groups: int = setting(
+        "KILN_PREFETCH_GROUPS",
+        1,
+        "collectives tagged with a collective group (kiln's FSDP graph: one group per "
+        "sharded unit) start at most this many groups ahead of their first use, just "
+        "before the wait of the group that many uses earlier (passes/collectives.py): 1 "
+        "gathers the next unit while the current one computes; a negative value starts "
+        "each as soon as its input exists",
+        affects_cache=True,
+    )
     check_indices: bool = setting(
         "KILN_CHECK_INDICES",
         True,

@@ -14,7 +14,7 @@ under ``KILN_LOG=passes`` and, with a debug directory, writes the graph after ea
 | ``depthwise_layout`` | ``depthwise_layout.py`` | depthwise convolutions read channels-last operands (CPU) |
 | ``matmul_bias`` | ``matmul_bias.py`` | bias adds only library kernels read, or kept in memory anyway, are back in ``addmm`` |
 | ``layout`` | ``layout.py`` | channels-last where configured (result: whether it applied) |
-| ``collectives`` | ``collectives.py`` | collectives start after their inputs, their waits come before their first reader |
+| ``collectives`` | ``collectives.py`` | collectives start after their inputs (grouped ones at most ``KILN_PREFETCH_GROUPS`` groups ahead of their use), their waits come before their first reader |
 
 ``readers.py`` (not a pass) says which kernels read a node's value, through views: library
 kernels only (``matmul_bias``) or at least one (``GraphLowering.lower_node`` realizes such

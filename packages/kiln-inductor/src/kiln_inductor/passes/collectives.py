@@ -8,23 +8,59 @@ buffer, which blocks until the communication finished. Capture records the wait 
 after the collective (where the library's Python calls it), which leaves nothing to
 overlap. This pass moves
 
-- each collective up to just after the last node it reads (and never above an earlier
-  collective: every rank issues its collectives in the graph's order, so the order is kept),
+- each view of a collective's result (a ``narrow`` to unpadded rows, a transpose) down to
+  just before its first reader, so that what reads the result is where it is used,
 - each wait down to just before the first node that reads its result,
+- each collective up to just after the last node it reads (and never above an earlier
+  collective: every rank issues its collectives in the graph's order, so the order is
+  kept), except the collectives of a *group* (below), which also bound their waits,
 
 so the kernels between them run while the data is on the wire. Every rank runs the same
 pass over the same graph, so their schedules agree. Both ops are library calls of the
 compiled graph (``lowering/extern.py``); while a collective is in flight it may still read
 its input, so the memory plan keeps that input's storage until the wait
 (``scheduler/memory.py``).
+
+# Prefetch groups
+
+A collective tagged ``meta["collective_group"]`` (a key kiln-aot carries from the
+torch-level node: kiln's FSDP graph tags each all-gather of a sharded unit's parameters
+with the unit) is a load that its group needs only where the group is first used; started
+when its input exists (the graph's start), every group's result would be alive at once
+(the whole unsharded model). Groups the graph reads (not only returns) are ranked by their
+first use (the earliest reader of any of their collectives, once waits are sunk); group
+``i``'s collectives start just before
+the first use of group ``i - prefetch`` (``KILN_PREFETCH_GROUPS``, default 1: the next
+unit's gather is in flight while the current unit computes), or just after their inputs
+where those come later; the first ``prefetch`` groups start after their inputs. A
+negative ``prefetch`` hoists them as any other collective. Grouped collectives may so pass
+other collectives: the order is then a function of the graph's nodes and their order, the
+same on ranks whose graphs differ only in sizes (kiln's FSDP graph pads every rank's shard
+where any rank's needs it, so that its ranks' graphs have the same nodes).
+
+Groups also bound what is in flight: a grouped collective is waited on no later than just
+before the first collective of the group of the same op issued ``max(prefetch, 1)`` groups
+after its own (with 1: the next group's collectives start once this group's are done, as
+eager FSDP2 waits for one unit's reduce-scatter when it issues the next). Gathers are
+waited on about there anyway; the reduce-scatters of FSDP's gradients (grouped per unit
+too), whose results only the graph's output reads, would otherwise be waited on at the
+backward's end, holding every unit's unsharded gradient until then.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Hashable
+
 import torch
 import torch.fx
 
+from kiln_aot.core_ops import VIEW_OPS
+
+from ..config import read_config
+
 _NAMESPACE = "_c10d_functional"
+GROUP = "collective_group"
 
 
 def is_collective(node: torch.fx.Node) -> bool:
@@ -50,38 +86,157 @@ def _op_name(op: object) -> str | None:
     return op._opname
 
 
-def schedule_collectives(gm: torch.fx.GraphModule) -> int:
-    """Hoist collectives and sink their waits (see the module docstring); returns the number
-    of nodes moved."""
+def schedule_collectives(gm: torch.fx.GraphModule, prefetch: int | None = None) -> int:
+    """Sink views of collective results and waits, then place each collective (see the
+    module docstring); ``prefetch`` defaults to ``KILN_PREFETCH_GROUPS``. Returns the
+    number of graph positions whose node changed."""
     graph = gm.graph
-    nodes = list(graph.nodes)
-    if not any(is_collective(n) for n in nodes):
+    before = list(graph.nodes)
+    if not any(is_collective(n) for n in before):
         return 0
-    moved = 0
-    # collectives, in order: just after their latest input or the previous collective
-    position = {n: k for k, n in enumerate(nodes)}
-    floor: torch.fx.Node | None = None
-    for node in [n for n in nodes if is_collective(n)]:
-        anchors = [*node.all_input_nodes, *([floor] if floor is not None else [])]
-        after = max(anchors, key=lambda a: position[a], default=None)
-        if after is not None and after.next is not node:
-            after.append(node)
-            moved += 1
-            position = {n: k for k, n in enumerate(graph.nodes)}
-        floor = node
-    # waits: just before their first reader (the output node when only returned)
-    position = {n: k for k, n in enumerate(graph.nodes)}
+    if prefetch is None:
+        prefetch = read_config().prefetch_groups
+    _sink_views(graph)
+    _sink_waits(graph)
+    order = list(graph.nodes)
+    after = _placed(order, _issue_points(order, prefetch))
+    after = _bounded_waits(after, prefetch)
+    prev = None
+    for node in after:
+        if prev is not None and prev.next is not node:
+            prev.append(node)
+        prev = node
+    moved = sum(a is not b for a, b in zip(before, after))
+    if moved:
+        graph.lint()
+        gm.recompile()
+    return moved
+
+
+def _positions(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
+    return {n: k for k, n in enumerate(graph.nodes)}
+
+
+def _of_wait(node: torch.fx.Node) -> bool:
+    """A wait, or a view (of a view ...) of a wait's result."""
+    while node.op == "call_function" and node.target in VIEW_OPS:
+        node = node.args[0]
+    return is_wait(node)
+
+
+def _only_returned(collective: torch.fx.Node) -> bool:
+    """Only the graph's output reads the collective's result (through its waits)."""
+    return all(is_wait(u) and all(r.op == "output" for r in u.users) for u in collective.users)
+
+
+def _sink_views(graph: torch.fx.Graph) -> None:
+    """Each view of a wait's result just before its first reader (the last views first)."""
+    for node in reversed(list(graph.nodes)):
+        if node.op != "call_function" or node.target not in VIEW_OPS or not node.users:
+            continue
+        if not _of_wait(node.args[0]):
+            continue
+        position = _positions(graph)
+        first = min(node.users, key=lambda u: position[u])
+        if node.next is not first:
+            first.prepend(node)
+
+
+def _sink_waits(graph: torch.fx.Graph) -> None:
+    """Each wait just before its first reader (the output node when only returned)."""
+    position = _positions(graph)
     for node in [n for n in graph.nodes if is_wait(n)]:
         first = min(node.users, key=lambda u: position[u], default=None)
         if first is None or node.next is first:
             continue
         first.prepend(node)
-        moved += 1
-        position = {n: k for k, n in enumerate(graph.nodes)}
-    if moved:
-        graph.lint()
-        gm.recompile()
-    return moved
+        position = _positions(graph)
+
+
+def _issue_points(order: list[torch.fx.Node], prefetch: int) -> dict[torch.fx.Node, int]:
+    """For each collective, the index in ``order`` right after which it is issued."""
+    pos = {n: k for k, n in enumerate(order)}
+    collectives = [n for n in order if is_collective(n)]
+    groups: dict[Hashable, list[torch.fx.Node]] = defaultdict(list)
+    if prefetch >= 0:
+        for c in collectives:
+            if c.meta.get(GROUP) is not None:
+                groups[c.meta[GROUP]].append(c)
+    first_use = {
+        key: min((pos[u] for c in members for u in c.users), default=len(order))
+        for key, members in groups.items()
+    }
+    for key in [k for k, members in groups.items() if all(map(_only_returned, members))]:
+        del groups[key], first_use[key]  # nothing to fetch ahead of
+    ranked = sorted(groups, key=lambda key: (first_use[key], pos[groups[key][0]]))
+    bound = {
+        key: first_use[ranked[i - prefetch]] - 1 for i, key in enumerate(ranked) if i >= prefetch
+    }
+    points: dict[torch.fx.Node, int] = {}
+    floor = -1  # ungrouped: never above the previous ungrouped collective
+    for c in collectives:
+        inputs = max((points.get(a, pos[a]) for a in c.all_input_nodes), default=-1)
+        key = c.meta.get(GROUP)
+        if key not in groups:
+            points[c] = floor = max(inputs, floor)
+        else:
+            points[c] = max(inputs, bound.get(key, -1))
+    return points
+
+
+def _placed(order: list[torch.fx.Node], points: dict[torch.fx.Node, int]) -> list[torch.fx.Node]:
+    """``order`` with each collective right after the last other node at or before its
+    issue point (collectives at one point in issue-point, then graph order)."""
+    pos = {n: k for k, n in enumerate(order)}
+    anchor_at: list[torch.fx.Node | None] = []
+    last = None
+    for n in order:
+        if n not in points:
+            last = n
+        anchor_at.append(last)
+    after: dict[torch.fx.Node | None, list[torch.fx.Node]] = defaultdict(list)
+    for c in sorted(points, key=lambda c: (points[c], pos[c])):
+        after[anchor_at[points[c]] if points[c] >= 0 else None].append(c)
+    out = list(after[None])
+    for n in order:
+        if n not in points:
+            out.append(n)
+            out.extend(after.get(n, ()))
+    return out
+
+
+def _bounded_waits(order: list[torch.fx.Node], prefetch: int) -> list[torch.fx.Node]:
+    """``order`` with each grouped collective's wait no later than just before the first
+    collective of the group of the same op issued ``max(prefetch, 1)`` groups after its
+    own: at most that many groups of one op in flight (a gradient's reduce-scatter, whose
+    result only the graph's output reads, keeps its input alive until its wait)."""
+    if prefetch < 0:
+        return order
+    ahead = max(prefetch, 1)
+    pos = {n: k for k, n in enumerate(order)}
+    groups: dict[Hashable, list[torch.fx.Node]] = defaultdict(list)
+    for n in order:
+        if is_collective(n) and n.meta.get(GROUP) is not None:
+            groups[n.meta[GROUP]].append(n)
+    by_op: dict[object, list[Hashable]] = defaultdict(list)  # in issue order
+    for key in sorted(groups, key=lambda key: pos[groups[key][0]]):
+        by_op[groups[key][0].target].append(key)
+    early: dict[torch.fx.Node, list[torch.fx.Node]] = defaultdict(list)  # before -> waits
+    for ranked in by_op.values():
+        for key, later in zip(ranked, ranked[ahead:]):
+            limit = groups[later][0]
+            for c in groups[key]:
+                if pos[c] < pos[limit]:
+                    early[limit] += [w for w in c.users if is_wait(w) and pos[w] > pos[limit]]
+    if not early:
+        return order
+    moved = {w for waits in early.values() for w in waits}
+    out = []
+    for n in order:
+        out.extend(sorted(early.get(n, ()), key=lambda w: pos[w]))
+        if n not in moved:
+            out.append(n)
+    return out
 
 
 __all__ = ["is_collective", "is_collective_op", "is_wait", "is_wait_op", "schedule_collectives"]
