@@ -15,6 +15,8 @@ sharded block from its parent is a region boundary, kiln/fsdp.py, counted apart)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -81,11 +83,14 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
+    dim, layers = 64, 2
+
     def __init__(self, ac: str) -> None:
         super().__init__()
-        self.tok, self.pos = nn.Embedding(128, 64), nn.Embedding(32, 64)
-        self.blocks = nn.ModuleList(GPTBlock(64, 4, ac == "inside") for _ in range(2))
-        self.ln, self.head = nn.LayerNorm(64), nn.Linear(64, 128, bias=False)
+        d = self.dim
+        self.tok, self.pos = nn.Embedding(128, d), nn.Embedding(32, d)
+        self.blocks = nn.ModuleList(GPTBlock(d, 4, ac == "inside") for _ in range(self.layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, 128, bias=False)
         self.around = ac == "around"
 
     def forward(self, ids):
@@ -93,6 +98,12 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=False) if self.around else block(x)
         return self.head(self.ln(x))
+
+
+class WideGPT(GPT):
+    """Parameters outweigh activations (check_fsdp_memory): 4 blocks of 3 MB."""
+
+    dim, layers = 256, 4
 
 
 def _sharded(model_cls, ac: str, mesh, shard_root: bool = True, fsdp: str = "default"):
@@ -235,67 +246,192 @@ def check_fsdp(rank: int, world: int) -> None:
         _train_like_eager(rank, world, name, ac, how, "default")
 
 
-def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
-    """The GPT-style model compiled whole: in the ATen graphs after kiln-inductor's
-    collectives pass (the debug dumps), the forward issues every all-gather before its
-    first matmul and waits on some only after it (later units' parameters arrive while
-    earlier units compute: prefetching), and the backward issues its first reduce-scatter
-    before its last matmul and waits on every reduce-scatter after it (gradient reduction
-    overlaps the rest of the backward). Gradients equal eager FSDP2's."""
+def _collectives_dumps(folder: str) -> dict[str, list[str]]:
+    """The forward and backward ATen graphs after kiln-inductor's collectives pass (the
+    debug dumps under ``folder``), as stripped lines; the backward is the one taking
+    tangents."""
     import glob
+    import os
+
+    dumps = {}
+    for path in glob.glob(os.path.join(folder, "**", "*_collectives.py"), recursive=True):
+        lines = [line.strip() for line in open(path).read().splitlines()]
+        header = next(line for line in lines if line.startswith("def forward("))
+        dumps["bw" if "tangents" in header else "fw"] = lines
+    return dumps
+
+
+def _in_flight(lines: list[str], op: str) -> list[tuple[int, set[str]]]:
+    """At each matmul line: the ``op`` collectives issued before it and not yet waited on."""
+    issued: set[str] = set()
+    out = []
+    for k, line in enumerate(lines):
+        if f"= torch.ops._c10d_functional.{op}." in line:
+            issued.add(line.split(" = ")[0])
+        elif "= torch.ops._c10d_functional.wait_tensor." in line:
+            issued.discard(line.split("wait_tensor.default(")[1].split(")")[0])
+        elif any(mm in line for mm in ("aten.mm.", "aten.addmm.", "aten.bmm.")):
+            out.append((k, set(issued)))
+    return out
+
+
+def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
+    """The MLP (a root unit holding ``inp`` and ``head``, 3 block units; 4 parameters
+    each) compiled whole, in the ATen graphs after kiln-inductor's collectives pass (the
+    debug dumps). FSDP's defaults (the blocks reshard after forward): the forward issues
+    each unit's all-gathers about one unit ahead of its use (KILN_PREFETCH_GROUPS=1): not
+    all before its first matmul, at most two units' gathers in flight at any matmul, and
+    some gather in flight while a matmul runs (prefetching); the backward gathers each
+    block's weights again (6 all-gathers, the forward saves no block's gathered weight),
+    one unit ahead as well, and each unit's reduce-scatters start before a later matmul
+    and are waited on within two units (at most 2 units' gradients in flight). With
+    ``reshard_after_forward=False`` the forward saves the gathered weights and the
+    backward gathers nothing. Gradients equal eager FSDP2's."""
     import os
 
     from torch.distributed.device_mesh import init_device_mesh
 
     import kiln
 
-    kiln.reset()
     mesh = init_device_mesh("cpu", (world,))
-    eager, mine = (_sharded(GPT, "none", mesh) for _ in range(2))
-    folder = os.path.join(debug, f"fsdp_overlap_{rank}")
-    # one forward and one backward graph, compiled here (not pieces of regional reuse,
-    # nor loaded from the artifact cache, which writes no dumps); KILN_DEBUG_DIR, as the
-    # debug_dir option holds only while the forward compiles, not the backward's
-    options = {"regional_reuse": False, "artifact_cache": False}
-    compiled = kiln.compile(mine, options=options)
-    x, target = _batch("gpt", torch.Generator().manual_seed(7 + rank))
-    os.environ["KILN_DEBUG_DIR"] = folder
+    for fsdp in ("default", "no reshard"):
+        kiln.reset()
+        eager, mine = (_sharded(MLP, "none", mesh, fsdp=fsdp) for _ in range(2))
+        folder = os.path.join(debug, f"fsdp_overlap_{rank}_{fsdp.replace(' ', '_')}")
+        # one forward and one backward graph, compiled here (not pieces of regional reuse,
+        # nor loaded from the artifact cache, which writes no dumps); KILN_DEBUG_DIR, as the
+        # debug_dir option holds only while the forward compiles, not the backward's
+        options = {"regional_reuse": False, "artifact_cache": False}
+        compiled = kiln.compile(mine, options=options)
+        x, target = _batch("mlp", torch.Generator().manual_seed(7 + rank))
+        os.environ["KILN_DEBUG_DIR"] = folder
+        try:
+            for model in (eager, compiled):
+                _loss("mlp", model(x), target).backward()
+        finally:
+            del os.environ["KILN_DEBUG_DIR"]
+        for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
+            _assert_shard_close(q.grad, p.grad, 1e-6, f"overlap check, grad of {pname}")
+        dumps = _collectives_dumps(folder)
+        assert set(dumps) == {"fw", "bw"}, f"collectives dumps under {folder}: {sorted(dumps)}"
+        fw, bw = dumps["fw"], dumps["bw"]
+        gathers = [line for line in fw if "= torch.ops._c10d_functional.all_gather_into" in line]
+        assert len(gathers) == 16, "\n".join(fw)
+        flight = _in_flight(fw, "all_gather_into_tensor")
+        assert len(flight[0][1]) < len(gathers) - 4, "\n".join(fw)  # not all at the start
+        assert max(len(f) for _, f in flight) <= 8, "\n".join(fw)  # two units of 4
+        assert any(f for _, f in flight), "\n".join(fw)  # the next unit's in flight
+        header = next(line for line in bw if line.startswith("def forward("))
+        saved_waits = header.count("saved_wait_tensor")
+        regathers = [line for line in bw if "= torch.ops._c10d_functional.all_gather_in" in line]
+        print(f"[rank {rank}] fsdp overlap ({fsdp}): {len(gathers)} all-gathers, at most "
+              f"{max(len(f) for _, f in flight)} in flight at a forward matmul; the backward "
+              f"gathers {len(regathers)} weights again, {saved_waits} saved", flush=True)  # fmt: skip
+        if fsdp == "no reshard":  # 3 blocks x 2 weights, and the root's head (kept)
+            assert saved_waits == 7 and not regathers, "\n".join(bw)
+            continue
+        assert saved_waits == 1 and len(regathers) == 6, "\n".join(bw)  # the root's head
+        flight = _in_flight(bw, "all_gather_into_tensor")
+        assert max(len(f) for _, f in flight) <= 2 and any(f for _, f in flight), "\n".join(bw)
+        scatters = _in_flight(bw, "reduce_scatter_tensor")
+        assert any(f for _, f in scatters), "\n".join(bw)  # under a later matmul
+        assert max(len(f) for _, f in scatters) <= 4, "\n".join(bw)  # 1 unit: w, b
+
+
+def _peak_mb(step: Callable[[], None]) -> float:
+    """The most bytes torch's CPU allocator had out during ``step()`` above its start, in
+    MB: the profiler's memory events, as benchmarks/distributed.py measures peak MB."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
     try:
-        for model in (eager, compiled):
-            _loss("gpt", model(x), target).backward()
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
     finally:
-        del os.environ["KILN_DEBUG_DIR"]
-    for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
-        _assert_shard_close(q.grad, p.grad, 1e-6, f"overlap check, grad of {pname}")
-    dumps = {}
-    for path in glob.glob(os.path.join(folder, "**", "*_collectives.py"), recursive=True):
-        text = open(path).read()
-        kind = "fw" if "all_gather_into_tensor" in text else "bw"
-        if "all_gather_into_tensor" in text or "reduce_scatter_tensor" in text:
-            dumps[kind] = [line.strip() for line in text.splitlines()]
-    assert set(dumps) == {"fw", "bw"}, f"collectives dumps under {folder}: {sorted(dumps)}"
+        os.unlink(path)
+    mem = sorted(
+        (e for e in events if e.get("name") == "[memory]" and "args" in e), key=lambda e: e["ts"]
+    )
+    if not mem:
+        return 0.0
+    start = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]
+    return max(0, max(e["args"]["Total Allocated"] for e in mem) - start) / 2**20
 
-    def at(lines: list, text: str) -> list[int]:
-        return [k for k, line in enumerate(lines) if text in line]
 
-    fw, bw = dumps["fw"], dumps["bw"]
-    matmuls = sorted(at(fw, "aten.mm.") + at(fw, "aten.addmm.") + at(fw, "aten.bmm."))
-    gathers = at(fw, "= torch.ops._c10d_functional.all_gather_into_tensor")
-    waits = at(fw, "= torch.ops._c10d_functional.wait_tensor")
-    assert max(gathers) < matmuls[0] < max(waits), "\n".join(fw)
-    matmuls = sorted(at(bw, "aten.mm.") + at(bw, "aten.addmm.") + at(bw, "aten.bmm."))
-    scatters = at(bw, "= torch.ops._c10d_functional.reduce_scatter_tensor")
-    names = [bw[k].split(" = ")[0] for k in scatters]
-    waited = [
-        k
-        for k in at(bw, "= torch.ops._c10d_functional.wait_tensor")
-        if any(f"({n})" in bw[k] for n in names)
-    ]
-    assert min(scatters) < matmuls[-1] < min(waited), "\n".join(bw)
-    assert len(waited) == len(scatters), "\n".join(bw)
-    print(f"[rank {rank}] fsdp overlap: {len(gathers)} all-gathers issued before the "
-          f"forward's first matmul; {len(scatters)} reduce-scatters, the first issued before "
-          f"the backward's last matmul, all waited on after it", flush=True)  # fmt: skip
+def _memory_model(name: str, mesh) -> tuple[nn.Module, float]:
+    """benchmarks/distributed.py's MLP (8 x Linear(512, 512) + GELU, Linear(512, 16), each
+    Linear a unit) or WideGPT (each block a unit), sharded at the root too; and the
+    largest unit's unsharded parameters in MB."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        layers = [m for _ in range(8) for m in (nn.Linear(512, 512), nn.GELU())]
+        model = nn.Sequential(*layers, nn.Linear(512, 16))
+        units = [m for m in model if isinstance(m, nn.Linear)]
+    else:
+        model = WideGPT("none")
+        units = list(model.blocks)
+    unit_mb = max(sum(p.numel() * p.element_size() for p in u.parameters()) for u in units)
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, unit_mb / 2**20
+
+
+def check_fsdp_memory(rank: int, world: int) -> None:
+    """Per-rank peak memory of a training step (forward, backward, SGD step; the least of
+    4 profiled steps after 2 warm-up ones: gloo's threads allocate at times that vary),
+    eager FSDP2 vs kiln.compile(root) (one graph): on the MLP and WideGPT kiln's is at
+    most eager's plus one unit's unsharded parameters (the unit its forward gathers
+    ahead) and 0.5 MB. Before the blocks were gathered again in the backward, kiln's graph held the
+    whole unsharded model (MLP: 12 MB vs eager's 8.5). Parameters equal eager's."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import kiln
+
+    mesh = init_device_mesh("cpu", (world,))
+    for name in ("mlp", "gpt"):
+        peaks, final = {}, {}
+        for how in ("eager", "kiln"):
+            kiln.reset()
+            model, unit_mb = _memory_model(name, mesh)
+            fn = kiln.compile(model) if how == "kiln" else model
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            g = torch.Generator().manual_seed(300 + rank)
+
+            def step(fn=fn, opt=opt, g=g, name=name) -> None:
+                if name == "mlp":
+                    x, target = torch.randn(64, 512, generator=g), torch.randn(64, 16, generator=g)
+                else:
+                    x, target = _batch("gpt", g)
+                _loss(name, fn(x), target).backward()
+                opt.step()
+                opt.zero_grad()
+
+            for _ in range(2):
+                step()
+            peaks[how] = min(_peak_mb(step) for _ in range(4))
+            final[how] = [p.to_local().detach().clone() for p in model.parameters()]
+            if how == "kiln":
+                _assert_counts(f"fsdp memory {name}")
+        for k, (a, b) in enumerate(zip(final["kiln"], final["eager"])):
+            _assert_shard_close(a, b, 1e-5, f"fsdp memory {name}, parameter {k}")
+        what = (f"fsdp {name} peak on rank {rank}: kiln {peaks['kiln']:.2f} MB, eager "
+                f"{peaks['eager']:.2f} MB, one unit {unit_mb:.2f} MB")  # fmt: skip
+        # one unit: the forward gathers the next unit while the current one computes (eager
+        # FSDP2 on CPU does not prefetch in the forward); 0.5 MB: what the least of 4 steps
+        # still varies by between runs (gloo's buffers)
+        assert peaks["kiln"] <= peaks["eager"] + unit_mb + 0.5, what
+        print(f"[rank {rank}] {what}", flush=True)
 
 
 # (model, activation checkpointing, where kiln.compile is applied, FSDP options of _sharded)

@@ -20,16 +20,22 @@ torch's SimpleFSDP expresses FSDP:
   gradient is FSDP's: a ``reduce_scatter_tensor`` averaging over the group (the op's own
   autograd rule sums), which reaches the DTensor parameter as a DTensor shard on the
   parameter's own spec, as FSDP's post-backward writes it.
-- kiln-inductor's collectives pass issues each collective as soon as its input exists and
-  waits just before the first kernel reading it: every all-gather starts at the graph's
-  start and is waited on where the unit's first kernel needs it (forward prefetching), and
-  each reduce-scatter starts as soon as its unit's gradient is complete, waited on only at
-  the backward's end (backward overlap). kiln-aot's partitioner decides whether the
-  backward keeps the gathered parameters or gathers them again.
+- kiln-inductor's collectives pass waits on each collective just before the first kernel
+  reading it and issues it early, bounded per unit (below): forward and backward
+  prefetching, and each reduce-scatter under the next unit's backward.
 
-Memory: every unit's parameters are gathered when the graph starts, so the peak holds the
-unsharded model (as ``reshard_after_forward=False`` does); per-unit resharding inside a
-graph is not done.
+Memory: each gather node is tagged ``collective_group`` (its unit; the reduce-scatters of
+its backward too, through ``kiln_aot.annotate``) and, where the unit reshards after
+forward (FSDP's default; not the root, nor ``reshard_after_forward=False``),
+``recompute_in_backward``: kiln-aot carries both onto the ATen nodes. The min-cut
+partitioner then saves the shard, not the gathered parameter, and the backward gathers it
+again, as eager FSDP2 does; untagged, the gathered parameter is saved. The collectives pass
+issues a unit's all-gathers about one unit ahead of its first use
+(``KILN_PREFETCH_GROUPS``, default 1), in the forward and in the backward, and waits on one
+unit's reduce-scatters before the next unit's start: the graph holds about two units'
+unsharded parameters and one unit's unsharded gradients at a time, not the whole model.
+Whether a unit reshards is read when the graph is built (``set_reshard_after_forward``
+called later does not rebuild it).
 
 Mixed precision (``MixedPrecisionPolicy``): ``AllGatherShard`` casts the shard to
 ``param_dtype`` before gathering it (the stand-ins have that dtype, so the graph computes
@@ -53,12 +59,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 
+import kiln_aot
 from kiln import fsdp
 
 Backend = Callable[[torch.fx.GraphModule, list], Callable]
@@ -67,17 +73,27 @@ Backend = Callable[[torch.fx.GraphModule, list], Callable]
 GATHERED: list[int] = []
 
 
-@dataclass(eq=False)
 class _Param:
-    """One FSDP parameter: its stand-in and how its shard becomes the unsharded value."""
+    """One FSDP parameter: its stand-in and how its shard becomes the unsharded value.
+    (A plain class: a dataclass's generated ``__init__`` is not code of kiln's files, so a
+    compiled training step calling the model would capture it once per parameter.)"""
 
-    fsdp_param: Any  # torch's FSDPParam
-    standin: torch.nn.Parameter
-    group_name: str
-    group_size: int
-    padded_rows: int
-    param_dtype: torch.dtype | None  # FSDP's mixed precision: gathered and computed in
-    reduce_dtype: torch.dtype | None  # reduce-scattered in (None: the gradient's dtype)
+    def __init__(
+        self,
+        fsdp_param: Any,  # torch's FSDPParam
+        standin: torch.nn.Parameter,
+        group_name: str,
+        group_size: int,
+        padded_rows: int,
+        param_dtype: torch.dtype | None,  # FSDP's mixed precision: gathered and computed in
+        reduce_dtype: torch.dtype | None,  # reduce-scattered in (None: the gradient's dtype)
+        unit: int,  # its FSDP parameter group's number: the collectives pass's group
+        reshard: bool,  # the unit reshards after forward: the backward gathers it again
+    ) -> None:
+        self.fsdp_param, self.standin = fsdp_param, standin
+        self.group_name, self.group_size, self.padded_rows = group_name, group_size, padded_rows
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        self.unit, self.reshard = unit, reshard
 
     def local(self) -> torch.Tensor:
         # read each call: FSDP may replace its sharded parameter (load_state_dict)
@@ -182,11 +198,11 @@ class Whole:
         if self.depth > 1:
             return
         model = self.model()
-        for group in _groups(model):
+        for unit, group in enumerate(_groups(model)):
             for p in group.fsdp_params:
                 entry = self.made.get(id(p))
                 if entry is None:  # the same stand-in every call: captured frames guard it
-                    entry = self.made[id(p)] = _stand_in(p)
+                    entry = self.made[id(p)] = _stand_in(p, group, unit)
                     self.params[id(entry.standin)] = entry
                 entry.swap(entry.standin)
         for unit in fsdp.units(model):
@@ -338,16 +354,22 @@ def _outermost(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [u for u in units if id(u) not in inner]
 
 
-def _stand_in(p: Any) -> _Param:
+def _stand_in(p: Any, group: Any, unit: int) -> _Param:
+    """``p``'s stand-in; whether its unit reshards after forward is FSDP's
+    ``post_forward_mesh_info`` as its lazy init left it (None for the root, whose
+    parameters the backward needs at once, and under ``reshard_after_forward=False``)."""
     size = p._orig_size
     standin = torch.nn.Parameter(
         torch.empty(size, dtype=p.param_dtype or p.orig_dtype, device=p.sharded_param.device),
         requires_grad=p.sharded_param.requires_grad,
     )
     standin.untyped_storage().resize_(0)  # a shape for capture, no memory
-    group = p.mesh_info.shard_process_group
+    pg = p.mesh_info.shard_process_group
     rows = p.padded_sharded_param_size[0]
-    return _Param(p, standin, group.group_name, group.size(), rows, p.param_dtype, p.reduce_dtype)
+    reshard = group.post_forward_mesh_info is not None
+    return _Param(
+        p, standin, pg.group_name, pg.size(), rows, p.param_dtype, p.reduce_dtype, unit, reshard
+    )
 
 
 def gather_params(
@@ -382,12 +404,14 @@ class AllGatherShard(torch.autograd.Function):
         group_name: str,
         param_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
+        unit: int | None = None,
     ) -> torch.Tensor:
-        ctx.n, ctx.group_name, ctx.reduce_dtype, ctx.dtype = (
+        ctx.n, ctx.group_name, ctx.reduce_dtype, ctx.dtype, ctx.unit = (
             n,
             group_name,
             reduce_dtype,
             shard.dtype,
+            unit,
         )
         if param_dtype is not None:  # mixed precision: gathered in the compute dtype
             shard = shard.to(param_dtype)
@@ -399,8 +423,13 @@ class AllGatherShard(torch.autograd.Function):
         c10d = torch.ops._c10d_functional
         if ctx.reduce_dtype is not None:
             grad = grad.to(ctx.reduce_dtype)
-        out = c10d.reduce_scatter_tensor(grad.contiguous(), "avg", ctx.n, ctx.group_name)
-        return c10d.wait_tensor(out).to(ctx.dtype), None, None, None, None
+        # the unit's reduce-scatters are a collective group too: kiln-inductor bounds how
+        # many units' gradients are in flight (module docstring, "Memory")
+        group = {} if ctx.unit is None else {"collective_group": ("reduce_scatter", ctx.unit)}
+        with kiln_aot.annotate(**group):
+            out = c10d.reduce_scatter_tensor(grad.contiguous(), "avg", ctx.n, ctx.group_name)
+            out = c10d.wait_tensor(out)
+        return out.to(ctx.dtype), None, None, None, None, None
 
 
 def all_gather_shard(
@@ -409,9 +438,10 @@ def all_gather_shard(
     group_name: str,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
+    unit: int | None = None,
 ) -> torch.Tensor:
     """``AllGatherShard``: the graph's call (a module-level name, which FX code can print)."""
-    return AllGatherShard.apply(shard, n, group_name, param_dtype, reduce_dtype)
+    return AllGatherShard.apply(shard, n, group_name, param_dtype, reduce_dtype, unit)
 
 
 def _gather(graph: torch.fx.Graph, ph: torch.fx.Node, entry: _Param) -> None:
@@ -434,16 +464,23 @@ def _gather(graph: torch.fx.Graph, ph: torch.fx.Node, entry: _Param) -> None:
         node.meta.update(meta(shape, full.dtype if gathered else local.dtype))
         if "nn_module_stack" in ph.meta:
             node.meta["nn_module_stack"] = ph.meta["nn_module_stack"]
+        # kiln-aot carries these onto the ATen nodes (module docstring, "Memory")
+        node.meta["collective_group"] = ("all_gather", entry.unit)
+        if entry.reshard:
+            node.meta["recompute_in_backward"] = True
         return node
 
     rest = tuple(full.shape[1:])
     with graph.inserting_before(ph.next):
         x = ph
-        if local.shape[0] != entry.padded_rows:
+        # every rank pads (its last ranks' shards are short) or none does: the graphs of
+        # all ranks have the same nodes, so kiln-inductor's collectives pass, which places
+        # collectives by their positions in the graph, issues them in one order everywhere
+        if entry.padded_rows * n != rows:
             pad = [0, 0] * len(rest) + [0, entry.padded_rows - local.shape[0]]
             x = add(torch.constant_pad_nd, (x, pad), (entry.padded_rows, *rest))
         shape = (entry.padded_rows * n, *rest)
-        args = (x, n, entry.group_name, entry.param_dtype, entry.reduce_dtype)
+        args = (x, n, entry.group_name, entry.param_dtype, entry.reduce_dtype, entry.unit)
         x = add(all_gather_shard, args, shape)
         if shape[0] != rows:
             x = add(torch.narrow, (x, 0, 0, rows), (rows, *rest))
