@@ -29,14 +29,14 @@ with the unit) is a load that its group needs only where the group is first used
 when its input exists (the graph's start), every group's result would be alive at once
 (the whole unsharded model). Groups the graph reads (not only returns) are ranked by their
 first use (the earliest reader of any of their collectives, once waits are sunk); group
-``i``'s collectives start just before
-the first use of group ``i - prefetch`` (``KILN_PREFETCH_GROUPS``, default 1: the next
-unit's gather is in flight while the current unit computes), or just after their inputs
-where those come later; the first ``prefetch`` groups start after their inputs. A
-negative ``prefetch`` hoists them as any other collective. Grouped collectives may so pass
-other collectives: the order is then a function of the graph's nodes and their order, the
-same on ranks whose graphs differ only in sizes (kiln's FSDP graph pads every rank's shard
-where any rank's needs it, so that its ranks' graphs have the same nodes).
+``i``'s collectives start just before the first use of group ``i - prefetch``
+(``KILN_PREFETCH_GROUPS``, default 1: the next unit's gather is in flight while the
+current unit computes), or just after their inputs where those come later; the first
+``prefetch`` groups start after their inputs. A negative ``prefetch`` hoists them as any
+other collective. Grouped collectives may so pass other collectives: the order is then a
+function of the graph's nodes and their order, the same on ranks whose graphs differ only
+in sizes (kiln's FSDP graph pads every rank's shard where any rank's needs it, so that
+its ranks' graphs have the same nodes).
 
 Groups also bound what is in flight: a grouped collective is waited on no later than just
 before the first collective of the group of the same op issued ``max(prefetch, 1)`` groups
