@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from kiln_aot import config
+from kiln_aot.fx_walk import ancestry
 
 aten = torch.ops.aten
 
@@ -87,10 +88,31 @@ def _row_constant(query, attn_mask) -> bool:
 CONSTANT_MASK_LIMIT = 1 << 24
 
 
+def _constant_node(n: fx.Node) -> bool:
+    """A node a constant may be computed through: an ATen op (no random draw) or a
+    constant, of static sizes and at most ``CONSTANT_MASK_LIMIT`` elements."""
+    from kiln_aot.core_ops import is_random
+
+    if n.op not in ("call_function", "get_attr"):
+        return False
+    if n.op == "call_function":
+        target = n.target
+        if not (isinstance(target, torch._ops.OpOverload) or target is operator.getitem):
+            return False
+        if target is not operator.getitem and is_random(target):
+            return False
+    val = n.meta.get("val")
+    for v in val if isinstance(val, (tuple, list)) else (val,):
+        if isinstance(v, torch.Tensor) and (
+            kiln_shapes.is_symbolic(v) or v.numel() > CONSTANT_MASK_LIMIT
+        ):
+            return False
+    return True
+
+
 def constant_value(x: Any) -> torch.Tensor | None:
     """The value of a traced tensor computed from graph constants alone (no input, no
     random op, no symbolic size), evaluated now; None when it is not such a tensor."""
-    from kiln_aot.core_ops import is_random
     from kiln_aot.fake import FakeTensor
     from kiln_aot.op_tracer import current_tracer
 
@@ -101,30 +123,9 @@ def constant_value(x: Any) -> torch.Tensor | None:
         node = tracer.node_of(x)
     except Exception:
         return None
-    order: list[fx.Node] = []
-    seen: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "placeholder" or n.op not in ("call_function", "get_attr"):
-            return None
-        if n.op == "call_function":
-            target = n.target
-            if not (isinstance(target, torch._ops.OpOverload) or target is operator.getitem):
-                return None
-            if target is not operator.getitem and is_random(target):
-                return None
-        val = n.meta.get("val")
-        for v in val if isinstance(val, (tuple, list)) else (val,):
-            if isinstance(v, torch.Tensor) and (
-                kiln_shapes.is_symbolic(v) or v.numel() > CONSTANT_MASK_LIMIT
-            ):
-                return None
-        order.append(n)
-        stack.extend(n.all_input_nodes)
+    order = ancestry(node, _constant_node)
+    if order is None:
+        return None
     position = {n: i for i, n in enumerate(node.graph.nodes)}
     values: dict[fx.Node, Any] = {}
     with _disable_current_modes(), torch._C.DisableTorchFunction():

@@ -53,6 +53,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from kiln_aot.fx_walk import ancestry
+
 from . import log
 from .runtime import reload
 
@@ -428,26 +430,19 @@ def _constant_inputs(pieces: list[Piece]) -> None:
 def _constant_ancestry(node: torch.fx.Node) -> list[torch.fx.Node] | None:
     """``node`` and the nodes it is computed from, when they are all deterministic calls
     on constants (module attributes included) and small; None otherwise."""
-    order: list[torch.fx.Node] = []
-    seen: set[torch.fx.Node] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op not in ("call_function", "call_method", "get_attr") or len(seen) > CONST_NODES:
-            return None
-        if n.op != "get_attr":
-            name = str(getattr(n.target, "__name__", n.target)).lower()
-            if any(w in name for w in _RANDOM_WORDS) or _written(n) is not None:
-                return None
-            val = n.meta.get("val")
-            if isinstance(val, torch.Tensor) and (val.numel() > CONST_NUMEL or val.requires_grad):
-                return None
-        order.append(n)
-        stack.extend(n.all_input_nodes)
-    return order
+    return ancestry(node, _constant_call, CONST_NODES)
+
+
+def _constant_call(n: torch.fx.Node) -> bool:
+    if n.op == "get_attr":
+        return True
+    if n.op not in ("call_function", "call_method"):
+        return False
+    name = str(getattr(n.target, "__name__", n.target)).lower()
+    if any(w in name for w in _RANDOM_WORDS) or _written(n) is not None:
+        return False
+    val = n.meta.get("val")
+    return not (isinstance(val, torch.Tensor) and (val.numel() > CONST_NUMEL or val.requires_grad))
 
 
 def _written(n: torch.fx.Node) -> torch.fx.Node | None:
