@@ -110,7 +110,7 @@ def test_importing_registers_the_cuda_backend():
     assert isinstance(get_backend("cuda"), kiln_triton.TritonBackend)
 
 
-def test_bf16_masked_lm_head_backward_reordered_block_in_a_persistent_kernel():
+def test_bf16_masked_lm_head_backward_reordered_block_in_a_persistent_kernel(monkeypatch):
     """DistilBERT's masked-LM head trained under bf16 autocast: its backward fuses the
     bias gradient's column sum with the layer-norm and GELU backward, a block whose index
     is an expression of its own variables (an access order refined): those were looked up,
@@ -132,9 +132,22 @@ def test_bf16_masked_lm_head_backward_reordered_block_in_a_persistent_kernel():
         out.float().square().mean().backward()
         return {n: p.grad for n, p in m.named_parameters()}
 
+    import kiln_inductor.compile as inductor_compile
+
+    graphs = []  # (kernels, fallback ops) of every ATen graph compiled
+    inner = inductor_compile.compile_aten_graph
+
+    def counting(gm, example_inputs):
+        compiled = inner(gm, example_inputs)
+        graphs.append((compiled.stats["kernels"], compiled.stats["fallbacks"]))
+        return compiled
+
+    monkeypatch.setattr(inductor_compile, "compile_aten_graph", counting)
     want = step(model, model)
     trained = copy.deepcopy(model)
     with use_triton_for_cpu():
         got = step(trained, torch.compile(trained, backend=kiln_triton.compile_fx))
     for name, g in want.items():
         torch.testing.assert_close(got[name].float(), g.float(), rtol=2e-2, atol=2e-2)
+    # the forward and the backward, each compiled to Triton kernels, nothing left to ATen
+    assert len(graphs) >= 2 and all(k > 0 and not fb for k, fb in graphs), graphs
