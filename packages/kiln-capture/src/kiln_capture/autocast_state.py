@@ -77,6 +77,17 @@ class DeviceMeta(torch.Tensor):
         r.elem = elem.detach() if elem.requires_grad else elem
         return r
 
+    @staticmethod
+    def of(elem: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A wrapper of ``elem`` that is a leaf exactly when ``elem`` is one: an op's result
+        that requires grad is not a leaf, and in-place ops on it (``ReLU(inplace=True)``
+        after a batch norm under autocast) are allowed as they are in eager mode."""
+        r = DeviceMeta(elem, device)
+        if elem.is_leaf:
+            return r
+        with torch.enable_grad():  # under no_grad a clone would drop requires_grad
+            return r.clone()
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
@@ -130,6 +141,9 @@ def to_meta(value):
         m = t.elem
         if t.requires_grad and not m.requires_grad:
             m = m.detach().requires_grad_(True)
+            if not t.is_leaf:  # an op's result, not a leaf: in-place ops on it are allowed
+                with torch.enable_grad():
+                    m = m.clone()
         return m
 
     return tree_map(unwrap, value)

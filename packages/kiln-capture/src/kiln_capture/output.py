@@ -1262,7 +1262,7 @@ def _unspellable(value: object) -> bool:
 def _to_meta(v: Var, on_device: bool = False):
     """The meta value of an argument; ``on_device``: tensors as DeviceMeta (autocast)."""
     if isinstance(v, TensorVar):
-        return autocast_state.DeviceMeta(v.meta, v.device) if on_device else v.meta
+        return autocast_state.DeviceMeta.of(v.meta, v.device) if on_device else v.meta
     if isinstance(v, SymIntVar):
         return v.value
     if isinstance(v, TupleVar | SizeVar) and not v.is_const():
