@@ -178,3 +178,22 @@ def test_composites_that_read_sizes_as_ints_stay_symbolic():
         assert [expr_of(d) for d in out.shape] == [b, t, 16]
     assert env.guards == []
     assert int(x.shape[1]) == 7 and x.shape[1] ** 0.5 == 7**0.5  # a constant SymFloat
+
+
+def test_a_float_specialized_to_its_value_accepts_its_own_example():
+    """float(s) of a SymFloat guards ``expr == value``. Printed with sympy's 15 digits and
+    compared exactly, batch norm's ``n / (n - 1)`` over symbolic sizes rejected the very
+    sizes it was traced at (the shape guards' own-example check then failed: a capture
+    error and an eager run). Floats print every digit and equality holds within 1e-12."""
+    import math
+
+    env = ShapeEnv()
+    x = _sym_tensor(env, torch.empty(2, 7, 9), "x")
+    n = x.shape[0] * x.shape[1] * x.shape[2]
+    assert float(n / (n - 1)) == 126 / 125
+    assert float(0.5 / n + 0.1) == 0.5 / 126 + 0.1
+    hints = {"s0": 2, "s1": 7, "s2": 9}
+    for g in env.guards:
+        assert eval(python_expr(g.expr), {"math": math, **hints}), python_expr(g.expr)
+    other = {"s0": 2, "s1": 7, "s2": 10}
+    assert not all(eval(python_expr(g.expr), {"math": math, **other}) for g in env.guards)

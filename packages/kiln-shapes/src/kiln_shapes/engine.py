@@ -159,7 +159,16 @@ class _PythonPrinter(sympy.printing.str.StrPrinter):
 
     def _print_Relational(self, e):
         op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[e.rel_op]
+        if e.rel_op in ("==", "!=") and _has_fraction(e):
+            # a float specialized to its value (batch norm's n / (n - 1) over symbolic
+            # sizes): Python's float arithmetic may round the expression differently
+            # from sympy's exact value, so equality holds within a relative 1e-12
+            close = f"math.isclose({self._print(e.lhs)}, {self._print(e.rhs)}, rel_tol=1e-12)"
+            return close if e.rel_op == "==" else f"(not {close})"
         return f"{self._print(e.lhs)} {op} {self._print(e.rhs)}"
+
+    def _print_Float(self, e):
+        return repr(float(e))  # every digit: sympy's str keeps 15
 
     def _print_floor(self, e):
         return f"math.floor({self._print(e.args[0])})"
@@ -173,6 +182,11 @@ class _PythonPrinter(sympy.printing.str.StrPrinter):
     def _print_Piecewise(self, e):
         (a, c), (b, _) = e.args[0], e.args[-1]
         return f"({self._print(a)} if {self._print(c)} else {self._print(b)})"
+
+
+def _has_fraction(e: sympy.Basic) -> bool:
+    """Whether an expression holds a non-integer number (its value may be a float)."""
+    return any(a.is_Number and not a.is_Integer for a in e.atoms(sympy.Number))
 
 
 def _user_frame() -> str:
