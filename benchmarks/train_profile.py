@@ -21,7 +21,7 @@ the counts are exact. A table per model is printed and JSON written to
 
     python benchmarks/train_profile.py [--device cpu|cuda] [--models gpt2,bert,llama]
         [--size small|large] [--runs 3] [--steps 5] [--threads 2] [--loss ce|sum]
-        [--no-variants]
+        [--no-variants] [--autocast]
 
 ``--loss sum`` backpropagates ``out.sum()`` (autograd sends the compiled backward an
 expanded ``ones``); ``--no-variants`` restores the old per-step tangent copy, to measure
@@ -158,13 +158,15 @@ def _call(model, args):
     return training._first_float(model(**args) if isinstance(args, dict) else model(*args))
 
 
-def _stepper(fn, model, args, target, loss_kind: str = "ce"):
+def _stepper(fn, model, args, target, loss_kind: str = "ce", autocast: bool = False):
     params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device.type
 
     def step():
         for p in params:
             p.grad = None
-        out = _call(fn, args)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            out = _call(fn, args)
         if loss_kind == "sum":  # the expanded ones tangent
             loss = out.float().sum()
         else:
@@ -391,18 +393,18 @@ def run_model(name: str, a) -> dict | None:
     if made is None:
         return None
     model, args, target = made
-    eager, params = _stepper(model, model, args, target, a.loss)
+    eager, params = _stepper(model, model, args, target, a.loss, a.autocast)
     eager()
     ref = [None if p.grad is None else p.grad.clone() for p in params]
     kiln.reset()
     t0 = time.perf_counter()
-    kiln_step, _ = _stepper(kiln.compile(model), model, args, target, a.loss)
+    kiln_step, _ = _stepper(kiln.compile(model), model, args, target, a.loss, a.autocast)
     kiln_step()
     kiln_compile_s = time.perf_counter() - t0
     kiln_err = _max_rel_err([p.grad for p in params], ref)
     stats = _kiln_stats()
     t0 = time.perf_counter()
-    torch_step, _ = _stepper(torch.compile(model), model, args, target, a.loss)
+    torch_step, _ = _stepper(torch.compile(model), model, args, target, a.loss, a.autocast)
     torch_step()
     torch_compile_s = time.perf_counter() - t0
     torch_err = _max_rel_err([p.grad for p in params], ref)
@@ -428,6 +430,7 @@ def run_model(name: str, a) -> dict | None:
         "device": a.device,
         "size": a.size,
         "loss": a.loss,
+        "autocast": a.autocast,
         "backward_variants": not a.no_variants,
         "times_ms": {
             k: {"median": statistics.median(v), "min": min(v), "max": max(v)}
@@ -508,6 +511,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--loss", default="ce", help="ce: cross_entropy(out, target); sum: out.sum()")
+    ap.add_argument("--autocast", action="store_true", help="the forward under bf16 autocast")
     ap.add_argument(
         "--no-variants",
         action="store_true",
@@ -531,6 +535,7 @@ def main() -> None:
         _print(row)
         rows.append(row)
     tag = f"{a.device}_{a.loss}" + ("_no_variants" if a.no_variants else "")
+    tag += "_bf16" if a.autocast else ""
     out = Path(__file__).parent / "results" / f"train_profile_{tag}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=1, default=str))
