@@ -55,7 +55,7 @@ def main() -> None:
             rows.append(row)
             print(f"{str(dtype)[6:]:8} {c:4} {h:3}x{h:<2} | {row['fwd_nchw']:9.3f} "
                   f"{row['fwd_nhwc']:7.3f} | {row['bwd_nchw']:9.3f} {row['bwd_nhwc']:7.3f}")  # fmt: skip
-    print(json.dumps(rows))
+    print(json.dumps(rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,22 @@ training step over all 18 depthwise 7x7 convolutions, NCHW / channels-last: forw
 0.65x eager's step, eager and torch.compile channels-last: ConvNeXt's activations reach
 the convolution permuted from NHWC). The oneDNN rules above (``_backward_gains``, the
 workspace) do not apply there: the forward and backward of every 16-bit depthwise
-convolution run channels-last (``_CUDA_DTYPES``; fp32 measured in the same run, below).
+convolution run channels-last (``_CUDA_DTYPES``). One 7x7 convolution at ConvNeXt-T's
+stages, batch 64, H200, torch 2.11 (``benchmarks/gpu/depthwise_ab.py`` at 3005fbd, median
+device ms of 20), NCHW / channels-last:
+
+    dtype  C    HxW   forward        backward (input and weight gradients)
+    bf16   96   56    0.736 / 0.189  2.283 / 0.483
+    bf16   192  28    0.361 / 0.106  1.158 / 0.243
+    bf16   384  14    0.190 / 0.065  0.706 / 0.146
+    bf16   768  7     0.113 / 0.050  0.618 / 0.103
+    fp32   96   56    0.652 / 0.385  2.140 / 5.073
+    fp32   192  28    0.383 / 0.248  1.135 / 2.733
+    fp32   384  14    0.212 / 0.124  0.734 / 1.677
+    fp32   768  7     0.123 / 0.111  0.632 / 0.682
+
+fp32 stays NCHW: its channels-last backward is up to 2.4x slower, and a forward alone
+converted would cost the backward a conversion of the saved input.
 
 Before: depthwise ``convolution``/``convolution_backward`` with NCHW operands. After:
 the same ops on channels-last operands (a backward only where ``_backward_gains`` and
