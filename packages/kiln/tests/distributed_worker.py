@@ -1,6 +1,7 @@
 """One rank of test_distributed.py: ``python distributed_worker.py RANK WORLD INIT DEBUG SUITES``
 (a script, so that each rank is a fresh process that imports nothing from the tests).
 SUITES is a comma-separated list of ``collectives``, ``ddp``, ``ddp_accumulate``, ``fsdp``,
+``fsdp_overlap`` (also part of ``fsdp``),
 ``fsdp_options``, ``fsdp_memory``, ``fsdp_unchanged``, ``fsdp_hf``, ``train_step`` (fsdp_worker.py holds the FSDP2 ones)."""
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def main(rank: int, world: int, init: str, debug: str, suites: list[str]) -> Non
 
         if "fsdp" in suites:
             fsdp_worker.check_fsdp(rank, world)
+        if "fsdp" in suites or "fsdp_overlap" in suites:
             fsdp_worker.check_fsdp_overlap(rank, world, debug)
         if "fsdp_memory" in suites:
             fsdp_worker.check_fsdp_memory(rank, world)

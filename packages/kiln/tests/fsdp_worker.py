@@ -286,7 +286,9 @@ def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
     one unit ahead as well, and each unit's reduce-scatters start before a later matmul
     and are waited on within two units (at most 2 units' gradients in flight). With
     ``reshard_after_forward=False`` the forward saves the gathered weights and the
-    backward gathers nothing. Gradients equal eager FSDP2's."""
+    backward gathers nothing; so it does after ``set_reshard_after_forward(False)`` on a
+    model compiled and run with the defaults (the graph is built again for the new
+    setting). Gradients equal eager FSDP2's."""
     import os
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -294,9 +296,10 @@ def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
     import kiln
 
     mesh = init_device_mesh("cpu", (world,))
-    for fsdp in ("default", "no reshard"):
+    for fsdp in ("default", "no reshard", "switched"):
         kiln.reset()
-        eager, mine = (_sharded(MLP, "none", mesh, fsdp=fsdp) for _ in range(2))
+        built = "default" if fsdp == "switched" else fsdp
+        eager, mine = (_sharded(MLP, "none", mesh, fsdp=built) for _ in range(2))
         folder = os.path.join(debug, f"fsdp_overlap_{rank}_{fsdp.replace(' ', '_')}")
         # one forward and one backward graph, compiled here (not pieces of regional reuse,
         # nor loaded from the artifact cache, which writes no dumps); KILN_DEBUG_DIR, as the
@@ -304,6 +307,12 @@ def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
         options = {"regional_reuse": False, "artifact_cache": False}
         compiled = kiln.compile(mine, options=options)
         x, target = _batch("mlp", torch.Generator().manual_seed(7 + rank))
+        if fsdp == "switched":  # a step with FSDP's defaults, then resharding turned off
+            for model in (eager, compiled):
+                _loss("mlp", model(x), target).backward()
+            for model in (eager, mine):
+                model.zero_grad(set_to_none=True)
+                model.set_reshard_after_forward(False)
         os.environ["KILN_DEBUG_DIR"] = folder
         try:
             for model in (eager, compiled):
@@ -327,7 +336,7 @@ def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
         print(f"[rank {rank}] fsdp overlap ({fsdp}): {len(gathers)} all-gathers, at most "
               f"{max(len(f) for _, f in flight)} in flight at a forward matmul; the backward "
               f"gathers {len(regathers)} weights again, {saved_waits} saved", flush=True)  # fmt: skip
-        if fsdp == "no reshard":  # 3 blocks x 2 weights, and the root's head (kept)
+        if fsdp != "default":  # 3 blocks x 2 weights, and the root's head (kept)
             assert saved_waits == 7 and not regathers, "\n".join(bw)
             continue
         assert saved_waits == 1 and len(regathers) == 6, "\n".join(bw)  # the root's head

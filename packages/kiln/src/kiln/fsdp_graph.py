@@ -34,8 +34,10 @@ issues a unit's all-gathers about one unit ahead of its first use
 (``KILN_PREFETCH_GROUPS``, default 1), in the forward and in the backward, and waits on one
 unit's reduce-scatters before the next unit's start: the graph holds about two units'
 unsharded parameters and one unit's unsharded gradients at a time, not the whole model.
-Whether a unit reshards is read when the graph is built (``set_reshard_after_forward``
-called later does not rebuild it).
+Whether a unit reshards is read at each call: each setting of the units has its own
+captured call (a copy of the root's ``forward``) and stand-ins, so after
+``set_reshard_after_forward`` the graph is built again for the new setting (the earlier
+one is kept for the old setting).
 
 Mixed precision (``MixedPrecisionPolicy``): ``AllGatherShard`` casts the shard to
 ``param_dtype`` before gathering it (the stand-ins have that dtype, so the graph computes
@@ -179,11 +181,16 @@ class Whole:
         self.model = weakref.ref(model)
         self.enabled = enabled
         self.params: dict[int, _Param] = {}  # by id of the stand-in
-        self.made: dict[int, _Param] = {}  # by id of FSDP's parameter (the entry holds it)
+        # by id of FSDP's parameter (the entry holds it) and whether its unit reshards
+        self.made: dict[tuple[int, bool], _Param] = {}
         self.hooks: list[tuple[torch.nn.Module, str, dict]] = []
         self.depth = 0
         self.tops: list[weakref.ref] | None = None
-        self.forward: Callable | None = None  # the captured root call, set by compile_whole
+        # the captured root call, one per setting of the units' reshard_after_forward
+        # (compile_whole sets the factory): the setting decides which gathers the backward
+        # repeats, so a graph is built for each setting met
+        self.make_forward: Callable[[], Callable] | None = None
+        self.forwards: dict[tuple[bool, ...], Callable] = {}
 
     def applies(self) -> bool:
         model = self.model()
@@ -199,10 +206,14 @@ class Whole:
             return
         model = self.model()
         for unit, group in enumerate(_groups(model)):
+            reshard = _reshards(group)
             for p in group.fsdp_params:
-                entry = self.made.get(id(p))
-                if entry is None:  # the same stand-in every call: captured frames guard it
-                    entry = self.made[id(p)] = _stand_in(p, group, unit)
+                # the same stand-in every call: captured frames guard it. One per setting of
+                # reshard_after_forward: set_reshard_after_forward() changes the stand-in,
+                # so the frame is captured again and its graph built for the new setting
+                entry = self.made.get((id(p), reshard))
+                if entry is None:
+                    entry = self.made[id(p), reshard] = _stand_in(p, group, unit)
                     self.params[id(entry.standin)] = entry
                 entry.swap(entry.standin)
         for unit in fsdp.units(model):
@@ -239,9 +250,14 @@ class Whole:
         def call(*args: Any, **kwargs: Any) -> Any:
             if not self.applies():
                 return regions(*args, **kwargs)
+            model = self.model()
+            setting = tuple(_reshards(g) for g in _groups(model))
+            forward = self.forwards.get(setting)
+            if forward is None:
+                forward = self.forwards[setting] = self.make_forward()
             self.enter()
             try:
-                return self.forward(self.model(), *args, **kwargs)
+                return forward(model, *args, **kwargs)
             finally:
                 self.leave()
 
@@ -286,8 +302,8 @@ def compile_whole(
     cast = _cast_inputs_hook(model._get_fsdp_state()._mp_policy) if fsdp.is_unit(model) else None
     if cast is not None:  # the root's own inputs are cast as its FSDP pre-hook would
         forward = _CAST["root_call"](cast, forward)
-    # a code object of its own (kiln-capture's cache is per code object)
-    whole.forward = optimize(whole.backend(backend))(fsdp._own_copy(forward))
+    # a code object of its own for each (kiln-capture's cache is per code object)
+    whole.make_forward = lambda: optimize(whole.backend(backend))(fsdp._own_copy(forward))
     return whole
 
 
@@ -354,6 +370,12 @@ def _outermost(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [u for u in units if id(u) not in inner]
 
 
+def _reshards(group: Any) -> bool:
+    """Whether FSDP frees ``group``'s unsharded parameters after its forward (read at each
+    call: ``set_reshard_after_forward`` changes it)."""
+    return group.post_forward_mesh_info is not None
+
+
 def _stand_in(p: Any, group: Any, unit: int) -> _Param:
     """``p``'s stand-in; whether its unit reshards after forward is FSDP's
     ``post_forward_mesh_info`` as its lazy init left it (None for the root, whose
@@ -366,7 +388,7 @@ def _stand_in(p: Any, group: Any, unit: int) -> _Param:
     standin.untyped_storage().resize_(0)  # a shape for capture, no memory
     pg = p.mesh_info.shard_process_group
     rows = p.padded_sharded_param_size[0]
-    reshard = group.post_forward_mesh_info is not None
+    reshard = _reshards(group)
     return _Param(
         p, standin, pg.group_name, pg.size(), rows, p.param_dtype, p.reduce_dtype, unit, reshard
     )
