@@ -1,9 +1,12 @@
 """meta_reuse.py: meta results reused within a capture. The captured graph (its code and
 every node's metadata) is the one a capture without reuse makes, the repeated layers'
 ops reuse results, and what must alias, require grad or differ by a literal's type is
-evaluated again."""
+evaluated again; a view or an argument returned is reused aliasing the next call's
+argument."""
 
 from __future__ import annotations
+
+import operator
 
 import pytest
 import torch
@@ -96,19 +99,90 @@ def test_the_graph_is_the_one_without_reuse(monkeypatch, grad):
         assert hits >= 3 * 8
 
 
-def test_views_and_aliases_are_evaluated_again(monkeypatch):
-    def fn(x):
-        a = x.t()
-        b = x.t()  # the same op and arguments: a view of x, not of the first result
-        c = x.detach()
-        e = x.detach()
-        return a + 1, b * 2, c, e
+def _storage_of(gm, name):
+    node = next(n for n in gm.graph.nodes if n.name == name)
+    return node.meta["val"].untyped_storage()._cdata
 
-    x = torch.randn(3, 5)
-    _, _, metas, hits = _capture(fn, x, reuse=True, monkeypatch=monkeypatch)
+
+def test_views_and_aliases_alias_the_next_calls_arguments(monkeypatch):
+    def fn(x, y):
+        a = x.t()
+        b = y.t()  # the same op on the same metadata: a view of y, not of a's x
+        c = x.detach()
+        e = y.detach()  # shares its input's storage and is no view: evaluated again
+        f = torch.nn.functional.dropout(x, 0.5, training=False)  # x itself
+        g = torch.nn.functional.dropout(y, 0.5, training=False)  # y itself
+        return a + 1, b * 2, c, e, f + g
+
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    backend = CountingBackend()
+    with monkeypatch.context() as m:
+        m.setattr(config, "capture_frames", False)
+        kiln_capture.reset()
+        out = kiln_capture.optimize(backend)(fn)(x, y)
+    assert_same(out, fn(x, y))
+    (gm,) = backend.graphs
+    _, _, metas, hits = _capture(fn, x, y, reuse=True, monkeypatch=monkeypatch)
     by_name = dict(metas)
-    assert by_name["t"][5] and by_name["t_1"][5]  # both views of x's value
-    assert hits == 0
+    assert by_name["t"][5] and by_name["t_1"][5]  # both views
+    names = [n.name for n in gm.graph.nodes]
+    x_in, y_in = names[0], names[1]
+    assert _storage_of(gm, "t") == _storage_of(gm, x_in)
+    assert _storage_of(gm, "t_1") == _storage_of(gm, y_in) != _storage_of(gm, x_in)
+    g = next(n for n in gm.graph.nodes if n.name == "dropout_1")
+    assert g.meta["val"] is g.args[0].meta["val"]  # the argument itself, as the kernel gives
+    assert hits == 2  # y.t() and the second dropout; not detach()
+
+
+def test_in_place_ops_are_evaluated_again(monkeypatch):
+    def fn(x, y):
+        a = x.t()
+        a.mul_(2)
+        b = y.t()
+        b.mul_(2)
+        x.unsqueeze_(0)
+        y.unsqueeze_(0)  # changes y's metadata: never reused
+        x += 1
+        y += 1
+        return a + b, x.shape, y.shape
+
+    _, _, metas, hits = _capture(
+        fn, torch.randn(3, 5), torch.randn(3, 5), reuse=True, monkeypatch=monkeypatch
+    )
+    shapes = [m[0] for name, m in metas if name.startswith("unsqueeze_")]
+    assert shapes == [(1, 3, 5), (1, 3, 5)]
+    assert hits == 1  # y.t() only
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    out = kiln_capture.optimize(CountingBackend())(fn)(x.clone(), y.clone())
+    assert_same(out, fn(x.clone(), y.clone()))
+
+
+def test_in_place_is_known_by_name_keyword_and_schema():
+    assert meta_reuse._in_place("call_method", "add_", {})
+    assert meta_reuse._in_place("call_method", "__iadd__", {})
+    assert meta_reuse._in_place("call_function", operator.iadd, {})
+    assert meta_reuse._in_place("call_function", torch.relu_, {})
+    assert meta_reuse._in_place("call_function", torch.nn.functional.relu, {"inplace": True})
+    assert meta_reuse._in_place("call_function", torch.add, {"out": None})
+    assert meta_reuse._in_place("call_function", torch.ops.aten.add_.Tensor, {})
+    assert not meta_reuse._in_place("call_function", torch.ops.aten.add.Tensor, {})
+    assert not meta_reuse._in_place("call_function", operator.add, {})
+    assert not meta_reuse._in_place("call_method", "transpose", {})
+    assert not meta_reuse._in_place("call_method", "__getitem__", {})
+
+
+def test_a_linear_result_is_a_view_of_a_new_base(monkeypatch):
+    lin = nn.Linear(8, 8)
+
+    def fn(x, y):
+        return lin(x), lin(y)
+
+    x, y = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    with torch.no_grad():
+        out, _, metas, hits = _capture(fn, x, y, reuse=True, monkeypatch=monkeypatch)
+        _, _, ref_metas, _ = _capture(fn, x, y, reuse=False, monkeypatch=monkeypatch)
+        assert_same(out, fn(x, y))
+    assert metas == ref_metas and hits == 1
 
 
 def test_literal_types_are_kept_apart(monkeypatch):

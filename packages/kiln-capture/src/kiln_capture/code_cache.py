@@ -3,7 +3,7 @@
 Design note: "persistent generated code"
 ----------------------------------------
 A cache entry's guard function is Python source that capture generates from its guard
-expressions: ``guards.hoist_reads`` parses every expression, finds the read chains they
+expressions: ``guards.hoist_reads`` scans every expression, finds the read chains they
 share and writes straight-line code, then ``compile`` turns that into a code object. For
 a model this is thousands of AST nodes (HF GPT-2, 24 layers: 772 guards, ~0.17 s, a
 fifth of a warm process's first call). The step is a pure function of text: the same
@@ -18,7 +18,8 @@ can only be the code that making it afresh would give; what could differ is guar
 the key: sha256 of this file's ``FORMAT``, the kind of text, the input text itself,
 Python's version and bytecode magic number (code objects are ``marshal``-ed; hoisted
 text is ``ast.unparse``'s, whose spelling may change between releases), kiln-capture's
-version and a digest of the modules that generate the text (this file and guards.py).
+version and a digest of the modules that generate the text (this file, guards.py and
+read_chains.py).
 
 File: ``<cache dir>/capture/<key[:2]>/<key>``: a magic line, a JSON header line (format,
 key, payload size and sha256), then the payload (``marshal`` of the value). It is
@@ -86,7 +87,7 @@ def _generator_digest() -> str:
             ver = "unknown"
         h = hashlib.sha256(ver.encode())
         here = Path(__file__).resolve().parent
-        for name in ("code_cache.py", "guards.py"):
+        for name in ("code_cache.py", "guards.py", "read_chains.py"):
             h.update((here / name).read_bytes())
         _digest.append(h.hexdigest())
     return _digest[0]

@@ -11,10 +11,12 @@ appears in every guard on layer 0), so the generated function is straight-line c
 one ``if not (<guard>): return False`` per guard, in the order they were recorded, and
 every read chain (attribute, constant subscript, ``getattr`` with a constant name, a
 read-only call) used by more than one guard is computed once into a local just before
-the first guard that needs it (``hoist_reads``). Hoisting only moves a pure read to
-where an earlier guard would have evaluated it anyway, except inside a short-circuit
-operand; a read that raises there fails the guard (the hook treats an exception as a
-miss), so the worst case is a recompile, never a wrong hit. The per-tensor checks
+the first guard that needs it (``hoist_reads``; the chains are found in each
+expression's text by read_chains.py, parsed by ``ast`` only where that scanner gives
+up). Hoisting only moves a pure read to where an earlier guard would have evaluated it
+anyway, except inside a short-circuit operand; a read that raises there fails the guard
+(the hook treats an exception as a miss), so the worst case is a recompile, never a
+wrong hit. The per-tensor checks
 (dtype, device, sizes, strides, requires_grad, dispatch keys) run in one native call
 over all tensors of the entry (``kiln_capture._tensor_guards``).
 
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kiln_capture import _C, code_cache
+from kiln_capture import _C, code_cache, read_chains
 from kiln_capture.gc_pause import paused
 from kiln_capture.shape_guards import ShapeGuards
 from kiln_capture.sources import AttrSource, ClosureSource, ItemSource, Source
@@ -474,6 +476,38 @@ class _Hoist:
             self.lines.append(f"{name} = {_splice(text, start, end, out)}")
         return [(start, end, name)]
 
+    def scanned_edits(self, node: read_chains.Node, text: bytes) -> list[tuple[int, int, str]]:
+        """``edits`` for a node of ``read_chains.scan``."""
+        if node.parts:
+            return self._chain_edits(node, len(node.parts), text)
+        out: list[tuple[int, int, str]] = []
+        for kid in node.kids:
+            out += self.scanned_edits(kid, text)
+        key = node.key
+        if key is None or key not in self.shared:
+            return out
+        name = self.names.get(key)
+        if name is None:
+            name = self.names[key] = f"{self.prefix}{len(self.names)}"
+            self.lines.append(f"{name} = {_splice(text, node.start, node.end, out)}")
+        return [(node.start, node.end, name)]
+
+    def _chain_edits(
+        self, node: read_chains.Node, k: int, text: bytes
+    ) -> list[tuple[int, int, str]]:
+        """The edit of the longest shared one of a chain token's first ``k`` reads (as
+        ``edits`` of the nested nodes that ``ast`` makes of them)."""
+        for j in range(k - 1, -1, -1):
+            end, key = node.parts[j]
+            if key in self.shared:
+                name = self.names.get(key)
+                if name is None:
+                    inner = self._chain_edits(node, j, text)
+                    name = self.names[key] = f"{self.prefix}{len(self.names)}"
+                    self.lines.append(f"{name} = {_splice(text, node.start, end, inner)}")
+                return [(node.start, end, name)]
+        return []
+
 
 def _parse(exprs: list[str]) -> list[ast.expr | None]:
     """Each expression's tree, parsed together; None for one of several lines (its
@@ -505,15 +539,32 @@ def _hoisted(exprs: list[str], prefix: str, lines: list[str]) -> Iterator[str]:
     whose assignments are appended to ``lines`` as each expression is visited (before it
     is yielded: a caller interleaving its own lines keeps every read after the guards
     before it)."""
-    trees = _parse(exprs)
     counts: Counter[str] = Counter()
-    for tree in trees:
+    # the read chains of each expression from its text (read_chains.py, "scanning read
+    # chains"); the few it leaves are parsed
+    scanned: list[list[read_chains.Node] | None] = []
+    for e in exprs:
+        keys: set[str] = set()
+        nodes = read_chains.scan(e, keys)
+        scanned.append(nodes)
+        if nodes is not None:
+            counts.update(keys)
+    parsed = [i for i, nodes in enumerate(scanned) if nodes is None]
+    trees: dict[int, ast.expr | None] = dict(zip(parsed, _parse([exprs[i] for i in parsed])))
+    for tree in trees.values():
         if tree is not None:
-            keys: set[str] = set()
+            keys = set()
             _scan(tree, keys)
             counts.update(keys)
     hoist = _Hoist({k for k, n in counts.items() if n > 1}, lines, prefix)
-    for e, tree in zip(exprs, trees):
+    for i, e in enumerate(exprs):
+        nodes = scanned[i]
+        if nodes is not None:
+            text = e.encode()
+            edits = [x for node in nodes for x in hoist.scanned_edits(node, text)]
+            yield _splice(text, 0, len(text), edits) if edits else e
+            continue
+        tree = trees[i]
         if tree is None:
             yield e
             continue

@@ -19,15 +19,28 @@ other kind (a function, a module, an object, a symbolic size) gives no key: the 
 Nothing is reused under autocast, with symbolic sizes in the trace, or when the op took
 sides of a branch on data (``kiln_speculation``).
 
-Only results that are new and plain are kept: a tensor of class ``torch.Tensor`` on the
-meta device, strided, at offset 0, not requiring grad (its ``grad_fn`` would differ), not
-a view and sharing no storage with an argument (a view, ``detach()``, an op returning its
-input or writing in place: the next call's result must alias the next call's input), or
-numbers, ``None`` and ``torch.Size``, or tuples and lists of these with no tensor twice.
-A reused result is a new meta tensor of the recorded shape, strides and dtype
-(``empty_strided``): each node still has its own value, as a run of the kernel gives.
-Errors are not kept (a failing op runs again and raises again), nor are warnings a
-kernel emits (torch warns once per process anyway).
+Only results that are plain are kept: numbers, ``None`` and ``torch.Size``, tuples and
+lists of these, and meta tensors of class ``torch.Tensor``, strided, not requiring grad
+(their ``grad_fn`` would differ), not conjugate or negative, each of one of three kinds:
+
+- new: a tensor at offset 0, not a view, sharing no storage with an argument or another
+  output; reused as a new tensor of the recorded shape, strides and dtype
+  (``empty_strided``);
+- a view of a new base (``F.linear`` of a 3-d input views its 2-d product): its storage
+  shared with no argument and no other output, the base itself plain; reused as the same
+  view (``as_strided``) of a new base of the recorded shape, strides and dtype;
+- an argument itself or a view of one (``dropout`` in eval mode, ``contiguous`` of a
+  contiguous tensor; ``view``, ``transpose``, ``split``), from an op that is not in
+  place (no ``out=``, ``inplace=True``, ``add_``, ``+=``) and left every argument's
+  metadata as it was: reused as that argument of the next call, or the same view
+  (``as_strided``, the dtype of the argument) of it, made with grad off as the kernel
+  made it (a kept result needs no grad). A tensor sharing its argument's storage that is
+  no view (``detach()``) is not kept.
+
+So each node still has its own value, aliasing what a run of the kernel's would alias
+(the next call's result aliases the next call's input). Errors are not kept (a failing
+op runs again and raises again), nor are warnings a kernel emits (torch warns once per
+process anyway).
 """
 
 from __future__ import annotations
@@ -61,15 +74,14 @@ def reusable_target(kind: str, target: object) -> bool:
     )
 
 
-def _key(value: Any, tensors: dict[int, int], storages: set[int]) -> Any:
+def _key(value: Any, tensors: dict[int, tuple[int, torch.Tensor]]) -> Any:
     t = type(value)
     if t is torch.Tensor:
         if value.layout is not torch.strided or value.is_conj() or value.is_neg():
             raise _NoKey
         if value.device.type != "meta":
             raise _NoKey
-        storages.add(value.untyped_storage()._cdata)
-        same = tensors.setdefault(id(value), len(tensors))
+        same = tensors.setdefault(id(value), (len(tensors), value))[0]
         grad = value.requires_grad
         return (
             "T",
@@ -87,56 +99,140 @@ def _key(value: Any, tensors: dict[int, int], storages: set[int]) -> Any:
     if t in _PLAIN:
         return (t, value)
     if t is tuple or t is list:
-        return (t, tuple(_key(v, tensors, storages) for v in value))
+        return (t, tuple(_key(v, tensors) for v in value))
     if t is torch.Size:
         return (t, tuple(value))
     if t is dict:
-        return (dict, tuple((k, _key(v, tensors, storages)) for k, v in value.items()))
+        return (dict, tuple((k, _key(v, tensors)) for k, v in value.items()))
     if t is slice:
-        return (slice, *(_key(p, tensors, storages) for p in (value.start, value.stop, value.step)))
+        return (slice, *(_key(p, tensors) for p in (value.start, value.stop, value.step)))
     if value is Ellipsis:
         return ("...",)
     raise _NoKey
 
 
-def _snapshot(result: Any, storages: set[int], seen: set[int]) -> Any:
+_IN_PLACE_OPERATORS = frozenset(
+    f"i{name}"
+    for name in (
+        "add", "and", "concat", "floordiv", "lshift", "matmul", "mod", "mul",
+        "or", "pow", "rshift", "sub", "truediv", "xor",
+    )
+)  # fmt: skip
+
+
+def _in_place(kind: str, target: object, kwargs: dict) -> bool:
+    """Whether the op may write into an argument (its result may be that argument)."""
+    if "out" in kwargs or kwargs.get("inplace") is True:
+        return True
+    schema = getattr(target, "_schema", None)  # torch.ops.aten.add_.Tensor
+    if schema is not None and getattr(schema, "is_mutable", True):
+        return True
+    name = target if type(target) is str else getattr(target, "__name__", "")
+    if not isinstance(name, str):
+        return True
+    if name.endswith("_") and not name.endswith("__"):
+        return True  # x.add_(y), torch.relu_(x)
+    if name.startswith("__i") and name.endswith("__"):
+        return True  # x.__iadd__(y)
+    module = getattr(target, "__module__", None) if kind == "call_function" else None
+    return module in ("_operator", "operator") and name in _IN_PLACE_OPERATORS
+
+
+def _metadata(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad)
+
+
+class _Outputs:
+    """What ``_snapshot`` knows of the call: its tensor arguments (in key order), the
+    storages they hold, whether a result may alias them, and the outputs seen so far."""
+
+    def __init__(self, args: list[torch.Tensor], may_alias: bool) -> None:
+        self.args = args
+        self.index = {id(t): i for i, t in enumerate(args)}
+        self.arg_storages: dict[int, list[int]] = {}
+        for i, t in enumerate(args):
+            self.arg_storages.setdefault(t.untyped_storage()._cdata, []).append(i)
+        self.may_alias = may_alias
+        self.storages: set[int] = set()  # of new outputs
+        self.seen: set[int] = set()
+
+
+def _plain_tensor(t: Any) -> bool:
+    return (
+        type(t) is torch.Tensor
+        and not t.requires_grad
+        and t.layout is torch.strided
+        and t.device.type == "meta"
+        and not t.is_conj()
+        and not t.is_neg()
+        and all(type(n) is int for n in (*t.shape, *t.stride(), t.storage_offset()))
+    )
+
+
+def _snapshot(result: Any, outs: _Outputs) -> Any:
     """``result`` as plain data, or raise ``_NoKey`` (module docstring)."""
     t = type(result)
     if t is torch.Tensor:
-        if (
-            result.requires_grad
-            or result.layout is not torch.strided
-            or result.device.type != "meta"
-            or result.storage_offset() != 0
-            or result._is_view()
-            or result.is_conj()
-            or result.is_neg()
-            or id(result) in seen
-        ):
-            raise _NoKey
-        shape, stride = tuple(result.shape), result.stride()
-        if not all(type(n) is int for n in (*shape, *stride)):
-            raise _NoKey  # sizes only the data gives (unbacked symbols)
-        storage = result.untyped_storage()._cdata
-        if storage in storages:
-            raise _NoKey
-        storages.add(storage)  # two outputs sharing one storage: not plain either
-        seen.add(id(result))
-        return ("T", shape, stride, result.dtype)
+        return _snapshot_tensor(result, outs)
     if t is tuple or t is list:
-        return (t, tuple(_snapshot(r, storages, seen) for r in result))
+        return (t, tuple(_snapshot(r, outs) for r in result))
     if t in (int, bool, float, type(None), torch.Size):
         return ("c", result)
     raise _NoKey
 
 
-def _fresh(snap: tuple) -> Any:
+def _snapshot_tensor(result: torch.Tensor, outs: _Outputs) -> tuple:
+    if not _plain_tensor(result):
+        raise _NoKey
+    shape, stride, offset = tuple(result.shape), result.stride(), result.storage_offset()
+    if id(result) in outs.index:  # an argument itself
+        if not outs.may_alias:
+            raise _NoKey
+        return ("A", outs.index[id(result)])
+    if id(result) in outs.seen:
+        raise _NoKey
+    outs.seen.add(id(result))
+    storage = result.untyped_storage()._cdata
+    if storage in outs.arg_storages:  # a view of an argument
+        if not (outs.may_alias and result._is_view()):
+            raise _NoKey  # detach(): shares the storage, no view
+        of = [i for i in outs.arg_storages[storage] if outs.args[i].dtype == result.dtype]
+        if not of:
+            raise _NoKey
+        return ("V", of[0], shape, stride, offset)
+    if storage in outs.storages:
+        raise _NoKey  # two outputs sharing one new storage
+    outs.storages.add(storage)
+    if not result._is_view():
+        if offset != 0:
+            raise _NoKey
+        return ("T", shape, stride, result.dtype)
+    base = result._base
+    if (
+        base is None
+        or not _plain_tensor(base)
+        or base._is_view()
+        or base.storage_offset() != 0
+        or base.dtype != result.dtype
+    ):
+        raise _NoKey
+    return ("B", tuple(base.shape), base.stride(), base.dtype, shape, stride, offset)
+
+
+def _fresh(snap: tuple, args: list[torch.Tensor]) -> Any:
     kind = snap[0]
     if kind == "T":
         return torch.empty_strided(snap[1], snap[2], dtype=snap[3], device="meta")
     if kind == "c":
         return snap[1]
-    return kind(_fresh(s) for s in snap[1])
+    if kind == "A":
+        return args[snap[1]]
+    if kind == "V":
+        return args[snap[1]].as_strided(snap[2], snap[3], snap[4])
+    if kind == "B":
+        base = torch.empty_strided(snap[1], snap[2], dtype=snap[3], device="meta")
+        return base.as_strided(snap[4], snap[5], snap[6])
+    return kind(_fresh(s, args) for s in snap[1])
 
 
 class MetaResults:
@@ -147,39 +243,47 @@ class MetaResults:
         self.hits = 0
 
     def key(self, kind: str, target: object, args: list, kwargs: dict, grad: bool) -> Any:
-        """The key of this op's meta evaluation, with the storages of its tensor
-        arguments; None: not reusable."""
+        """The key of this op's meta evaluation, with what ``keep`` and ``get`` need of
+        the call (its tensor arguments and their metadata); None: not reusable."""
         if not reusable_target(kind, target):
             return None
-        tensors: dict[int, int] = {}
-        storages: set[int] = set()
+        tensors: dict[int, tuple[int, torch.Tensor]] = {}
         try:
             key = (
                 kind,
                 target,
-                _key(args, tensors, storages),
-                _key(kwargs, tensors, storages),
+                _key(args, tensors),
+                _key(kwargs, tensors),
                 grad,
                 torch.get_default_dtype(),
             )
             hash(key)
         except (_NoKey, TypeError):
             return None
-        return key, storages
+        ordered = [t for _, t in tensors.values()]
+        in_place = _in_place(kind, target, kwargs)
+        return key, ordered, in_place, [_metadata(t) for t in ordered]
 
     def get(self, key: Any) -> Any:
         """A new result equal to the one kept under ``key``, or None."""
         snap = self._results.get(key[0])
         if snap is None:
             return None
+        try:
+            with torch.no_grad():  # as the kept result was made: needing no grad
+                result = _fresh(snap, key[1])
+        except Exception:  # a view out of this argument's storage: the op runs
+            return None
         self.hits += 1
-        return _fresh(snap)
+        return result
 
     def keep(self, key: Any, result: Any) -> None:
         if len(self._results) >= _MAX:
             return
+        _, args, in_place, before = key
+        unchanged = [_metadata(t) for t in args] == before
         try:
-            snap = _snapshot(result, set(key[1]), set())
+            snap = _snapshot(result, _Outputs(args, not in_place and unchanged))
         except _NoKey:
             return
         self._results[key[0]] = snap
