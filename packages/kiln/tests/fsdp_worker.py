@@ -742,28 +742,33 @@ def check_hf(rank: int, world: int) -> None:
             compiled = mine
         else:
             compiled = _compile(mine, how)
-        # AdamW's step divides by the gradient's running size, so an element whose
-        # gradient is near 0 turns last-bit differences into up to lr per step: its
-        # tolerance is a tenth of one step (SGD's is 1e-5)
-        make, lr, atol = (
-            (torch.optim.AdamW, 1e-3, 1e-4)
+        # AdamW's step divides by the gradient's running size (+ eps), so an element whose
+        # gradient is near 0 turns last-bit differences into up to lr per step (with
+        # transformers 5.24 one embedding element of 4096 moved 2.4 steps apart): eps 1e-6
+        # bounds that to lr * difference / eps; the gradients themselves are compared
+        # before every step. Parameters: a tenth of one step (SGD's 1e-5)
+        make, kw, atol = (
+            (torch.optim.AdamW, {"lr": 1e-3, "eps": 1e-6}, 1e-4)
             if optimizer == "adamw"
-            else (torch.optim.SGD, 0.05, 1e-5)
+            else (torch.optim.SGD, {"lr": 0.05}, 1e-5)
         )
-        opts = [make(m.parameters(), lr=lr) for m in (eager, mine)]
+        opts = [make(m.parameters(), **kw) for m in (eager, mine)]
         g = torch.Generator().manual_seed(100 + rank)
         what = f"fsdp hf {kind} {optimizer} checkpointing={checkpointing} at the {how}"
         what += f" on rank {rank}"
         with _CommLog(eager, mine) as comms:
             for step in range(3):
                 ids = torch.randint(0, 128, (2, 16), generator=g)
-                seen = []
+                seen, grads = [], []
                 for model, opt in zip((eager, compiled), opts):
                     model(ids, labels=ids).loss.backward()
+                    grads.append([p.grad.to_local().clone() for p in opt.param_groups[0]["params"]])
                     opt.step()
                     opt.zero_grad()
                     seen.append(comms.take())
                 _check_comms(f"{what}, step {step}", how, "default", *seen)
+                for (pname, _), got, want in zip(eager.named_parameters(), *grads[::-1]):
+                    _assert_shard_close(got, want, 1e-5, f"{what}, step {step}: grad of {pname}")
         for (pname, p), q in zip(eager.named_parameters(), mine.parameters()):
             _assert_shard_close(q, p, atol, f"{what}: {pname}")
         stats = _assert_counts(what)
