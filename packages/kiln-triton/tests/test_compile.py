@@ -132,17 +132,9 @@ def test_bf16_masked_lm_head_backward_reordered_block_in_a_persistent_kernel(mon
         out.float().square().mean().backward()
         return {n: p.grad for n, p in m.named_parameters()}
 
-    import kiln_inductor.compile as inductor_compile
+    from kiln_inductor.testing import record_compiled_graphs
 
-    graphs = []  # (kernels, fallback ops) of every ATen graph compiled
-    inner = inductor_compile.compile_aten_graph
-
-    def counting(gm, example_inputs):
-        compiled = inner(gm, example_inputs)
-        graphs.append((compiled.stats["kernels"], compiled.stats["fallbacks"]))
-        return compiled
-
-    monkeypatch.setattr(inductor_compile, "compile_aten_graph", counting)
+    graphs = record_compiled_graphs(monkeypatch)  # (kernels, fallback ops) of each graph
     want = step(model, model)
     trained = copy.deepcopy(model)
     with use_triton_for_cpu():

@@ -12,22 +12,13 @@ import pytest
 import torch
 
 import kiln
-import kiln_inductor.compile as inductor_compile
+from kiln_inductor.testing import record_compiled_graphs
 
 
 @pytest.fixture
 def aten_graphs(monkeypatch):
     """Every ATen graph kiln-inductor compiles: (kernels, fallback ops)."""
-    seen: list[tuple[int, list]] = []
-    inner = inductor_compile.compile_aten_graph
-
-    def counting(gm, example_inputs):
-        compiled = inner(gm, example_inputs)
-        seen.append((compiled.stats["kernels"], compiled.stats["fallbacks"]))
-        return compiled
-
-    monkeypatch.setattr(inductor_compile, "compile_aten_graph", counting)
-    return seen
+    return record_compiled_graphs(monkeypatch)
 
 
 def _data(seed: int, *shape: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ overloads explicitly (DESIGN.md contract 3 form) and fills ``meta['val']`` by ru
 the meta device. ``check_compiled(fn, inputs)`` compiles such a graph and compares every
 output with eager. ``channels_last_models()``: small convolution graphs (a ResNet block, a
 ConvNeXt block, reductions over H, W and over C) for tests of the channels-last layout.
+``record_compiled_graphs(monkeypatch)``: kernels and fallbacks of every graph compiled.
 """
 
 from __future__ import annotations
@@ -19,6 +20,24 @@ import torch.nn.functional as F
 
 from .compile import compile_aten_graph
 from .passes import fill_meta
+
+
+def record_compiled_graphs(monkeypatch: Any) -> list[tuple[int, list]]:
+    """Every ATen graph kiln-inductor compiles from now on (``monkeypatch``: pytest's),
+    as (kernels generated, fallback ops): a test of a compiler asserts with it that kernels
+    were generated and no fallback was taken, which a graph run eagerly would not show."""
+    from . import compile as inductor_compile
+
+    seen: list[tuple[int, list]] = []
+    inner = inductor_compile.compile_aten_graph
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        compiled = inner(gm, example_inputs)
+        seen.append((compiled.stats["kernels"], compiled.stats["fallbacks"]))
+        return compiled
+
+    monkeypatch.setattr(inductor_compile, "compile_aten_graph", counting)
+    return seen
 
 
 def aten_graph(fn: Callable[..., Any], inputs: Sequence[Any]) -> torch.fx.GraphModule:
