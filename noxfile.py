@@ -27,6 +27,10 @@ import nox
 ROOT = Path(__file__).parent
 PACKAGES_DIR = ROOT / "packages"
 TORCH_SPEC = os.environ.get("KILN_TORCH_SPEC", "torch==2.13.0")
+# The transformers releases the suites were last run with: a new release once turned CI red
+# with no change of kiln's (an HF test's initialization moved). Raise the bound after
+# `nox -s ci` and `nox -s slow` pass with the new release (KILN_TRANSFORMERS_SPEC to try one).
+TRANSFORMERS = os.environ.get("KILN_TRANSFORMERS_SPEC", "transformers>=4.40,<5.25")
 # Build requirements of kiln-capture's C++ extension, installed into the venv so that
 # packages build without isolation (faster, and no second resolution of torch).
 BUILD_REQUIREMENTS = ["setuptools>=68", "pybind11>=2.12", "wheel"]
@@ -141,7 +145,7 @@ def ci(session: nox.Session) -> None:
 
     The venv uses the interpreter that runs nox, so CI's matrix (3.11, 3.12) tests each.
     """
-    session.install("ruff>=0.6", "transformers")
+    session.install("ruff>=0.6", TRANSFORMERS)
     _install(session, _all_in_order())
     _boundaries(session)
     _lint(session)
@@ -153,7 +157,7 @@ def ci(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     """The suites marked slow (real models from transformers), every package."""
     _install(session, _all_in_order())
-    session.install("transformers")
+    session.install(TRANSFORMERS)
     for dist in _all_in_order():
         _run_package_tests(session, dist, "slow", success_codes=[0, 5])
 
@@ -176,7 +180,7 @@ def fuzz(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job: compile GPT-2 on the CPU with kiln, check it against eager, time it."""
     _install(session, _all_in_order())
-    session.install("transformers>=4.40")
+    session.install(TRANSFORMERS)
     session.run("python", "-m", "kiln", "demo", *session.posargs)
 
 
@@ -184,7 +188,7 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The CPU model suite: eager vs torch.compile vs kiln.compile (benchmarks/models.py)."""
     _install(session, _all_in_order())
-    session.install("transformers>=4.40", "matplotlib")
+    session.install(TRANSFORMERS, "matplotlib")
     session.run("python", "benchmarks/models.py", *(session.posargs or ["--train"]))
 
 

@@ -275,16 +275,30 @@ def _in_flight(lines: list[str], op: str) -> list[tuple[int, set[str]]]:
     return out
 
 
+def _most_in_flight(lines: list[str]) -> int:
+    """The most collectives of any kind issued and not yet waited on at once."""
+    issued: set[str] = set()
+    most = 0
+    for line in lines:
+        if "= torch.ops._c10d_functional.wait_tensor." in line:
+            issued.discard(line.split("wait_tensor.default(")[1].split(")")[0])
+        elif "= torch.ops._c10d_functional." in line:
+            issued.add(line.split(" = ")[0])
+            most = max(most, len(issued))
+    return most
+
+
 def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
     """The MLP (a root unit holding ``inp`` and ``head``, 3 block units; 4 parameters
     each) compiled whole, in the ATen graphs after kiln-inductor's collectives pass (the
     debug dumps). FSDP's defaults (the blocks reshard after forward): the forward issues
     each unit's all-gathers about one unit ahead of its use (KILN_PREFETCH_GROUPS=1): not
-    all before its first matmul, at most two units' gathers in flight at any matmul, and
-    some gather in flight while a matmul runs (prefetching); the backward gathers each
-    block's weights again (6 all-gathers, the forward saves no block's gathered weight),
-    one unit ahead as well, and each unit's reduce-scatters start before a later matmul
-    and are waited on within two units (at most 2 units' gradients in flight). With
+    all before its first matmul, and some gather in flight while a matmul runs
+    (prefetching); the backward gathers each block's weights again (6 all-gathers, the
+    forward saves no block's gathered weight), one unit ahead as well, and some
+    reduce-scatter runs under a later matmul. On gloo never more than one collective is in
+    flight (kiln-inductor's collectives pass: torch's gloo corrupts its heap with several
+    at once). With
     ``reshard_after_forward=False`` the forward saves the gathered weights and the
     backward gathers nothing; so it does after ``set_reshard_after_forward(False)`` on a
     model compiled and run with the defaults (the graph is built again for the new
@@ -328,8 +342,8 @@ def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
         assert len(gathers) == 16, "\n".join(fw)
         flight = _in_flight(fw, "all_gather_into_tensor")
         assert len(flight[0][1]) < len(gathers) - 4, "\n".join(fw)  # not all at the start
-        assert max(len(f) for _, f in flight) <= 8, "\n".join(fw)  # two units of 4
         assert any(f for _, f in flight), "\n".join(fw)  # the next unit's in flight
+        assert _most_in_flight(fw) == 1 and _most_in_flight(bw) <= 1, "\n".join(fw + bw)
         header = next(line for line in bw if line.startswith("def forward("))
         saved_waits = header.count("saved_wait_tensor")
         regathers = [line for line in bw if "= torch.ops._c10d_functional.all_gather_in" in line]
@@ -341,10 +355,9 @@ def check_fsdp_overlap(rank: int, world: int, debug: str) -> None:
             continue
         assert saved_waits == 1 and len(regathers) == 6, "\n".join(bw)  # the root's head
         flight = _in_flight(bw, "all_gather_into_tensor")
-        assert max(len(f) for _, f in flight) <= 2 and any(f for _, f in flight), "\n".join(bw)
+        assert any(f for _, f in flight), "\n".join(bw)
         scatters = _in_flight(bw, "reduce_scatter_tensor")
         assert any(f for _, f in scatters), "\n".join(bw)  # under a later matmul
-        assert max(len(f) for _, f in scatters) <= 4, "\n".join(bw)  # 1 unit: w, b
 
 
 def _peak_mb(step: Callable[[], None]) -> float:

@@ -45,6 +45,22 @@ eager FSDP2 waits for one unit's reduce-scatter when it issues the next). Gather
 waited on about there anyway; the reduce-scatters of FSDP's gradients (grouped per unit
 too), whose results only the graph's output reads, would otherwise be waited on at the
 backward's end, holding every unit's unsharded gradient until then.
+
+# One collective in flight on the CPU
+
+Collectives over CPU tensors (gloo) are waited on before the next one starts: each wait
+moves up to just before the next CPU collective where it came later. Communication still
+overlaps the computation between a collective and the next one, but two never run at
+once. torch 2.13's ProcessGroupGloo runs queued collectives on two worker threads, and
+several of them in flight at once with different sizes corrupt the heap within gloo's tcp
+transport on 4 ranks (a crash inside gloo's ring allreduce, ``malloc(): unaligned tcache
+chunk detected`` or a segfault; kiln's 4-rank FSDP2 test crashed so in CI), reproduced
+with torch alone (``tools/gloo_inflight_repro.py``: 4 processes each issuing
+``_c10d_functional`` all-gathers and reduce-scatters of 2 to 1024 elements, four of each
+before their waits; a race: 3 crashes in 9 runs one hour, none in 12 the next; waited one
+at a time, none). Eager PyTorch on gloo (FSDP2's CPU path) waits on each before the next.
+Collectives on an accelerator (NCCL) keep every one in flight that the schedule above
+allows.
 """
 
 from __future__ import annotations
@@ -101,6 +117,7 @@ def schedule_collectives(gm: torch.fx.GraphModule, prefetch: int | None = None) 
     order = list(graph.nodes)
     after = _placed(order, _issue_points(order, prefetch))
     after = _bounded_waits(after, prefetch)
+    after = _one_cpu_collective_in_flight(after)
     prev = None
     for node in after:
         if prev is not None and prev.next is not node:
@@ -234,6 +251,41 @@ def _bounded_waits(order: list[torch.fx.Node], prefetch: int) -> list[torch.fx.N
     out = []
     for n in order:
         out.extend(sorted(early.get(n, ()), key=lambda w: pos[w]))
+        if n not in moved:
+            out.append(n)
+    return out
+
+
+def _on_cpu(collective: torch.fx.Node) -> bool:
+    """The collective communicates CPU tensors (its result's device as the graph records
+    it; hand-built graphs without one are left alone)."""
+    val = collective.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        val = next((a.meta.get("val") for a in collective.all_input_nodes), None)
+    return isinstance(val, torch.Tensor) and val.device.type == "cpu"
+
+
+def _one_cpu_collective_in_flight(order: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """``order`` with the waits of every CPU collective still in flight where another CPU
+    collective starts moved up to just before it (module docstring, "One collective in
+    flight on the CPU")."""
+    early: dict[torch.fx.Node, list[torch.fx.Node]] = defaultdict(list)  # before -> waits
+    moved: set[torch.fx.Node] = set()
+    flying: list[torch.fx.Node] = []  # CPU collectives issued whose waits come later
+    for n in order:
+        if is_wait(n) and n not in moved:
+            flying = [c for c in flying if c is not n.args[0]]
+        elif is_collective(n) and _on_cpu(n):
+            for c in flying:
+                waits = [w for w in c.users if is_wait(w) and w not in moved]
+                early[n] += waits
+                moved.update(waits)
+            flying = [n]
+    if not early:
+        return order
+    out = []
+    for n in order:
+        out.extend(early.get(n, ()))
         if n not in moved:
             out.append(n)
     return out
