@@ -193,3 +193,20 @@ def test_cpu_collectives_run_one_at_a_time(device, grouped):
         assert any(flying_at), order  # communication still under some matmul
     else:
         assert max(counts) >= 2, order
+
+
+@pytest.mark.parametrize("most", [0, 2])
+def test_the_cpu_bound_is_a_setting(monkeypatch, most):
+    """KILN_CPU_COLLECTIVES_IN_FLIGHT: 2 lets two CPU collectives run at once, 0 any number
+    (the schedule's own)."""
+    monkeypatch.setenv("KILN_CPU_COLLECTIVES_IN_FLIGHT", str(most))
+    gm = _layers(3, grouped=False)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target._opname in (
+            "all_gather_into_tensor",
+            "reduce_scatter_tensor",
+        ):
+            n.meta["val"] = torch.empty(4)
+    schedule_collectives(gm, prefetch=1)
+    counts = _in_flight_counts(gm)
+    assert max(counts) == 2 if most == 2 else max(counts) > 2, _names(gm)

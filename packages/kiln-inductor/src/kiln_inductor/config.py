@@ -109,6 +109,15 @@ class Config:
         "each as soon as its input exists",
         affects_cache=True,
     )
+    cpu_collectives_in_flight: int = setting(
+        "KILN_CPU_COLLECTIVES_IN_FLIGHT",
+        1,
+        "collectives over CPU tensors (gloo) in flight at once: with 1 each is waited on "
+        "before the next starts, as torch 2.13's gloo corrupts its heap with several of "
+        "different sizes in flight (passes/collectives.py; tools/gloo_inflight_repro.py "
+        "checks a torch release); 0 leaves them where the schedule puts them",
+        affects_cache=True,
+    )
     check_indices: bool = setting(
         "KILN_CHECK_INDICES",
         True,

@@ -60,7 +60,8 @@ with torch alone (``tools/gloo_inflight_repro.py``: 4 processes each issuing
 before their waits; a race: 3 crashes in 9 runs one hour, none in 12 the next; waited one
 at a time, none). Eager PyTorch on gloo (FSDP2's CPU path) waits on each before the next.
 Collectives on an accelerator (NCCL) keep every one in flight that the schedule above
-allows.
+allows; ``KILN_CPU_COLLECTIVES_IN_FLIGHT`` sets the bound on the CPU (0: none, for a torch
+whose gloo passes the script).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def schedule_collectives(gm: torch.fx.GraphModule, prefetch: int | None = None) 
     order = list(graph.nodes)
     after = _placed(order, _issue_points(order, prefetch))
     after = _bounded_waits(after, prefetch)
-    after = _one_cpu_collective_in_flight(after)
+    after = _cpu_collectives_in_flight(after, read_config().cpu_collectives_in_flight)
     prev = None
     for node in after:
         if prev is not None and prev.next is not node:
@@ -265,10 +266,12 @@ def _on_cpu(collective: torch.fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.device.type == "cpu"
 
 
-def _one_cpu_collective_in_flight(order: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    """``order`` with the waits of every CPU collective still in flight where another CPU
-    collective starts moved up to just before it (module docstring, "One collective in
-    flight on the CPU")."""
+def _cpu_collectives_in_flight(order: list[torch.fx.Node], most: int) -> list[torch.fx.Node]:
+    """``order`` with at most ``most`` CPU collectives in flight (0: any number): where
+    another starts, the waits of the earliest ones still in flight move up to just before
+    it (module docstring, "One collective in flight on the CPU")."""
+    if most <= 0:
+        return order
     early: dict[torch.fx.Node, list[torch.fx.Node]] = defaultdict(list)  # before -> waits
     moved: set[torch.fx.Node] = set()
     flying: list[torch.fx.Node] = []  # CPU collectives issued whose waits come later
@@ -276,11 +279,11 @@ def _one_cpu_collective_in_flight(order: list[torch.fx.Node]) -> list[torch.fx.N
         if is_wait(n) and n not in moved:
             flying = [c for c in flying if c is not n.args[0]]
         elif is_collective(n) and _on_cpu(n):
-            for c in flying:
-                waits = [w for w in c.users if is_wait(w) and w not in moved]
+            while len(flying) >= most:
+                waits = [w for w in flying.pop(0).users if is_wait(w) and w not in moved]
                 early[n] += waits
                 moved.update(waits)
-            flying = [n]
+            flying.append(n)
     if not early:
         return order
     out = []
