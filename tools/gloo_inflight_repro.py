@@ -10,13 +10,13 @@ once a torch release no longer fails it:
     python tools/gloo_inflight_repro.py --serial        # each waited on before the next
 
 Each of ``--world`` processes issues ``--iters`` rounds of ``_c10d_functional``
-all-gathers and reduce-scatters of 2 to 1024 elements, ``--copies`` of each before their
+reduce-scatters of 8 to 1024 elements and all-gathers of their quarters, ``--copies`` of each before their
 waits, and checks the reduce-scatters' sums. It runs ``--runs`` times and prints each
 run's exit codes. The crash is a race and its rate moves with the machine's load: with
 torch 2.13.0+cpu on a 2-core machine, the same program crashed in 3 of 9 runs one hour
 (two runs with the heap message, one segfault; the core showed both of gloo's worker
 threads in ``ring()`` allreduces, the crashing one destroying an ``UnboundBuffer``) and in
-0 of 12 an hour later; waited one at a time it never crashed. Run it several times before
+0 of 15 an hour later; waited one at a time it never crashed. Run it several times before
 concluding a torch release is fixed.
 """
 
@@ -73,12 +73,17 @@ def main() -> None:
             argv = [sys.executable, __file__, "--world", str(args.world), "--init", init]
             argv += ["--iters", str(args.iters), "--copies", str(args.copies)]
             argv += ["--serial"] if args.serial else []
-            procs = [
-                subprocess.Popen([*argv, "--rank", str(r)], stderr=subprocess.PIPE, text=True)
-                for r in range(args.world)
+            logs = [open(os.path.join(tmp, f"rank{r}.log"), "w+") for r in range(args.world)]
+            procs = [  # stderr to files: a pipe nobody reads while waiting can fill and block
+                subprocess.Popen([*argv, "--rank", str(r)], stderr=log, text=True)
+                for r, log in enumerate(logs)
             ]
             codes = [p.wait() for p in procs]
-            errors = {line for p in procs for line in p.stderr.read().splitlines()}
+            errors = set()
+            for log in logs:
+                log.seek(0)
+                errors.update(log.read().splitlines())
+                log.close()
         crashed = any(c < 0 or c in (134, 139) for c in codes)
         failed += crashed
         heap = sorted(e for e in errors if "malloc" in e or "free" in e or "corrupt" in e)

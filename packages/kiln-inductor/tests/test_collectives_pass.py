@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.fx
 
-from kiln_inductor.passes.collectives import schedule_collectives
+from kiln_inductor.passes.collectives import is_collective, is_wait, schedule_collectives
 
 c10d = getattr(torch.ops, "_c10d_functional", None)
 pytestmark = pytest.mark.skipif(
@@ -159,16 +159,20 @@ def _in_flight_counts(gm: torch.fx.GraphModule) -> list[int]:
     """How many collectives are issued and not yet waited on, after each node."""
     flying, counts = set(), []
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is c10d.wait_tensor.default:
+        if is_wait(n):
             flying.discard(n.args[0])
-        elif (
-            n.op == "call_function"
-            and n.target._opname != "wait_tensor"
-            and n.target.namespace == "_c10d_functional"
-        ):
+        elif is_collective(n):
             flying.add(n)
         counts.append(len(flying))
     return counts
+
+
+def _on(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
+    """``gm`` with each collective's value recorded on ``device`` (as capture records it)."""
+    for n in gm.graph.nodes:
+        if is_collective(n):
+            n.meta["val"] = torch.empty(4, device=device)
+    return gm
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
@@ -178,13 +182,7 @@ def test_cpu_collectives_run_one_at_a_time(device, grouped):
     never run at once (torch 2.13's gloo corrupts its heap with several in flight; the
     pass's docstring); the last one still overlaps the matmuls after it. Collectives on
     another device keep several in flight."""
-    gm = _layers(3, grouped=grouped)
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target._opname in (
-            "all_gather_into_tensor",
-            "reduce_scatter_tensor",
-        ):
-            n.meta["val"] = torch.empty(4, device=device)
+    gm = _on(_layers(3, grouped=grouped), device)
     schedule_collectives(gm, prefetch=1)
     order, counts = _names(gm), _in_flight_counts(gm)
     if device == "cpu":
@@ -200,13 +198,7 @@ def test_the_cpu_bound_is_a_setting(monkeypatch, most):
     """KILN_CPU_COLLECTIVES_IN_FLIGHT: 2 lets two CPU collectives run at once, 0 any number
     (the schedule's own)."""
     monkeypatch.setenv("KILN_CPU_COLLECTIVES_IN_FLIGHT", str(most))
-    gm = _layers(3, grouped=False)
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target._opname in (
-            "all_gather_into_tensor",
-            "reduce_scatter_tensor",
-        ):
-            n.meta["val"] = torch.empty(4)
+    gm = _on(_layers(3, grouped=False), "cpu")
     schedule_collectives(gm, prefetch=1)
     counts = _in_flight_counts(gm)
     assert max(counts) == 2 if most == 2 else max(counts) > 2, _names(gm)

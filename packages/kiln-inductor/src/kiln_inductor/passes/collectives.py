@@ -56,8 +56,8 @@ several of them in flight at once with different sizes corrupt the heap within g
 transport on 4 ranks (a crash inside gloo's ring allreduce, ``malloc(): unaligned tcache
 chunk detected`` or a segfault; kiln's 4-rank FSDP2 test crashed so in CI), reproduced
 with torch alone (``tools/gloo_inflight_repro.py``: 4 processes each issuing
-``_c10d_functional`` all-gathers and reduce-scatters of 2 to 1024 elements, four of each
-before their waits; a race: 3 crashes in 9 runs one hour, none in 12 the next; waited one
+``_c10d_functional`` reduce-scatters of 8 to 1024 elements and all-gathers, four of each
+before their waits; a race: 3 crashes in 9 runs one hour, none in 15 the next; waited one
 at a time, none). Eager PyTorch on gloo (FSDP2's CPU path) waits on each before the next.
 Collectives on an accelerator (NCCL) keep every one in flight that the schedule above
 allows; ``KILN_CPU_COLLECTIVES_IN_FLIGHT`` sets the bound on the CPU (0: none, for a torch
