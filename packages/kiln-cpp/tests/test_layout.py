@@ -1,5 +1,5 @@
 """Channels-last layout for convolution graphs (kiln_inductor.passes.layout), run through the CPU
-backend with KILN_CHANNELS_LAST=cpu (off by default): results match eager,
+backend with KILN_CHANNELS_LAST=cpu (off on the CPU by default): results match eager,
 the kernels between convolutions write channels-last, outputs keep eager's strides."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from models import ResNet
 from test_codegen import assert_in_order, kernel_sources
 
 import kiln_cpp
+from kiln_inductor.runtime.layout_copies import layout_copies, reset_layout_copies
 from kiln_inductor.testing import ConvMeanHW, channels_last_models, check_compiled
 from kiln_inductor.wrapper import _restride
 
@@ -246,3 +247,78 @@ def test_depthwise_convolutions_inference_and_training(layout, size):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     for g, w in zip(grads, [xe.grad, *(p.grad for p in model.parameters())]):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_training_graphs_save_and_read_channels_last(channels_last, monkeypatch, tmp_path):
+    """A training forward keeps its saved activations channels-last (only what the caller
+    sees is copied back) and the backward, compiled for the strides they arrive in, runs
+    ``convolution_backward`` on channels-last operands: no layout copy anywhere."""
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    model = _resnet().train()
+    ref = _resnet().train()
+    x = torch.randn(2, 3, 64, 64)  # each convolution over > 64 output pixels (no im2col)
+    reset_layout_copies()
+    compiled = kiln_cpp.compile_fx(model, [x])
+    out = _first(compiled(x))
+    want = ref(x)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    assert out.stride() == want.stride()
+    g = torch.randn_like(want)
+    (out * g).sum().backward()
+    (want * g).sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=n)
+        assert p.grad.is_contiguous(), n  # as eager gives it
+    assert not layout_copies()
+    wrappers = [w.read_text() for w in tmp_path.rglob("wrapper.py")]
+    (backward,) = [w for w in wrappers if "convolution_backward" in w]
+    (forward,) = [w for w in wrappers if w is not backward]
+    layouts = {"forward": _buffer_layouts(forward), "backward": _buffer_layouts(backward)}
+    assert layouts["forward"]["nhwc"] and layouts["backward"]["nhwc"], layouts
+    assert layouts["forward"]["nchw"] == layouts["backward"]["nchw"] == 0, layouts
+
+
+def _buffer_layouts(wrapper: str, batch: int = 2) -> dict[str, int]:
+    """How many 4-D activations (batch first, more than one channel and pixel; weight
+    gradients are written in the weights' layout) ``wrapper`` allocates channels-last and
+    how many NCHW."""
+    allocs = re.findall(
+        r"empty_strided\(\((\d+), (\d+), (\d+), (\d+)\), \((\d+), (\d+), (\d+), (\d+)\)", wrapper
+    )
+    out = {"nhwc": 0, "nchw": 0}
+    for n, c, h, w, _sn, sc, _sh, _sw in allocs:
+        if int(n) == batch and int(c) > 1 and int(h) * int(w) > 1:
+            out["nhwc" if int(sc) == 1 else "nchw"] += 1
+    return out
+
+
+@pytest.mark.parametrize(
+    "setting, device, dtype, training, want",
+    [
+        ("auto", "cuda", torch.bfloat16, True, True),
+        ("auto", "cuda", torch.float16, True, True),
+        ("auto", "cuda", torch.float32, True, False),  # fp32: cuDNN's NCHW kernels stay
+        ("auto", "cuda", torch.bfloat16, False, False),  # inference graphs: as before
+        ("auto", "cpu", torch.bfloat16, True, False),
+        ("cpu", "cpu", torch.float32, False, True),
+        ("none", "cuda", torch.bfloat16, True, False),
+    ],
+)
+def test_auto_setting_picks_16_bit_cuda_training_graphs(setting, device, dtype, training, want):
+    from kiln_inductor.passes.layout import _conv_operands, _wanted
+
+    gm = torch.fx.symbolic_trace(nn.Conv2d(3, 4, 3))
+    conv = torch.fx.Graph()
+    x = conv.placeholder("x")
+    w = conv.placeholder("w")
+    x.meta["val"] = torch.empty(2, 3, 8, 8, dtype=dtype, device="meta")
+    w.meta["val"] = torch.empty(4, 3, 3, 3, dtype=dtype, device="meta")
+    node = conv.call_function(
+        aten.convolution.default, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    )
+    conv.output(node)
+    gm = torch.fx.GraphModule(gm, conv)
+    if training:
+        gm.meta["kiln_aot_training"] = {"role": "forward", "outputs": 1}
+    convs = {node: _conv_operands(node)}
+    assert _wanted(gm, torch.device(device), convs, setting) is want

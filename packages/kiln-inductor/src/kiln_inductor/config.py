@@ -92,11 +92,11 @@ class Config:
     )
     channels_last_devices: str = setting(
         "KILN_CHANNELS_LAST",
-        "",
+        "auto",
         "comma-separated device types (cuda, cpu) on which graphs with 2-D convolutions run "
-        "them, and the kernels between them, in channels-last layout (layout.py); 'none': "
-        "off. Off by default until measured a win (kernels loop in their output's memory "
-        "order, so NHWC kernels are contiguous)",
+        "them, and the kernels between them, in channels-last layout (layout.py); 'auto' "
+        "(the default): CUDA training graphs whose convolutions are 16-bit (bf16 autocast); "
+        "'none': off",
         affects_cache=True,
     )
     prefetch_groups: int = setting(

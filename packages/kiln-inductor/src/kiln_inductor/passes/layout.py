@@ -11,16 +11,29 @@ the strides eager gives it: convolutions return channels-last, and pointwise ops
 Lowering then realizes those values channels-last (``GraphLowering.preferred_layout``),
 so the fused normalization and activation kernels between two convolutions read and write
 NHWC and the next convolution takes their buffer as is. Graph inputs and outputs keep the
-strides the caller sees (a graph that would need more than a couple of outputs copied
-back, a training forward saving activations, is left alone).
+strides the caller sees (in a graph kiln-aot did not split for training, one that would
+need more than a couple of outputs copied back is left alone).
+
+Training graphs (kiln-aot's ``gm.meta["kiln_aot_training"]``): the forward copies back
+only what the caller sees; the activations it saves for the backward stay channels-last,
+and the backward is compiled for the strides they arrive in (kiln-aot's
+``BackwardVariants.note_saved``). In the backward, ``convolution_backward`` reads its
+input and output gradient channels-last and returns its input and weight gradients in
+its input's layout (ATen's rule for cuDNN and oneDNN); weight gradients are written back
+in the weights' layout inside the kernel after them (a cast, under autocast) or by a copy.
 
 Generated kernels loop in the stride order of the buffer they write
 (``scheduler.access.loop_order``), so the kernels between convolutions read and write NHWC
-buffers contiguously, C fastest. Off by default (``KILN_CHANNELS_LAST=cuda,cpu`` turns it
-on per device type; ``none`` turns it off): when kernels still looped in logical order,
-timm convnext_tiny fell from 1.23x to 0.44x eager with it on (H200, bf16); it is to be
-measured again on the GPU (benchmarks/gpu/layout_ab.py) and on CPU it was not a clear
-win on a 2-core machine (benchmarks/models.py, kiln-inductor's CHANGELOG).
+buffers contiguously, C fastest. ``KILN_CHANNELS_LAST``: ``auto`` (the default) applies it
+to CUDA training graphs whose convolutions are 16-bit (bf16 autocast: cuDNN runs them
+NHWC, and NCHW operands cost a conversion each way around every call; torch.compile's
+layout optimization does the same for training graphs); ``cuda,cpu`` turns it on per
+device type for every graph; ``none`` turns it off. Inference graphs and fp32 keep NCHW
+by default: when kernels still looped in logical order, timm convnext_tiny fell from 1.23x
+to 0.44x eager with it on (H200, bf16), and the inference A/B is to be measured again
+(benchmarks/gpu/layout_ab.py); on CPU it was not a clear win on a 2-core machine
+(benchmarks/models.py, kiln-inductor's CHANGELOG; HF ResNet-50 small training step 31
+against 24 ms).
 
 If metadata cannot be propagated again (an op without a meta kernel), the pass undoes its
 edits and the graph compiles in its original layout.
@@ -28,6 +41,7 @@ edits and the graph compiles in its original layout.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -38,8 +52,10 @@ from .. import log
 aten = torch.ops.aten
 
 _CONV = aten.convolution.default
-# a graph with more outputs than this that the layout would change is left alone: it is a
-# training forward whose saved activations the backward graph reads in the old layout
+_CONV_BACKWARD = aten.convolution_backward.default
+# a graph with more outputs than this that the layout would change is left alone, unless
+# kiln-aot says which outputs the user sees (a training forward's saved activations stay
+# channels-last: the backward is compiled for the strides they arrive in)
 _MAX_RESTORED_OUTPUTS = 2
 
 
@@ -53,24 +69,68 @@ def is_channels_last(val: Any) -> bool:
     )
 
 
-def _conv_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    out = []
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or n.target is not _CONV:
-            continue
-        x, w = n.args[0], n.args[1]
-        xv, wv = getattr(x, "meta", {}).get("val"), getattr(w, "meta", {}).get("val")
-        transposed = n.args[6] if len(n.args) > 6 else False
-        if (
-            isinstance(xv, torch.Tensor)
-            and isinstance(wv, torch.Tensor)
-            and xv.dim() == 4
-            and wv.dim() == 4
-            and not transposed
-            and xv.dtype.is_floating_point
-        ):
-            out.append(n)
-    return out
+def _conv_operands(n: torch.fx.Node) -> list[Any] | None:
+    """The 4-D operands of a 2-D convolution (its input) or of its backward (the output
+    gradient and the input) to convert, or None when ``n`` is neither; the input first."""
+    if n.op != "call_function" or n.kwargs:
+        return None
+    if n.target is _CONV:
+        x, w, transposed, operands = n.args[0], n.args[1], n.args[6], [n.args[0]]
+    elif n.target is _CONV_BACKWARD:
+        x, w, transposed, operands = n.args[1], n.args[2], n.args[7], [n.args[1], n.args[0]]
+        if not all(u.target is operator.getitem for u in n.users):
+            return None
+    else:
+        return None
+    xv, wv = getattr(x, "meta", {}).get("val"), getattr(w, "meta", {}).get("val")
+    if (
+        isinstance(xv, torch.Tensor)
+        and isinstance(wv, torch.Tensor)
+        and xv.dim() == 4
+        and wv.dim() == 4
+        and not transposed
+        and xv.dtype.is_floating_point
+    ):
+        return operands
+    return None
+
+
+def _cl(val: Any) -> Any:
+    if isinstance(val, torch.Tensor) and val.dim() == 4:
+        return val.contiguous(memory_format=torch.channels_last)
+    return val
+
+
+def _visible_outputs(gm: torch.fx.GraphModule, outs: tuple) -> tuple[tuple, bool]:
+    """The outputs a caller sees in eager's strides, and whether kiln-aot said which."""
+    role = gm.meta.get("kiln_aot_training")
+    if not isinstance(role, dict):
+        return outs, False
+    if role.get("role") == "forward":
+        return outs[: int(role["outputs"])], True
+    return outs, True
+
+
+# 16-bit convolutions: cuDNN runs them NHWC and converts NCHW operands and results around
+# every call (module docstring)
+_AUTO_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _wanted(gm: torch.fx.GraphModule, device: torch.device, convs: dict, setting: str) -> bool:
+    """Whether the setting asks for channels-last here: the device type named, or ``auto``
+    and a CUDA training graph (kiln-aot's forward or backward) of 16-bit convolutions of
+    static shapes."""
+    devices = setting.split(",")
+    if device.type in devices:
+        return True
+    if "auto" not in devices or device.type != "cuda":
+        return False
+    if not isinstance(gm.meta.get("kiln_aot_training"), dict):
+        return False
+    # static shapes only: kiln-aot compiles the backward of symbolic tangents at once, for
+    # the traced (NCHW) strides, and channels-last saved values would be copied every step
+    vals = [ops[0].meta["val"] for ops in convs.values()]
+    return all(v.dtype in _AUTO_DTYPES and all(type(s) is int for s in v.shape) for v in vals)
 
 
 def to_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
@@ -78,31 +138,31 @@ def to_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
     from ..config import read_config
     from .meta import fill_meta
 
-    if device.type not in read_config().channels_last_devices.split(","):
-        return False
-    convs = _conv_nodes(gm)
-    if not convs:
+    convs = {n: ops for n in gm.graph.nodes if (ops := _conv_operands(n)) is not None}
+    if not convs or not _wanted(gm, device, convs, read_config().channels_last_devices):
         return False
     graph = gm.graph
     inserted: list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = []
-    for conv in convs:
-        # the input only: a channels-last input makes cuDNN and oneDNN compute and return
-        # channels-last, and they lay the weight out as they need themselves (converting
-        # it here cost a copy of every weight on every call: 10 ms of 120 for a ResNet on
-        # CPU). A value already laid out channels-last (C == 1, or H == W == 1) stays.
-        src = conv.args[0]
-        val = src.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.is_contiguous(memory_format=torch.channels_last):
-            continue
-        with graph.inserting_before(conv):
-            cl = graph.call_function(
-                aten.clone.default, (src,), {"memory_format": torch.channels_last}
-            )
-        cl.meta = {k: v for k, v in conv.meta.items() if k != "val"}
-        conv.replace_input_with(src, cl)
-        inserted.append((conv, src, cl))
+    for conv, operands in convs.items():
+        # the input (and a backward's output gradient) only: a channels-last input makes
+        # cuDNN and oneDNN compute and return channels-last, and they lay the weight out as
+        # they need themselves (converting it here cost a copy of every weight on every
+        # call: 10 ms of 120 for a ResNet on CPU). A value already laid out channels-last
+        # (C == 1, or H == W == 1; a saved activation of a channels-last forward) stays.
+        for src in dict.fromkeys(operands):
+            val = src.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.is_contiguous(
+                memory_format=torch.channels_last
+            ):
+                continue
+            with graph.inserting_before(conv):
+                cl = graph.call_function(
+                    aten.clone.default, (src,), {"memory_format": torch.channels_last}
+                )
+            cl.meta = {k: v for k, v in conv.meta.items() if k != "val"}
+            conv.replace_input_with(src, cl)
+            inserted.append((conv, src, cl))
     saved = {n: n.meta.get("val") for n in graph.nodes}
-    converted = set(convs)
 
     def undo(why: str) -> None:
         for conv, src, cl in reversed(inserted):
@@ -116,11 +176,14 @@ def to_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
         log.log("graphs", f"channels-last layout not applied: {why}")
 
     def conv_strides(n: torch.fx.Node, out: Any) -> Any:
-        # the meta kernel answers contiguous; cuDNN and oneDNN return channels-last for
-        # channels-last operands (other backends' outputs are copied by the wrapper)
-        if n in converted and isinstance(out, torch.Tensor):
-            return out.contiguous(memory_format=torch.channels_last)
-        return out
+        # the meta kernel of a forward answers contiguous; cuDNN and oneDNN return
+        # channels-last for channels-last operands, and a backward's input and weight
+        # gradients in the layout of its input (ATen's rule; older meta kernels differ)
+        if n not in convs:
+            return out
+        if isinstance(out, tuple):
+            return tuple(_cl(v) if k < 2 else v for k, v in enumerate(out))
+        return _cl(out)
 
     try:
         fill_meta(gm, recompute=True, adjust=conv_strides)
@@ -131,14 +194,15 @@ def to_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> bool:
     # that computes the value) where the new layout would differ
     out_node = next(n for n in graph.nodes if n.op == "output")
     outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else (out_node.args[0],)
+    visible, told = _visible_outputs(gm, tuple(outs))
     changed = [
         o
-        for o in dict.fromkeys(outs)
+        for o in dict.fromkeys(visible)
         if isinstance(o, torch.fx.Node)
         and is_channels_last(o.meta.get("val"))
         and not is_channels_last(saved.get(o))
     ]
-    if len(changed) > _MAX_RESTORED_OUTPUTS:
+    if len(changed) > _MAX_RESTORED_OUTPUTS and not told:
         undo(
             f"{len(changed)} outputs would need copying back (a training graph saving activations)"
         )
