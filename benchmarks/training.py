@@ -4,6 +4,8 @@
     python benchmarks/training.py --device cuda --mode fp32      # H200, full-size, TF32 off
     python benchmarks/training.py --device cuda --mode bf16      # H200, bf16 autocast
     python benchmarks/training.py --models gpt2,bert --rounds 3 --steps 10
+    python benchmarks/training.py --device cuda --rounds 0 --jobs 4  # compile and check only,
+                                                 # four workers at once: fills the caches
 
 Each row is one model in a fresh worker process. A step is forward, a cross-entropy loss on
 the first output (logits, or hidden states treated as logits) against fixed random targets,
@@ -44,6 +46,7 @@ import math
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -360,6 +363,8 @@ def worker(name: str, device: str, mode: str, big: bool, rounds: int, steps: int
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
             progress(f"{name} {cname}: {entry['error']}")
         res[cname] = entry
+    if rounds == 0:  # compile and check only (``--rounds 0``: filling the caches)
+        return res
     for m in runs.values():  # warm-up (the backward compiles on its first call)
         for _ in range(2):
             step(m)
@@ -401,6 +406,16 @@ def _table(rows: list[dict]) -> list[str]:
         head += f" | {c:>13} {'x eager':>8} {'spread':>11} {'peak MB':>8} {'gr/brk/fb':>9} {'s':>5}"
     lines = [head, "-" * len(head)]
     for r in rows:
+        if "eager" not in r and any("compile_s" in r.get(c, {}) for c in COMPILERS):
+            done = [  # --rounds 0: compiled and checked, not timed
+                f"{c} compiled in {r[c]['compile_s']:.0f} s, "
+                + ("correct" if r[c].get("correct") else "WRONG")
+                if "compile_s" in r.get(c, {})
+                else f"{c}: {r.get(c, {}).get('error', 'no result')}"
+                for c in COMPILERS
+            ]
+            lines.append(f"{r['model']:14} {'; '.join(done)}"[:300])
+            continue
         if "eager" not in r:
             lines.append(f"{r['model']:14} {r.get('skipped') or r.get('error', '?')}"[:160])
             continue
@@ -443,23 +458,35 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per compiler per round")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per model")
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="workers run side by side (with --rounds 0: fill the kernel and artifact caches "
+        "of every model at once; timed runs need 1)",
+    )
     ap.add_argument("--worker", default="")
     a = ap.parse_args()
+    if a.jobs > 1 and a.rounds:
+        ap.error("--jobs > 1 shares the machine between timed workers: use it with --rounds 0")
     COMPILERS[:] = [c for c in a.compilers.split(",") if c]
     big = (a.size or ("large" if a.device == "cuda" else "small")) == "large"
     if a.worker:
         result(worker(a.worker, a.device, a.mode, big, a.rounds, a.steps))
         return 0
-    rows = []
     names = [m for m in a.models.split(",") if m]
-    for i, name in enumerate(names, 1):
+
+    def one(i: int, name: str) -> dict:
         print(f"[{i}/{len(names)}] {name} ({a.device}, {a.mode})", file=sys.stderr, flush=True)
         cmd = [sys.executable, __file__, "--worker", name, "--device", a.device, "--mode", a.mode]
         cmd += ["--size", "large" if big else "small", "--compilers", ",".join(COMPILERS)]
         cmd += ["--rounds", str(a.rounds), "--steps", str(a.steps)]
         row = run_worker(cmd, timeout=a.timeout)
         row.setdefault("model", name)
-        rows.append(row)
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        rows = list(pool.map(one, range(1, len(names) + 1), names))
     lines = _table(rows)
     print("\n".join(lines))
     out = Path(a.out) if a.out else HERE / "results" / f"training_{a.device}_{a.mode}.json"
@@ -470,7 +497,7 @@ def main() -> int:
         "mode": a.mode,
         "size": "large" if big else "small",
     }
-    meta.update(rounds=a.rounds, steps=a.steps)
+    meta.update(rounds=a.rounds, steps=a.steps, jobs=a.jobs)
     out.write_text(json.dumps({"meta": meta, "rows": rows, "table": lines}, indent=1))
     print(f"wrote {out}")
     return 0
