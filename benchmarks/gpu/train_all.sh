@@ -5,7 +5,9 @@
 # (the machine is given back after 30 s idle):
 #     run(command="KILN_COMMIT=<hash> bash benchmarks/gpu/train_all.sh", timeout_s=600)
 # The first call installs kiln and starts the pipeline (setsid: it survives the call); every
-# call then waits up to WAIT seconds and copies what is done to $OUT, with the log's tail.
+# call then returns DEADLINE seconds after its start (or when the pipeline is done), having
+# copied what is done to $OUT as it came, with the log's tail. A machine lost between calls
+# loses the pipeline: the next call starts it again.
 # Stages, logged to /tmp/train_all/log:
 #   1. fill the caches: every (model, mode) row compiled and checked once, three workers
 #      per mode side by side (--rounds 0 --jobs 3): cold compile times under load;
@@ -13,20 +15,29 @@
 #      compilers compiled from warm caches (compile s in those tables is warm);
 #   3. the CNNs' layout A/B, kiln only: bf16 with KILN_CHANNELS_LAST=none (channels-last is
 #      the default for 16-bit CUDA training graphs), fp32 with KILN_CHANNELS_LAST=cuda.
+# PLAN=cnn runs a short plan instead (the bf16 CNN rows with all three compilers, cold, then
+# the bf16 NCHW A/B): for when the session's device time is short.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
 WORK=/tmp/train_all
 ALL=gpt2,bert,distilbert,llama,t5,resnet50,convnext_tiny,vit_small
 CNN=resnet50,convnext_tiny
-WAIT=${WAIT:-560}
+DEADLINE=${DEADLINE:-570}  # seconds after this script's start at which a call returns
 if [ ! -e "$WORK/started" ]; then
     source "$(dirname "$0")/setup.sh" > "$OUT/setup.log" 2>&1
     tail -3 "$OUT/setup.log"
     mkdir -p "$WORK" && touch "$WORK/started"
     T="python3 benchmarks/training.py --device cuda --timeout ${MODEL_TIMEOUT:-400}"
-    setsid nohup bash -c "
-        export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=\${KILN_CACHE_DIR:-/tmp/kiln-cache}
-        unset TRITON_INTERPRET
+    AB_BF16="KILN_CHANNELS_LAST=none $T --mode bf16 --models $CNN --compilers kiln \
+        --out $WORK/layout_bf16_nchw.json"
+    if [ "${PLAN:-full}" = cnn ]; then
+        STEPS="
+        echo stage 2 \$(date +%T)
+        $T --mode bf16 --models $CNN --out $WORK/training_cuda_bf16.json
+        echo stage 3 \$(date +%T)
+        $AB_BF16"
+    else
+        STEPS="
         echo stage 1 \$(date +%T)
         $T --mode bf16 --models $ALL --rounds 0 --jobs 3 --out $WORK/warm_bf16.json &
         $T --mode fp32 --models $ALL --rounds 0 --jobs 3 --out $WORK/warm_fp32.json &
@@ -35,20 +46,26 @@ if [ ! -e "$WORK/started" ]; then
         $T --mode bf16 --models $ALL --out $WORK/training_cuda_bf16.json
         $T --mode fp32 --models $ALL --out $WORK/training_cuda_fp32.json
         echo stage 3 \$(date +%T)
-        KILN_CHANNELS_LAST=none $T --mode bf16 --models $CNN --compilers kiln \
-            --out $WORK/layout_bf16_nchw.json
+        $AB_BF16
         KILN_CHANNELS_LAST=cuda $T --mode fp32 --models $CNN --compilers kiln \
-            --out $WORK/layout_fp32_nhwc.json
+            --out $WORK/layout_fp32_nhwc.json"
+    fi
+    setsid nohup bash -c "
+        export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=\${KILN_CACHE_DIR:-/tmp/kiln-cache}
+        unset TRITON_INTERPRET
+        $STEPS
         echo done \$(date +%T)
         touch $WORK/done
     " > "$WORK/log" 2>&1 < /dev/null &
 fi
-for _ in $(seq "$WAIT"); do
-    [ -e "$WORK/done" ] && break
-    sleep 1
+# results are copied as they come: a call cut short still brings back what was done
+while [ "$SECONDS" -lt "$DEADLINE" ] && [ ! -e "$WORK/done" ]; do
+    cp "$WORK"/*.json "$WORK/log" "$OUT/" 2>/dev/null
+    sleep 5
 done
 cp "$WORK"/*.json "$WORK/log" "$OUT/" 2>/dev/null
 grep -E "^stage|^done|compiled in|round 3/3|error|Error|timed out|^\[[0-9]" "$WORK/log" | tail -${TAIL:-60}
-[ -e "$WORK/done" ] && for f in "$WORK"/training_cuda_*.json "$WORK"/layout_*.json; do
+for f in "$WORK"/training_cuda_*.json "$WORK"/layout_*.json; do
+    [ -e "$f" ] || continue
     python3 -c "import json,sys; print(sys.argv[1]); print('\n'.join(json.load(open(sys.argv[1]))['table']))" "$f"
 done
