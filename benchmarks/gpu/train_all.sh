@@ -13,10 +13,10 @@
 #      per mode side by side (--rounds 0 --jobs 3): cold compile times under load;
 #   2. timed, one worker at a time: bf16 then fp32 (3 rounds of 5 steps), each row's
 #      compilers compiled from warm caches (compile s in those tables is warm);
-#   3. the CNNs' layout A/B, kiln only: bf16 with KILN_CHANNELS_LAST=none (channels-last is
-#      the default for 16-bit CUDA training graphs), fp32 with KILN_CHANNELS_LAST=cuda.
+#   3. the CNNs' layout A/B, kiln only: bf16 with KILN_CHANNELS_LAST=auto (channels-last
+#      training graphs; off by default), fp32 with KILN_CHANNELS_LAST=cuda.
 # PLAN=cnn runs a short plan instead (the bf16 CNN rows with all three compilers, cold, then
-# the bf16 NCHW A/B): for when the session's device time is short.
+# the bf16 channels-last A/B): for when the session's device time is short.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu}
 WORK=/tmp/train_all
@@ -28,8 +28,8 @@ if [ ! -e "$WORK/started" ]; then
     tail -3 "$OUT/setup.log"
     mkdir -p "$WORK" && touch "$WORK/started"
     T="python3 benchmarks/training.py --device cuda --timeout ${MODEL_TIMEOUT:-400}"
-    AB_BF16="KILN_CHANNELS_LAST=none $T --mode bf16 --models $CNN --compilers kiln \
-        --out $WORK/layout_bf16_nchw.json"
+    AB_BF16="KILN_CHANNELS_LAST=auto $T --mode bf16 --models $CNN --compilers kiln \
+        --out $WORK/layout_bf16_auto.json"
     if [ "${PLAN:-full}" = cnn ]; then
         STEPS="
         echo stage 2 \$(date +%T)

@@ -24,12 +24,15 @@ in the weights' layout inside the kernel after them (a cast, under autocast) or 
 
 Generated kernels loop in the stride order of the buffer they write
 (``scheduler.access.loop_order``), so the kernels between convolutions read and write NHWC
-buffers contiguously, C fastest. ``KILN_CHANNELS_LAST``: ``auto`` (the default) applies it
-to CUDA training graphs whose convolutions are 16-bit (bf16 autocast: cuDNN runs them
-NHWC, and NCHW operands cost a conversion each way around every call; torch.compile's
-layout optimization does the same for training graphs); ``cuda,cpu`` turns it on per
-device type for every graph; ``none`` turns it off. Inference graphs and fp32 keep NCHW
-by default: when kernels still looped in logical order, timm convnext_tiny fell from 1.23x
+buffers contiguously, C fastest. ``KILN_CHANNELS_LAST``: ``auto`` applies it to CUDA
+training graphs whose convolutions are 16-bit (bf16 autocast: cuDNN runs them NHWC, and
+NCHW operands cost a conversion each way around every call; torch.compile's layout
+optimization does the same for training graphs); ``cuda,cpu`` turns it on per device type
+for every graph; ``none`` or unset: off. Off by default: on the H200 (bf16 autocast, batch
+64, b4b5c52, ``benchmarks/gpu/train_all.sh PLAN=cnn``) ``auto`` made timm ConvNeXt-T's
+step 22.8 against 24.0 ms and ResNet-50's 24.2 against 22.9 ms; ResNet-50's step there is
+host-bound (a profile: ~14 ms of device work, the forward wrapper's ~900 calls, 296
+kernel launches and 330 allocations, hold the GPU up), so its layout barely shows. Before: when kernels still looped in logical order, timm convnext_tiny fell from 1.23x
 to 0.44x eager with it on (H200, bf16), and the inference A/B is to be measured again
 (benchmarks/gpu/layout_ab.py); on CPU it was not a clear win on a 2-core machine
 (benchmarks/models.py, kiln-inductor's CHANGELOG; HF ResNet-50 small training step 31
