@@ -51,6 +51,7 @@ import torch
 import torch.fx
 
 from .. import log
+from .depthwise_layout import _cl
 
 aten = torch.ops.aten
 
@@ -96,12 +97,6 @@ def _conv_operands(n: torch.fx.Node) -> list[Any] | None:
     ):
         return operands
     return None
-
-
-def _cl(val: Any) -> Any:
-    if isinstance(val, torch.Tensor) and val.dim() == 4:
-        return val.contiguous(memory_format=torch.channels_last)
-    return val
 
 
 def _visible_outputs(gm: torch.fx.GraphModule, outs: tuple) -> tuple[tuple, bool]:
