@@ -4,7 +4,8 @@
 # that outlives one call of the device tool (600 s each). Call it repeatedly, back to back
 # (the machine is given back after 30 s idle):
 #     run(command="KILN_COMMIT=<hash> bash benchmarks/gpu/train_all.sh", timeout_s=600)
-# The first call installs kiln and starts the pipeline (setsid: it survives the call); every
+# The first call snapshots the tree, installs kiln from the snapshot and starts the
+# pipeline there (setsid: it survives the call); every
 # call then returns DEADLINE seconds after its start (or when the pipeline is done), having
 # copied what is done to $OUT as it came, with the log's tail. A machine lost between calls
 # loses the pipeline: the next call starts it again.
@@ -23,10 +24,17 @@ WORK=/tmp/train_all
 ALL=gpt2,bert,distilbert,llama,t5,resnet50,convnext_tiny,vit_small
 CNN=resnet50,convnext_tiny
 DEADLINE=${DEADLINE:-570}  # seconds after this script's start at which a call returns
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 if [ ! -e "$WORK/started" ]; then
-    source "$(dirname "$0")/setup.sh" > "$OUT/setup.log" 2>&1
+    # Later calls bring the working tree as it is then, and kiln is installed editable:
+    # the pipeline runs from a snapshot of the tree the first call brought, so every row
+    # is measured at that one commit whatever changes here meanwhile.
+    rm -rf "$WORK" && mkdir -p "$WORK/repo"
+    tar --exclude=./.git --exclude=./benchmarks/results -cf - . | tar -xf - -C "$WORK/repo"
+    cd "$WORK/repo" || exit 1
+    source benchmarks/gpu/setup.sh > "$OUT/setup.log" 2>&1
     tail -3 "$OUT/setup.log"
-    mkdir -p "$WORK" && touch "$WORK/started"
+    touch "$WORK/started"
     T="python3 benchmarks/training.py --device cuda --timeout ${MODEL_TIMEOUT:-400}"
     AB_BF16="KILN_CHANNELS_LAST=auto $T --mode bf16 --models $CNN --compilers kiln \
         --out $WORK/layout_bf16_auto.json"
