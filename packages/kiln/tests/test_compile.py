@@ -368,6 +368,7 @@ def test_stats_count_graphs_fallbacks_breaks_and_recompiles():
         "eager_frames": 0,
         "cache_limit_hits": 0,
         "region_boundaries": 0,
+        "reused_calls": 0,
     }
 
 

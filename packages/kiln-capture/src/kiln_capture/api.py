@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from kiln_capture import _C
+from kiln_capture import _C, call_reuse
 from kiln_capture.breaks import GraphBreak
 from kiln_capture.hook import Context, Recorder, context_stack, force_capture, reset
 
@@ -120,6 +120,8 @@ class ExplainOutput:
     eager_frames: list[str] = field(default_factory=list)  # frames that run eagerly, and why
     # calls of modules compiled as regions of their own (fully_shard units): not breaks
     region_boundaries: list[GraphBreak] = field(default_factory=list)
+    # module calls replayed from an earlier identical call's trace (call_reuse.py)
+    reused_calls: list[str] = field(default_factory=list)
 
     @property
     def graph_count(self) -> int:
@@ -171,6 +173,10 @@ class ExplainOutput:
             lines.append(f"--- runs eagerly ---\n{e}")
         for b in self.region_boundaries:
             lines.append(f"--- region boundary (not a break) ---\n{b}")
+        if self.reused_calls:
+            lines.append(
+                "--- calls traced once, replayed (capture) ---\n  " + "\n  ".join(self.reused_calls)
+            )
         return "\n".join(lines)
 
 
@@ -194,8 +200,10 @@ def explain(fn, *args, **kwargs):
         target = fn._orig_mod if isinstance(fn, OptimizedModule) else fn
         if optimized is not None and not isinstance(fn, OptimizedModule):
             target = fn.__wrapped__
+        call_reuse.REPLAYED.clear()
         with _Enabled(ctx):
             result = target(*a, **k)
+        replayed = list(call_reuse.REPLAYED)
         return ExplainOutput(
             rec.graphs,
             rec.breaks,
@@ -206,6 +214,7 @@ def explain(fn, *args, **kwargs):
             rec.shape_guards,
             rec.eager_frames,
             rec.region_boundaries,
+            replayed,
         )
 
     if args or kwargs:

@@ -61,6 +61,15 @@ class CaptureConfig:
         "(gc_pause.py: a full collection walks every object of the process); 0: the "
         "collector runs as it would without kiln",
     )
+    reuse_calls: bool = setting(
+        "KILN_CAPTURE_REUSE_CALLS",
+        True,
+        "a module call of the same class, forward and argument metadata as an earlier "
+        "call in the same capture (a transformer's next layer) is replayed from that "
+        "call's recording instead of evaluated again (call_reuse.py); 0: every call is "
+        "evaluated",
+        affects_cache=True,
+    )
     log_topics: frozenset[str] = setting(
         "KILN_LOG", frozenset(), "comma-separated log topics: graphs, guards, breaks, recompiles"
     )

@@ -437,6 +437,8 @@ class Frame:
         if self.globals is self.out.globals:
             pending = self.out.side_effects.global_stores.get(name)
             if pending is not None:
+                for r in self.out.recorders:  # a replay would read the real global
+                    r.fail(f"reads global {name}, which the trace set")
                 return pending
         if name in self.globals:
             if self.globals is self.out.globals:
@@ -980,6 +982,8 @@ class RootFrame(Frame):
         super().__init__(out, code, func.__globals__, local_vars, cells, code.co_qualname)
         self.break_at = break_at
         self.param_names = list(names)
+        self.func, self.args = func, args  # the live values (call_reuse.py reads through them)
+        out.root_frame = self
 
 
 __all__ = ["UNBOUND", "Frame", "Return", "RootFrame"]

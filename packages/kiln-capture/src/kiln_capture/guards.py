@@ -93,6 +93,8 @@ class GuardSet:
     tensor_meta: dict[str, tuple] = field(default_factory=dict)
     # inputs with symbolic sizes (shape_guards.py), made by the first symbolic_tensor
     shapes: ShapeGuards | None = None
+    # told of every add, repeats too (call_reuse.py's recorders of module calls)
+    listeners: list = field(default_factory=list)
 
     def const(self, value: object) -> str:
         # by identity; ``consts`` keeps each object alive, so its id stays its own
@@ -111,6 +113,10 @@ class GuardSet:
         attrs: tuple | None = None,
     ) -> bool:
         """Record a guard; False when the same check was recorded before."""
+        if self.listeners:
+            guard = Guard(code, what, tensor, native, attrs)
+            for listener in self.listeners:
+                listener.guard(guard)
         if code in self._seen:
             return False
         self._seen.add(code)

@@ -297,6 +297,15 @@ class OutputGraph:
         self.ops = 0
         self.frame: Any = None  # the evaluator frame running now (its stack goes on nodes)
         self.meta_results = MetaResults()  # meta results of this capture's ops (meta_reuse.py)
+        # module calls recorded and replayed (call_reuse.py): the recorders of the calls
+        # being traced (told of reads, ops and guards), the recordings by call key
+        self.recorders: list = []
+        self.guards.listeners = self.recorders
+        self.side_effects.listeners = self.recorders
+        self.call_recordings: dict = {}
+        self._wrap_depth = 0
+        self._op_depth = 0
+        self.root_frame: Any = None  # the RootFrame (its arguments: call_reuse.py's checks)
 
     # -- wrapping values read from the frame ---------------------------------------------
 
@@ -316,6 +325,33 @@ class OutputGraph:
 
     def wrap(self, value: object, source: Source) -> Var:
         """A value read from ``source``; records the guards the trace relies on."""
+        if not self.recorders:
+            return self._wrap(value, source)
+        n = len(self.graph.nodes)
+        self._wrap_depth += 1
+        try:
+            var = self._wrap(value, source)
+        finally:
+            self._wrap_depth -= 1
+        if not self._wrap_depth:  # the outermost read: a recorded call's event
+            if self._op_depth:
+                for r in self.recorders:
+                    r.fail(f"a read of {source.expr()} inside an op")
+            nodes = self.last_nodes(len(self.graph.nodes) - n)
+            for r in self.recorders:
+                r.wrapped(value, source, var, nodes)
+        return var
+
+    def last_nodes(self, k: int) -> list[fx.Node]:
+        """The graph's last ``k`` nodes, in order (what one read or op just added)."""
+        nodes, node = [], self.graph._root
+        for _ in range(k):
+            node = node.prev
+            nodes.append(node)
+        nodes.reverse()
+        return nodes
+
+    def _wrap(self, value: object, source: Source) -> Var:
         rooted = not isinstance(source, ConstRef) and not self._below_frozen(source)
         if type(value) is int and rooted:
             symbolic = self._dynamic_int(value, source)
@@ -779,6 +815,20 @@ class OutputGraph:
     # -- tensor operations ---------------------------------------------------------------
 
     def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if not self.recorders or self._op_depth:
+            return self._tensor_op(kind, target, args, kwargs)
+        n = len(self.graph.nodes)
+        self._op_depth += 1
+        try:
+            result = self._tensor_op(kind, target, args, kwargs)
+        finally:
+            self._op_depth -= 1
+        nodes = self.last_nodes(len(self.graph.nodes) - n)
+        for r in self.recorders:
+            r.op(kind, target, args, kwargs, result, nodes)
+        return result
+
+    def _tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
         literals: list = []
         function = _autograd_function(kind, target, args, literals)
         if function is not None:

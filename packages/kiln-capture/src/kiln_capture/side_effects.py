@@ -22,15 +22,21 @@ class SideEffects:
     # forward (pre-)hooks registered in the trace, per module id: (table, hook, with_kwargs);
     # the module's later calls in the trace run them, the registration is replayed
     module_hooks: dict[int, list[tuple[str, Var, bool]]] = field(default_factory=dict)
+    # bumped by every change: a reused call (call_reuse.py) needs none since its recording
+    version: int = 0
+    # told when a read returns what the trace stored (call_reuse.py's recorders)
+    listeners: list = field(default_factory=list)
 
     def mutated(self, container: Var) -> None:
         if container.source is None:
             return  # created inside the trace: rebuilt when it escapes
+        self.version += 1
         if all(c is not container for c in self.mutated_containers):
             self.mutated_containers.append(container)
             self.order.append(("container", container))
 
     def store_attr(self, obj: Var, name: str, value: Var, raw: bool = False) -> None:
+        self.version += 1
         key = (id(obj), name)
         if key not in self.attr_stores:
             self.order.append(("attr", key))
@@ -41,14 +47,20 @@ class SideEffects:
     def store_item(self, obj: Var, method: object, key: object, value: Var) -> None:
         """``method(obj, key, value)``: a dict's C ``__setitem__`` on an object passed in
         (a ModelOutput's ``super().__setitem__``), replayed with the same method."""
+        self.version += 1
         self.item_stores.append((obj, method, key, value))
         self.order.append(("item", len(self.item_stores) - 1))
 
     def pending_attr(self, obj: Var, name: str) -> Var | None:
         entry = self.attr_stores.get((id(obj), name))
-        return entry[2] if entry is not None else None
+        if entry is None:
+            return None
+        for listener in self.listeners:  # a replay would read the real attribute
+            listener.fail(f"reads attribute {name}, which the trace set")
+        return entry[2]
 
     def store_global(self, name: str, value: Var) -> None:
+        self.version += 1
         if name not in self.global_stores:
             self.order.append(("global", name))
         self.global_stores[name] = value
@@ -56,6 +68,7 @@ class SideEffects:
     def call_after(self, statement) -> None:
         """A statement over the frame's sources, run after the graph (no value computed);
         a callable ``statement(cg)`` is asked for the text at replay time."""
+        self.version += 1
         self.order.append(("call", statement))
 
     def values(self) -> list[Var]:

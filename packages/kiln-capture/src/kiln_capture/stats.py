@@ -13,6 +13,7 @@ COUNTERS: dict[str, int] = {
     "eager_frames": 0,
     "cache_limit_hits": 0,  # frames that reached KILN_CACHE_SIZE_LIMIT (and run eagerly)
     "region_boundaries": 0,  # calls of modules compiled as regions of their own (not breaks)
+    "reused_calls": 0,  # module calls replayed from an earlier identical call's trace
 }
 # frames run eagerly by kiln's choice, by reason (cache size limit, internal error, ...)
 EAGER_REASONS: dict[str, int] = {}

@@ -187,6 +187,7 @@ def stats() -> dict[str, int]:
         "eager_frames": captured.get("eager_frames", 0),
         "cache_limit_hits": captured.get("cache_limit_hits", 0),
         "region_boundaries": captured.get("region_boundaries", 0),
+        "reused_calls": captured.get("reused_calls", 0),
     }
 
 

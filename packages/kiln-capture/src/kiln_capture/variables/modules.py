@@ -10,7 +10,7 @@ import itertools
 from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from kiln_capture import breaks
+from kiln_capture import breaks, call_reuse
 from kiln_capture.errors import Unsupported
 from kiln_capture.sources import AttrSource, DictEntrySource, ItemSource
 from kiln_capture.variables.base import MethodCallVar, Var
@@ -237,7 +237,12 @@ class ModuleVar(Var):
                 args = result.unpack(tx) if isinstance(result, TupleVar) else [result]
         graph = tx.out.graph
         last = next(iter(reversed(graph.nodes)), None)
-        out = self.getattr(tx, "forward").call(tx, args, kwargs)
+        if pre or post:
+            out = self.getattr(tx, "forward").call(tx, args, kwargs)
+        else:  # the same call as an earlier one replays its trace (call_reuse.py)
+            out = call_reuse.call(
+                tx, self, args, kwargs, lambda: self.getattr(tx, "forward").call(tx, args, kwargs)
+            )
         _record_module_call(graph, last, self)
         for hook, with_kwargs in post:
             extra = [DictVar(dict(kwargs))] if with_kwargs else []
@@ -301,6 +306,8 @@ class ModuleVar(Var):
         ]
         for table, hook, with_kwargs in tx.out.side_effects.module_hooks.get(id(m), []):
             (pre if table == "_forward_pre_hooks" else post).append((hook, with_kwargs))
+            for r in tx.out.recorders:  # a replay would not run the trace's hook
+                r.fail(f"{type(m).__name__} has a hook the trace registered")
         return pre, post
 
     # -- containers ---------------------------------------------------------------------
