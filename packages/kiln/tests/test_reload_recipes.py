@@ -186,6 +186,7 @@ CHILD = textwrap.dedent(
         "err": float((out - ref).abs().max()), "stats": kiln.stats(),
         "loaded": s.loaded, "reloaded": s.reloaded, "saved": s.saved,
         "kept": report.kept_captures_line(page), "reuse": report.regional_reuse_lines(page),
+        "replayed": report.replayed_calls_line(page),
     }))
     """
 )
@@ -229,6 +230,9 @@ def test_a_warm_process_reloads_the_kept_capture(tmp_path):
     assert "1 compiled graph(s) reloaded" in warm["kept"], warm["kept"]
     assert any("reused for 4 instances" in line for line in warm["reuse"]), warm["reuse"]
     assert cold["kept"].startswith("kept captures: none")
+    # the cold process traced the first blocks and replayed the later ones
+    assert "replayed (" in cold["replayed"] and "Block x" in cold["replayed"], cold["replayed"]
+    assert warm["replayed"].startswith("calls traced once: none"), warm["replayed"]
     # without the artifact cache the recipe does not hold: the graph is rebuilt, compiled
     off = _process(tmp_path, "off", KILN_ARTIFACT_CACHE="0")
     assert (off["loaded"], off["reloaded"]) == (1, 0)

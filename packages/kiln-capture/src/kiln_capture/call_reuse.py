@@ -8,7 +8,9 @@ on meta tensors, attribute reads, guards, FX nodes) is what makes a 24-layer cap
 about four times a 6-layer one. The first such call is *recorded*; a later call with the
 same key is *replayed* from the recording instead of evaluated.
 
-The key: the module's class and ``forward``, the grad mode, and each argument as plain
+The first call of a class is evaluated and not recorded (most modules are called once,
+and a recording costs every event of the call a little); a second call with a key not
+seen yet is recorded. The key: the module's class and ``forward``, the grad mode, and each argument as plain
 data (a tensor by class, shape, strides, dtype, device, ``requires_grad`` and whether it
 is a graph input; constants by type and value; tuples of these; which arguments are the
 same Var). Only calls with a source (a module reached from the frame), no forward hooks,
@@ -597,6 +599,13 @@ def call(tx, module_var, args: list, kwargs: dict, run):
             return result
         return run()
     if len(recordings) >= _MAX_RECORDINGS:
+        return run()
+    kind = key[:2]  # the module's class and forward
+    if kind not in out.call_kinds:
+        # the first call of a class is evaluated without recording: most modules are
+        # called once (the model, its encoder, embeddings), and a recording costs every
+        # read, op and guard of the call a little, for each recording around it
+        out.call_kinds.add(kind)
         return run()
     recorder = Recorder(tx, module_var, leaves)
     out.recorders.append(recorder)

@@ -303,6 +303,7 @@ class OutputGraph:
         self.guards.listeners = self.recorders
         self.side_effects.listeners = self.recorders
         self.call_recordings: dict = {}
+        self.call_kinds: set = set()  # (class, forward) of the module calls met so far
         self._wrap_depth = 0
         self._op_depth = 0
         self.root_frame: Any = None  # the RootFrame (its arguments: call_reuse.py's checks)

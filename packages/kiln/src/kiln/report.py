@@ -196,6 +196,24 @@ def regional_reuse_lines(report: Report) -> list[str]:
     return blocks or ["none (off, or no graph had a repeated block)"]
 
 
+def replayed_calls_line(report: Report) -> str:
+    """Module calls kiln-capture traced once and replayed for identical later calls
+    (call_reuse.py), by module class."""
+    lines = [r for section in report.records.values() for r in section]
+    classes: dict[str, int] = {}
+    for r in lines:
+        m = _REPLAYED.search(r)
+        if m:
+            classes[m["cls"]] = classes.get(m["cls"], 0) + 1
+    if not classes:
+        return "calls traced once: none replayed (off, or no module call repeated)"
+    counts = ", ".join(f"{cls} x{n}" for cls, n in sorted(classes.items(), key=lambda kv: -kv[1]))
+    return f"calls traced once: {sum(classes.values())} replayed ({counts})"
+
+
+_REPLAYED = re.compile(r"call of .* \((?P<cls>[\w.]+)\): replayed ")
+
+
 def artifact_cache_line(report: Report) -> str:
     """Hits and misses of kiln-inductor's artifact cache (graphs compiled in an earlier
     process and loaded, or compiled here), with the time spent loading."""
@@ -263,6 +281,7 @@ def render(report: Report) -> str:
     parts.append("<h2 id='timings'>Compile time by stage</h2>")
     parts.append(f"<p id='artifact-cache'>{esc(artifact_cache_line(report))}</p>")
     parts.append(f"<p id='kept-captures'>{esc(kept_captures_line(report))}</p>")
+    parts.append(f"<p id='replayed-calls'>{esc(replayed_calls_line(report))}</p>")
     reuse = "".join(f"<li>{esc(line)}</li>" for line in regional_reuse_lines(report))
     parts.append(
         f"<p>regional reuse (blocks compiled once):</p><ul id='regional-reuse'>{reuse}</ul>"
