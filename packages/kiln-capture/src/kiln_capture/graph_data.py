@@ -120,7 +120,14 @@ def _meta(meta: dict, same: dict) -> tuple:
             out.append((k, ("stack", tuple(calls))))
             continue
         if k == "stack_trace" and type(v) is str:
-            out.append((k, ("lines", tuple(same.setdefault(line, line) for line in v.split("\n")))))
+            # the same op of every layer has the same trace (code lines, not module paths)
+            lines = same.get(("trace", v))
+            if lines is None:
+                lines = same[("trace", v)] = (
+                    "lines",
+                    tuple(same.setdefault(line, line) for line in v.split("\n")),
+                )
+            out.append((k, lines))
             continue
         try:
             out.append((k, _enc(v)))
@@ -141,9 +148,12 @@ def describe(gm: fx.GraphModule, inputs: list[str]) -> tuple | None:
             if n.op in ("get_attr", "call_module"):
                 raise NotPersistable(f"a {n.op} node")
             if n.op == "call_function":
-                target = import_recipe(n.target)
+                target = same.get(("target", id(n.target)))  # each target found once
                 if target is None:
-                    raise NotPersistable(f"target {n.target!r} has no import path")
+                    target = import_recipe(n.target)
+                    if target is None:
+                        raise NotPersistable(f"target {n.target!r} has no import path")
+                    same[("target", id(n.target))] = target
             else:
                 target = ("v", n.target)
             nodes.append((n.op, n.name, target, _enc(n.args), _enc(n.kwargs), _meta(n.meta, same)))
