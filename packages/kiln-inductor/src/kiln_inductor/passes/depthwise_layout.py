@@ -84,6 +84,24 @@ from .node_builder import NodeBuilder, finish_pass, traced_tensor
 aten = torch.ops.aten
 
 
+def conv_args(node: torch.fx.Node) -> tuple[Any, Any, bool, int, list[Any]] | None:
+    """``(input, weight, transposed, groups, operands)`` of an ATen ``convolution`` or of a
+    ``convolution_backward`` whose users are all ``getitem``s, positional arguments only;
+    ``operands`` are the 4-D-layout operands a pass may convert, the input first (a
+    backward's output gradient second). None for any other node. The channels-last
+    passes (this one, layout.py) read convolutions through it."""
+    if node.op != "call_function" or node.kwargs:
+        return None
+    a = node.args
+    if node.target is aten.convolution.default:
+        return a[0], a[1], a[6], a[8], [a[0]]
+    if node.target is aten.convolution_backward.default:
+        if not all(u.target is operator.getitem for u in node.users):
+            return None
+        return a[1], a[2], a[7], a[9], [a[1], a[0]]
+    return None
+
+
 def _is_clone_to_channels_last(x: Any) -> bool:
     return (
         isinstance(x, torch.fx.Node)
@@ -170,18 +188,11 @@ def depthwise_channels_last(gm: torch.fx.GraphModule, device: torch.device) -> i
     cpu = device.type == "cpu"
     done = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.kwargs:
+        conv = conv_args(node)
+        if conv is None:
             continue
-        if node.target is aten.convolution.default:
-            x, w, transposed, groups = node.args[0], node.args[1], node.args[6], node.args[8]
-            operands = [x]
-        elif node.target is aten.convolution_backward.default:
-            x, w, transposed, groups = node.args[1], node.args[2], node.args[7], node.args[9]
-            operands = [node.args[0], x]
-            if not all(u.target is operator.getitem for u in node.users):
-                continue
-        else:
-            continue
+        x, w, transposed, groups, operands = conv
+        operands = operands[::-1]  # a backward's output gradient converted first
         if not _depthwise(x, w, transposed, groups) or any(
             _is_clone_to_channels_last(o) for o in operands
         ):

@@ -44,19 +44,16 @@ edits and the graph compiles in its original layout.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
 import torch.fx
 
 from .. import log
-from .depthwise_layout import _cl
+from .depthwise_layout import _cl, conv_args
 
 aten = torch.ops.aten
 
-_CONV = aten.convolution.default
-_CONV_BACKWARD = aten.convolution_backward.default
 # a graph with more outputs than this that the layout would change is left alone, unless
 # kiln-aot says which outputs the user sees (a training forward's saved activations stay
 # channels-last: the backward is compiled for the strides they arrive in)
@@ -74,18 +71,12 @@ def is_channels_last(val: Any) -> bool:
 
 
 def _conv_operands(n: torch.fx.Node) -> list[Any] | None:
-    """The 4-D operands of a 2-D convolution (its input) or of its backward (the output
-    gradient and the input) to convert, or None when ``n`` is neither; the input first."""
-    if n.op != "call_function" or n.kwargs:
+    """The 4-D operands of a 2-D convolution (its input) or of its backward (the input
+    and the output gradient) to convert, or None when ``n`` is neither; the input first."""
+    conv = conv_args(n)
+    if conv is None:
         return None
-    if n.target is _CONV:
-        x, w, transposed, operands = n.args[0], n.args[1], n.args[6], [n.args[0]]
-    elif n.target is _CONV_BACKWARD:
-        x, w, transposed, operands = n.args[1], n.args[2], n.args[7], [n.args[1], n.args[0]]
-        if not all(u.target is operator.getitem for u in n.users):
-            return None
-    else:
-        return None
+    x, w, transposed, _, operands = conv
     xv, wv = getattr(x, "meta", {}).get("val"), getattr(w, "meta", {}).get("val")
     if (
         isinstance(xv, torch.Tensor)
