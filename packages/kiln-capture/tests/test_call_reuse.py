@@ -16,14 +16,17 @@ from kiln_capture import call_reuse
 from kiln_capture.config import config
 
 
-def _capture(model, *args, reuse=True, grad=False, **kwargs):
+def _capture(model, *args, reuse=True, grad=False, autocast=False, **kwargs):
     """(graphs, result, stats) of one capture of ``model(*args)``, calls reused or not."""
     kiln_capture.reset()
     call_reuse.REPLAYED.clear()
     backend = CountingBackend()
     with config.scope(reuse_calls=reuse, capture_frames=False):
         compiled = kiln_capture.optimize(backend)(model)
-        with torch.set_grad_enabled(grad):
+        with (
+            torch.set_grad_enabled(grad),
+            torch.autocast("cpu", torch.bfloat16, enabled=autocast),
+        ):
             out = compiled(*args, **kwargs)
     return backend.graphs, out, kiln_capture.stats()
 
@@ -54,6 +57,7 @@ def _assert_same_graphs(a, b):
             assert _stack(x) == _stack(y), x.name
             assert x.meta.get("stack_trace") == y.meta.get("stack_trace"), x.name
             vx, vy = x.meta.get("val"), y.meta.get("val")
+            assert type(vx) is type(vy), x.name
             if isinstance(vx, torch.Tensor):
                 assert (vx.shape, vx.stride(), vx.dtype, vx.requires_grad) == (
                     vy.shape,
@@ -292,8 +296,8 @@ def test_switched_off():
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert", "llama"])
-@pytest.mark.parametrize("grad", [False, True])
-def test_transformers_layers_replay_to_the_evaluated_graph(family, grad):
+@pytest.mark.parametrize(("grad", "autocast"), [(False, False), (True, False), (True, True)])
+def test_transformers_layers_replay_to_the_evaluated_graph(family, grad, autocast):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if family == "gpt2":
@@ -320,8 +324,8 @@ def test_transformers_layers_replay_to_the_evaluated_graph(family, grad):
         model = transformers.LlamaForCausalLM(cfg)
     model.train(grad)  # dropout of 0.1 in GPT-2 and BERT: random ops in the graph
     ids = torch.randint(0, 64, (2, 6))
-    a, _, _ = _capture(model, ids, reuse=False, grad=grad, use_cache=False)
-    b, out, stats = _capture(model, ids, grad=grad, use_cache=False)
+    a, _, _ = _capture(model, ids, reuse=False, grad=grad, autocast=autocast, use_cache=False)
+    b, out, stats = _capture(model, ids, grad=grad, autocast=autocast, use_cache=False)
     assert stats["reused_calls"] >= 2  # layers 1 and 2 at least
     assert stats["breaks"] == 0
     _assert_same_graphs(a, b)

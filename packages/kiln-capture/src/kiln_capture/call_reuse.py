@@ -13,8 +13,9 @@ and a recording costs every event of the call a little); a second call with a ke
 seen yet is recorded. The key: the module's class and ``forward``, the grad mode, and each argument as plain
 data (a tensor by class, shape, strides, dtype, device, ``requires_grad`` and whether it
 is a graph input; constants by type and value; tuples of these; which arguments are the
-same Var). Only calls with a source (a module reached from the frame), no forward hooks,
-static sizes, no autocast, no nested break pending and no lifted floats are keyed.
+same Var), and the autocast state the call starts in (an op's output dtype follows it).
+Only calls with a source (a module reached from the frame), no forward hooks, static
+sizes, no nested break pending and no lifted floats are keyed.
 
 A recording logs, in order, what a trace of the call does to the capture's state:
 
@@ -151,7 +152,7 @@ def call_key(out, module_var, args: list, kwargs: dict) -> tuple | None:
         return None
     if isinstance(module_var.source, ConstRef) or not out.guards_reads_in(module_var.source):
         return None
-    if out.shape_env.symbols or out.autocast or out.lifted_floats:
+    if out.shape_env.symbols or out.lifted_floats:
         return None
     shapes = out.frame_shapes  # an int of the arguments that varied becomes a symbol
     if shapes is not None and any(v is None for v in shapes.ints.values()):
@@ -169,7 +170,7 @@ def call_key(out, module_var, args: list, kwargs: dict) -> tuple | None:
     except _NoKey:
         return None
     try:
-        key = (type(m), forward, out.grad_enabled, sig)
+        key = (type(m), forward, out.grad_enabled, out.autocast, sig)
         hash(key)
     except TypeError:
         return None
