@@ -10,10 +10,11 @@ same key is *replayed* from the recording instead of evaluated.
 
 The first call of a class is evaluated and not recorded (most modules are called once,
 and a recording costs every event of the call a little); a second call with a key not
-seen yet is recorded. The key: the module's class and ``forward``, the grad mode, and each argument as plain
-data (a tensor by class, shape, strides, dtype, device, ``requires_grad`` and whether it
-is a graph input; constants by type and value; tuples of these; which arguments are the
-same Var), and the autocast state the call starts in (an op's output dtype follows it).
+seen yet is recorded. The key: the module's class and ``forward``, the grad mode, each
+argument as plain data (a tensor by class, shape, strides, dtype, device,
+``requires_grad`` and whether it is a graph input; constants by type and value; tuples of
+these; which arguments are the same Var), and the autocast state the call starts in (an
+op's output dtype follows it).
 Only calls with a source (a module reached from the frame), no forward hooks, static
 sizes, no nested break pending and no lifted floats are keyed.
 
@@ -63,7 +64,8 @@ an outer recording (a layer whose two LayerNorms reuse each other) records a rep
 an evaluation.
 
 The graph, node metadata and guards equal those of evaluating every call (tests/
-test_call_reuse.py: HF GPT-2, BERT and LLaMA, in eval and train mode), except that a
+test_call_reuse.py: HF GPT-2, BERT and LLaMA in eval and train mode and under bf16
+autocast), except that a
 replay re-checks a read an evaluation found deduplicated (``h[1].attn.__class__.__name__``
 where ``h[0]``'s class was read before): a guard more, that holds. What it saves: 24-layer
 HF models' capture (benchmarks/warm_start.py) spends ~6 ms per replayed layer in the
@@ -87,7 +89,7 @@ from torch import nn
 
 from kiln_capture import stats as counters
 from kiln_capture.config import config
-from kiln_capture.guards import Guard, same_literal, tensor_check, tensor_metadata
+from kiln_capture.guards import CONST_REF, Guard, guard_namespace, tensor_metadata
 from kiln_capture.log import log
 from kiln_capture.sources import _FIELDS, ConstRef, Source
 from kiln_capture.variables.constants import ConstVar, is_constant_value
@@ -220,7 +222,6 @@ def _text_rerooter(old: str, new: str):
 @dataclasses.dataclass
 class Recording:
     source: Source  # the recorded module's source (A's)
-    module: nn.Module
     inputs: list  # A's argument leaves (design note: keys)
     events: list  # ("wrap", source, value, var) | ("op", ...) | ("guard", Guard)
     result: Any = None
@@ -240,7 +241,7 @@ class Recorder:
         owned = {id(x) for x in m.modules()}
         owned.update(id(p) for p in m.parameters())
         owned.update(id(b) for b in m.buffers())
-        self.rec = Recording(module_var.source, m, leaves, [], owned=frozenset(owned))
+        self.rec = Recording(module_var.source, leaves, [], owned=frozenset(owned))
         self.out = out
         self.nodes_before = len(out.graph.nodes)
         self.counted = 0  # nodes the logged events added
@@ -287,7 +288,7 @@ class Recorder:
             for _, _, mode, value in g.attrs[1]:
                 if mode == "i" and id(value) in self.rec.owned:
                     self.fail("a guard compares with an object of the module")
-        for m in re.finditer(r"__k_C\[(\d+)\]", g.code):
+        for m in CONST_REF.finditer(g.code):
             if id(self.out.guards.consts[int(m.group(1))]) in self.rec.owned:
                 self.fail("a guard compares with an object of the module")
         self.rec.events.append(("guard", g))
@@ -378,13 +379,12 @@ def _alike(a: object, b: object) -> bool:
     return a is b
 
 
-def _map_var(a: Any, b: Any, varmap: dict[int, Any]) -> bool:
-    """Map A's Var ``a`` to B's ``b`` and their items alike; False where they differ."""
+def _map_var(a: Any, b: Any, varmap: dict[int, Any]) -> None:
+    """Map A's Var ``a`` to B's ``b``, and their items alike (the values were compared:
+    the structures match)."""
     varmap[id(a)] = b
-    ca, cb = _children(a), _children(b)
-    if len(ca) != len(cb):
-        return False
-    return all(_map_var(x, y, varmap) for x, y in zip(ca, cb))
+    for x, y in zip(_children(a), _children(b)):
+        _map_var(x, y, varmap)
 
 
 def _remap(v: Any, varmap: dict[int, Any]) -> Any:
@@ -478,15 +478,9 @@ def replay(tx, rec: Recording, module_var, leaves: list) -> Any | None:
     old, new = rec.source, module_var.source
     new_expr = new.expr()
     root = out.root_frame
-    ns = dict(zip(root.param_names, root.args, strict=True))
-    ns.update(
-        __k_fn=root.func,
-        __k_G=root.func.__globals__,
-        __k_C=out.guards.consts,
-        __k_tensor_check=tensor_check,
-        __k_same_literal=same_literal,
-    )
-    ns[_BASE] = module_var.value
+    ns = guard_namespace(out.guards, root.func.__globals__)  # what guard text reads
+    ns.update(zip(root.param_names, root.args, strict=True))
+    ns.update(__k_fn=root.func, **{_BASE: module_var.value})
     # 1. check, touching nothing
     plan: list = []
     for e in _prepare(rec):

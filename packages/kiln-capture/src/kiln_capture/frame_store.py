@@ -88,7 +88,16 @@ from kiln_capture import code_cache, graph_data
 from kiln_capture import stats as counters
 from kiln_capture.config import config
 from kiln_capture.dynamic import DYNAMIC_ATTR, STATIC_ATTR
-from kiln_capture.guards import Guard, GuardSet, TensorGuards, guard_namespace, tensor_metadata
+from kiln_capture.guards import (
+    CONST_REF as _CONST,
+)
+from kiln_capture.guards import (
+    Guard,
+    GuardSet,
+    TensorGuards,
+    guard_namespace,
+    tensor_metadata,
+)
 from kiln_capture.log import log
 from kiln_capture.recipes import (
     NotPersistable,
@@ -106,7 +115,6 @@ RELOAD_ATTR = "kiln_reload_recipe"  # on a backend's callable (design note)
 # 3: each traced file's size and time beside its sha256
 FORMAT = 3
 MAGIC = b"kiln-capture-frame\n"
-_CONST = re.compile(r"__k_C\[(\d+)\]")
 _CHAIN = re.compile(r"[\w.\[\]()'\", -]+")  # names, attributes, items, calls of sources
 _LOOSE_SPACE = re.compile(r"[^,] ")  # a space not after a comma: an operator or keyword
 # names a run function may read besides its constants and the compiled graph (codegen.py)

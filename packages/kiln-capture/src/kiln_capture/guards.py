@@ -41,6 +41,7 @@ Python expression of each guard stays for ``first_failure`` and for builds witho
 from __future__ import annotations
 
 import ast
+import re
 import types
 from collections import Counter
 from collections.abc import Iterator
@@ -69,6 +70,8 @@ TensorGuards = (
 ShapeBinder = getattr(_tensor_guards, "ShapeBinder", None) if TensorGuards else None
 
 CONST_TYPES = (int, float, bool, str, bytes, type(None), complex)
+# a constant's reference in a guard's text, as ``GuardSet.const`` writes it
+CONST_REF = re.compile(r"__k_C\[(\d+)\]")
 
 
 @dataclass(frozen=True)
