@@ -12,7 +12,7 @@ from helpers import CountingBackend, assert_same
 from torch import nn
 
 import kiln_capture
-from kiln_capture import call_reuse
+from kiln_capture import call_reuse, meta_reuse
 from kiln_capture.config import config
 
 
@@ -102,12 +102,24 @@ def _same_stack(n=4, **kw):
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_identical_layers_replay_and_give_the_evaluated_graph(grad):
+def test_identical_layers_replay_and_give_the_evaluated_graph(grad, monkeypatch):
     model = _same_stack()
     x = torch.randn(3, 8, requires_grad=grad)
     mask = torch.rand(3, 8) > 0.7
     a, out_a, stats_a = _capture(model, x, mask, reuse=False, grad=grad)
+    known = []  # replayed ops whose meta result came from the recorded op's key
+    get_known = meta_reuse.MetaResults.get_known
+
+    def counted(self, *args):
+        got = get_known(self, *args)
+        known.append(got is not None)
+        return got
+
+    monkeypatch.setattr(meta_reuse.MetaResults, "get_known", counted)
     b, out_b, stats_b = _capture(model, x, mask, grad=grad)
+    # without grad every replayed op's result is kept by meta_reuse: none runs a meta
+    # kernel; with grad the results require grad (not kept): each op runs as evaluated
+    assert known and all(known) if not grad else not any(known)
     assert stats_a["reused_calls"] == 0
     # block 0, the first of its class, is evaluated; block 1 is recorded (a computed
     # input: a key of its own), blocks 2 and 3 replay it

@@ -56,7 +56,10 @@ containers item by item, other objects by identity), and each re-rooted structur
 holds on B's live objects. Any mismatch and B is evaluated as usual. Then it runs the
 events against B: reads through ``wrap`` (so B's parameters get placeholders and B's reads
 their own guards, made as a trace of B would make them), ops through ``tensor_op`` with
-the arguments mapped (meta results come from meta_reuse.py), structural guards re-rooted;
+the arguments mapped and A's meta-reuse key (B's arguments are alike A's, so B's op has
+A's key: its meta result comes from meta_reuse.py without building the key or running
+the general path, and the general path runs where nothing is kept under it, as with
+grad), structural guards re-rooted;
 and copies each node's stack trace and inner ``nn_module_stack`` entries (re-rooted, with
 fresh call keys, so kiln-inductor's regional reuse sees the same blocks). The result is
 A's result Var mapped the same way. Since the log goes through ``wrap`` and ``tensor_op``,
@@ -223,7 +226,7 @@ def _text_rerooter(old: str, new: str):
 class Recording:
     source: Source  # the recorded module's source (A's)
     inputs: list  # A's argument leaves (design note: keys)
-    events: list  # ("wrap", source, value, var) | ("op", ...) | ("guard", Guard)
+    events: list  # ("wrap", source, value, var, nodes) | ("op", ..., meta key, nodes) | ("guard", Guard)
     result: Any = None
     side_version: int = 0
     owned: frozenset = frozenset()  # ids of A's modules, parameters and buffers
@@ -268,7 +271,7 @@ class Recorder:
         elif id(value) in self.rec.owned:
             self.fail(f"read {source.expr()}, an object of the module, from outside it")
 
-    def op(self, kind, target, args, kwargs, result, nodes: list) -> None:
+    def op(self, kind, target, args, kwargs, result, nodes: list, meta_key=None) -> None:
         self.counted += len(nodes)
         if id(target) in self.rec.owned or id(getattr(target, "__self__", None)) in (
             self.rec.owned
@@ -278,7 +281,7 @@ class Recorder:
         for a in itertools.chain(args, kwargs.values()):
             if not _mappable(a, self.mapped, self.made):
                 self.fail(f"an argument of {getattr(target, '__name__', target)}: {a!r}")
-        self.rec.events.append(("op", kind, target, args, kwargs, result, nodes))
+        self.rec.events.append(("op", kind, target, args, kwargs, result, meta_key, nodes))
         _mark(result, self.mapped, self.made)
 
     def guard(self, g: Guard) -> None:
@@ -539,12 +542,13 @@ def replay(tx, rec: Recording, module_var, leaves: list) -> Any | None:
             _, src, value, var, metas = e
             _map_var(var, out.wrap(value, src), varmap)
         else:
-            _, op_kind, target, args, kwargs, result, metas = e
+            _, op_kind, target, args, kwargs, result, meta_key, metas = e
             made = out.tensor_op(
                 op_kind,
                 target,
                 [_remap(a, varmap) for a in args],
                 {k: _remap(v, varmap) for k, v in kwargs.items()},
+                meta_key,
             )
             _map_var(result, made, varmap)
         nodes = out.last_nodes(len(out.graph.nodes) - n)

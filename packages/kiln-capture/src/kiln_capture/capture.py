@@ -220,7 +220,8 @@ def _compile_graph(
             else:
                 graph.erase_node(node)
     inputs = [out.input_sources[n] for n in kept]
-    examples = [out.example_inputs[list(out.input_sources).index(n)] for n in kept]
+    position = {n: i for i, n in enumerate(out.input_sources)}  # (as example_inputs)
+    examples = [out.example_inputs[position[n]] for n in kept]
     gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnCaptured")
     gm.meta["shape_env"] = out.shape_env  # the symbols of its inputs' sizes (kiln-shapes)
     # values of the data were compiled speculating inside some op: a copy runs eagerly

@@ -111,6 +111,22 @@ def _key(value: Any, tensors: dict[int, tuple[int, torch.Tensor]]) -> Any:
     raise _NoKey
 
 
+def _collect(value: Any, tensors: dict[int, torch.Tensor]) -> None:
+    """The tensors of ``value`` into ``tensors`` by first appearance, in ``_key``'s order."""
+    t = type(value)
+    if t is torch.Tensor:
+        tensors.setdefault(id(value), value)
+    elif t is tuple or t is list:
+        for v in value:
+            _collect(v, tensors)
+    elif t is dict:
+        for v in value.values():
+            _collect(v, tensors)
+    elif t is slice:
+        for v in (value.start, value.stop, value.step):
+            _collect(v, tensors)
+
+
 _IN_PLACE_OPERATORS = frozenset(
     f"i{name}"
     for name in (
@@ -276,6 +292,17 @@ class MetaResults:
             return None
         self.hits += 1
         return result
+
+    def get_known(self, key: Any, args: list, kwargs: dict) -> Any:
+        """``get`` for an op known to have ``key[0]`` as its key (``key`` as ``key``
+        gave it for alike arguments: a replayed call's op, call_reuse.py): its tensor
+        arguments are collected in the key's order without building the key."""
+        if key not in self._results:
+            return None
+        tensors: dict[int, torch.Tensor] = {}
+        _collect(args, tensors)
+        _collect(kwargs, tensors)
+        return self.get((key, list(tensors.values())))
 
     def keep(self, key: Any, result: Any) -> None:
         if len(self._results) >= _MAX:

@@ -306,6 +306,7 @@ class OutputGraph:
         self.call_kinds: set = set()  # (class, forward) of the module calls met so far
         self._wrap_depth = 0
         self._op_depth = 0
+        self.last_meta_key = None  # of the last op (tensor_op), for a recording
         self.root_frame: Any = None  # the RootFrame (its arguments: call_reuse.py's checks)
 
     # -- wrapping values read from the frame ---------------------------------------------
@@ -815,21 +816,55 @@ class OutputGraph:
 
     # -- tensor operations ---------------------------------------------------------------
 
-    def tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    def tensor_op(
+        self, kind: str, target, args: list[Var], kwargs: dict[str, Var], known=None
+    ) -> Var:
+        """The op's result Var and its graph node. ``known``: the meta-reuse key of the
+        same op on alike arguments (a replayed call's op, call_reuse.py), whose result is
+        then taken from meta_reuse.py without building the key, and without a stack
+        trace (the replay sets it); the general path where nothing is kept under it."""
         if not self.recorders or self._op_depth:
-            return self._tensor_op(kind, target, args, kwargs)
+            return self._op(kind, target, args, kwargs, known)
         n = len(self.graph.nodes)
         self._op_depth += 1
         try:
-            result = self._tensor_op(kind, target, args, kwargs)
+            result = self._op(kind, target, args, kwargs, known)
         finally:
             self._op_depth -= 1
         nodes = self.last_nodes(len(self.graph.nodes) - n)
         for r in self.recorders:
-            r.op(kind, target, args, kwargs, result, nodes)
+            r.op(kind, target, args, kwargs, result, nodes, self.last_meta_key)
         return result
 
+    def _op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var], known) -> Var:
+        if known is not None:
+            result = self._known_op(kind, target, args, kwargs, known)
+            if result is not None:
+                return result
+        return self._tensor_op(kind, target, args, kwargs)
+
+    def _known_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var], key):
+        """``_tensor_op`` of an op whose meta-reuse key is ``key`` (``tensor_op``), or
+        None (nothing kept under it: the general path runs)."""
+        meta_args = [_to_meta(a) for a in args]
+        meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        result = self.meta_results.get_known(key, meta_args, meta_kwargs)
+        if result is None:
+            return None
+        if kind == "call_function" and not _named_as_itself(target):
+            target = CalledAsItself(target)
+        name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+        check_rng_order(self, name)
+        node_args = tuple(_to_node(a) for a in args)
+        node = self.graph.create_node(
+            kind, target, node_args, {k: _to_node(v) for k, v in kwargs.items()}
+        )
+        self.ops += 1
+        self.last_meta_key = key
+        return self._wrap_result(node, result, _infer_device(kind, target, args, kwargs))
+
     def _tensor_op(self, kind: str, target, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        self.last_meta_key = None
         literals: list = []
         function = _autograd_function(kind, target, args, literals)
         if function is not None:
@@ -846,6 +881,7 @@ class OutputGraph:
         kwargs = {k: self._frozen_const(v) for k, v in kwargs.items()}
         rewritten = _truth_op(self, kind, target, args, kwargs)
         if rewritten is not None:
+            self.last_meta_key = None  # (its own ops set it)
             return rewritten
         node_args = tuple(_to_node(a) for a in args)
         node_kwargs = {k: _to_node(v) for k, v in kwargs.items()}
@@ -948,6 +984,8 @@ class OutputGraph:
             raise Unsupported(breaks.EXCEPTION, f"{name} raised {type(e).__name__}: {e}") from e
         check_rng_order(self, name)
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        # the key this op's result is kept under, for a recording (call_reuse.py)
+        self.last_meta_key = reuse[0] if reuse is not None and not taken else None
         if taken:
             node.meta["kiln_speculation"] = tuple(taken)
         if self.frame is not None:
