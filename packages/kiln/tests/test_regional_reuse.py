@@ -207,6 +207,20 @@ def test_blocks_that_differ_do_not_share():
     assert len(paths) == 3 and not any("'2'" in p or "'3'" in p for p in paths), paths
 
 
+def test_prefetched_collectives_keep_the_graph_whole():
+    """A graph holding collectives fetched ahead of their use (FSDP2's all-gathers,
+    tagged ``collective_group``) is not split: a piece boundary would make each block wait
+    on its own gather at its start instead of gathering it under the previous block."""
+    torch.manual_seed(0)
+    model = Stack([Block(16) for _ in range(4)], 16).eval()
+    with torch.no_grad():
+        gm = kiln.explain(model, torch.randn(4, 16)).graphs[0]
+    assert plan_regions(gm) is not None  # the blocks repeat
+    first = next(n for n in gm.graph.nodes if n.op == "call_function")
+    first.meta["collective_group"] = ("all_gather", "blocks.1")
+    assert plan_regions(gm) is None
+
+
 def test_blocks_of_other_shapes_do_not_share():
     torch.manual_seed(0)
 

@@ -28,7 +28,10 @@ instance whose inputs differ in layout compiles a plan of its own, correctly). R
 are not used (the graph compiles whole) when the graph has symbolic sizes, sets global
 state (grad mode, autocast) inside itself, passes a value that is not a tensor between
 pieces, or writes in place to a tensor another piece made (its aliases across pieces
-would not see the write).
+would not see the write). Nor when it holds collectives fetched ahead of their use
+(``collective_group``: FSDP2's all-gathers, kiln/fsdp_graph.py): the collectives pass
+issues a unit's gather under the previous unit's compute, which a piece boundary would
+prevent (each piece would wait on its own block's gather at its start).
 
 Running them. The graph becomes pieces in program order: each region instance, and each
 run of nodes between regions. Every piece is compiled through ``compile_fx`` (kiln-aot:
@@ -56,6 +59,7 @@ import torch.fx
 from kiln_aot.fx_walk import ancestry
 
 from . import log
+from .passes.collectives import GROUP as COLLECTIVE_GROUP
 from .runtime import reload
 
 MIN_OPS = 5  # a block of fewer operations is not worth a boundary (fusion lost across it)
@@ -166,6 +170,8 @@ def plan_regions(gm: torch.fx.GraphModule) -> RegionPlan | None:
     nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
     if not nodes or any(n.target in _GLOBAL_STATE for n in nodes):
         return None
+    if any(n.meta.get(COLLECTIVE_GROUP) for n in nodes):
+        return None  # prefetched collectives: only the whole graph overlaps them
     if not any(n.meta.get(STACK) for n in nodes):
         return None
     calls, roots = _module_calls(nodes)
