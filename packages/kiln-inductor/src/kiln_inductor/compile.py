@@ -111,10 +111,12 @@ def graph_debug_dir(cfg: Any) -> tuple[int, Path | None]:
     return gid, Path(cfg.debug_dir) / f"graph{gid}" if cfg.debug_dir else None
 
 
-def _dump(debug: Path | None, stage: str, text: str) -> None:
+def _dump(debug: Path | None, stage: str, text: str | Callable[[], str]) -> None:
+    """``text`` (or what it makes: printing the IR of a large graph takes a while, done
+    only with a debug directory) written to the debug directory, if any."""
     if debug is not None:
         debug.mkdir(parents=True, exist_ok=True)
-        (debug / stage).write_text(text)
+        (debug / stage).write_text(text() if callable(text) else text)
 
 
 def _format_schedule(steps: list[Any]) -> str:
@@ -198,7 +200,7 @@ def _compile_lowered(
     debug: Path | None,
     t0: float,
 ) -> CompiledGraph:
-    _dump(debug, "ir", print_ir(ir))
+    _dump(debug, "ir", lambda: print_ir(ir))
     if cfg.verify:
         verify_ir(ir)
     steps = fuse_nodes(ir)
@@ -211,7 +213,7 @@ def _compile_lowered(
     if cfg.verify:
         verify_schedule(ir, steps)
     plan = plan_memory(steps, ir, _donated_inputs(gm, ir))
-    _dump(debug, "sched", _format_schedule(steps))
+    _dump(debug, "sched", lambda: _format_schedule(steps))
     t1 = time.perf_counter()
     sources = [backend.codegen_kernel(g, ir.buffers) for g in groups] if backend else []
     for g, src in zip(groups, sources):
