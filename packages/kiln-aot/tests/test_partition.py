@@ -211,3 +211,29 @@ def test_recompute_in_backward_tag_recomputes_what_the_cut_would_save(tagged):
         assert len(saved_mm) == 1 and not bw_mms
     with annotate(recompute_in_backward=True):  # outside a trace: nothing happens
         torch.testing.assert_close(fn(w, x), (x @ (w @ w)).relu())
+
+
+def test_recompute_in_backward_false_saves_what_the_cut_would_recompute():
+    # ``b`` (a copy of the primal ``w``: cheap, recomputed by default) feeds the pointwise
+    # ``x * b`` whose backward reads it; tagged recompute_in_backward=False (as kiln's FSDP
+    # graph tags a small parameter's copy out of its unit's gathered buffer) it is saved,
+    # and the backward recomputes nothing from ``w``
+    import contextlib
+
+    from kiln_aot import annotate
+
+    def fn(w, x, tagged):
+        scope = annotate(recompute_in_backward=False) if tagged else contextlib.nullcontext()
+        with scope:
+            b = torch.clone(w * 2)
+        return (x * b).sin()
+
+    w, x = torch.randn(64, requires_grad=True), torch.randn(8, 64, requires_grad=True)
+    for tagged in (False, True):
+        joint, info = trace_joint(lambda w, x, t=tagged: fn(w, x, t), [w, x], [True, True])
+        fw, bw = min_cut_partition(joint, None, num_fwd_outputs=info.num_fwd_outputs)
+        saved = _saved_nodes(fw, info.num_fwd_outputs)
+        clones = [n for n in saved if n.target == aten.clone.default]
+        assert bool(clones) == tagged, saved
+        recomputed = [n for n in bw.graph.nodes if n.target == aten.clone.default]
+        assert bool(recomputed) != tagged, bw.graph

@@ -62,6 +62,7 @@ _LIBRARY_LOGGED: set[Any] = set()  # library ops already logged (KILN_LOG=fallba
 # - ``recompute``: the activation-checkpointing region it is in (kiln-capture's tag);
 # - ``recompute_in_backward``: recompute it in the backward rather than save it (its
 #   inputs are saved instead; ``partition.min_cut``), e.g. a sharded parameter's gather;
+#   ``False``: never recompute it, save it where the backward reads it;
 # - ``collective_group``: a key shared by collectives that are fetched together (one
 #   sharded unit's parameters): kiln-inductor's collectives pass bounds how many groups
 #   are in flight at once.

@@ -26,7 +26,14 @@ onto its ATen nodes: kiln's FSDP graph tags each gather of a unit that reshards 
 forward): such a node is recomputable whatever its op (a collective too) and saving it
 costs ``CHECKPOINTED_SAVE_COST`` times its bytes, so the cut saves its inputs (the shard)
 and the backward computes it again (gathers again), as eager FSDP2 does; without the tag
-a collective is never recomputed and its result is saved.
+a collective is never recomputed and its result is saved. Tagged
+``recompute_in_backward=False``, a node is never recomputed, however cheap its op: where
+the backward reads it (or what is recomputed from it) it is saved. kiln's FSDP graph so
+tags the copies of a unit's small parameters (biases, norms) out of the unit's gathered
+buffer: the backward regathers the unit for its weights anyway, so recomputing a bias
+from the regather would look free to the cut, and recomputing the forward's pointwise ops
+from it (a residual stream from saved matmul outputs and biases) would make the
+backward's first kernels wait on every unit's regather.
 
 Random ops are never recomputed: dropout's mask is computed once in the forward and saved
 (as a bool tensor: the tracer records ``bernoulli`` draws as a bool mask converted back to
@@ -114,8 +121,9 @@ def recomputable(node: fx.Node) -> bool:
         return recomputable(node.args[0])
     if core_ops.is_random(target):
         return False
-    if node.meta.get("recompute_in_backward"):
-        return True  # asked for (module docstring): whatever its op
+    asked = node.meta.get("recompute_in_backward")
+    if asked is not None:
+        return bool(asked)  # asked for, or against (module docstring): whatever its op
     if node.meta.get("recompute") is not None:
         return True  # inside a checkpointed region: everything but random draws
     if target in core_ops.VIEW_OPS or target in _CHEAP:
