@@ -202,3 +202,86 @@ def test_the_cpu_bound_is_a_setting(monkeypatch, most):
     schedule_collectives(gm, prefetch=1)
     counts = _in_flight_counts(gm)
     assert max(counts) == 2 if most == 2 else max(counts) > 2, _names(gm)
+
+
+def test_copies_out_of_a_result_move_down_with_its_wait():
+    """A coalesced all-gather's parameters are copies out of its buffer (not views): they
+    sink to just before their readers, so the wait does too and the work between overlaps
+    the gather."""
+    g = torch.fx.Graph()
+    shard, x, w = (g.placeholder(n) for n in ("shard", "x", "w"))
+    start = g.call_function(c10d.all_gather_into_tensor.default, (shard, 2, "0"))
+    wait = g.call_function(c10d.wait_tensor.default, (start,))
+    part = g.call_function(
+        aten.slice.Tensor, (g.call_function(aten.view.default, (wait, [2, -1])), 1, 0, 4)
+    )
+    copy = g.call_function(aten.clone.default, (part,))
+    other = g.call_function(aten.mm.default, (x, w))  # independent of the gather
+    out = g.call_function(aten.add.Tensor, (other, copy))
+    for n, name in (
+        (start, "start"),
+        (wait, "wait"),
+        (copy, "copy"),
+        (other, "other"),
+        (out, "out"),
+    ):
+        n.name = name
+    g.output((out,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    schedule_collectives(gm)
+    order = _names(gm)
+    assert order.index("start") < order.index("other") < order.index("wait"), order
+    assert order.index("copy") == order.index("out") - 1, order
+
+
+def test_the_ops_packing_a_collectives_input_move_with_it():
+    """A coalesced all-gather's input is its unit's shards flattened into one buffer (views
+    and a cat of graph inputs): recorded just before the unit's first use, the packing
+    moves up with the gather (one unit ahead of the group's first use, here the start),
+    not the gather alone, which the cat would hold at its place."""
+    g = torch.fx.Graph()
+    x, w, s1, s2 = (g.placeholder(n) for n in ("x", "w", "s1", "s2"))
+    h = g.call_function(aten.mm.default, (x, w))
+    h.name = "h"
+    flat = [g.call_function(aten.view.default, (s, [-1])) for s in (s1, s2)]
+    cat = g.call_function(aten.cat.default, (flat,))
+    cat.name = "cat"
+    start = g.call_function(c10d.all_gather_into_tensor.default, (cat, 2, "0"))
+    wait = g.call_function(c10d.wait_tensor.default, (start,))
+    start.name, wait.name = "start", "wait"
+    start.meta["collective_group"] = ("all_gather", 1)
+    out = g.call_function(aten.add.Tensor, (h, g.call_function(aten.sum.default, (wait,))))
+    g.output((out,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    schedule_collectives(gm, prefetch=1)
+    order = _names(gm)
+    assert order.index("cat") == order.index("start") - 1, order
+    assert order.index("start") < order.index("h") < order.index("wait"), order
+
+
+def test_a_gradient_split_out_of_a_coalesced_reduce_scatter_is_only_returned():
+    """Units' reduce-scatters whose results the graph only returns, split into their
+    parameters' gradients (slices and views of each result): no prefetch groups to fetch
+    ahead of, so each starts after its input, not held behind the later units' work."""
+    g = torch.fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    outs, h = [], x
+    for unit in (0, 1):
+        grad = g.call_function(aten.mm.default, (h, w))
+        start = g.call_function(c10d.reduce_scatter_tensor.default, (grad, "avg", 2, "0"))
+        wait = g.call_function(c10d.wait_tensor.default, (start,))
+        start.meta["collective_group"] = ("reduce_scatter", unit)
+        h = g.call_function(aten.mm.default, (grad, w))  # the next unit's backward
+        grad.name, start.name, wait.name, h.name = (
+            f"{n}{unit}" for n in ("grad", "rs", "wait", "h")
+        )
+        parts = [g.call_function(aten.slice.Tensor, (wait, 0, k, k + 1)) for k in (0, 1)]
+        outs += [g.call_function(aten.view.default, (p, [-1])) for p in parts]
+    g.output((*outs, h))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    schedule_collectives(gm, prefetch=1)
+    order = _names(gm)
+    assert order.index("rs0") == order.index("grad0") + 1, order
+    # the second waits for the first (one group of an op in flight), not for the end
+    assert order.index("grad1") < order.index("wait0") < order.index("rs1"), order
+    assert order.index("rs1") < order.index("h1"), order

@@ -8,12 +8,18 @@ buffer, which blocks until the communication finished. Capture records the wait 
 after the collective (where the library's Python calls it), which leaves nothing to
 overlap. This pass moves
 
-- each view of a collective's result (a ``narrow`` to unpadded rows, a transpose) down to
-  just before its first reader, so that what reads the result is where it is used,
+- each view of a collective's result (a ``narrow`` to unpadded rows, a transpose), and
+  each other op computed from results alone (the copies that take a coalesced
+  all-gather's parameters out of its buffer), down to just before its first reader, so
+  that what reads the result is where it is used,
 - each wait down to just before the first node that reads its result,
 - each collective up to just after the last node it reads (and never above an earlier
   collective: every rank issues its collectives in the graph's order, so the order is
-  kept), except the collectives of a *group* (below), which also bound their waits,
+  kept), except the collectives of a *group* (below), which also bound their waits;
+  the ops that only pack its input (views, copies, casts, padding, concatenation; a
+  coalesced all-gather's flattening of a unit's shards) and that nothing else reads move
+  with it, to just before it, so that packing a buffer does not hold the collective
+  where its input was packed,
 
 so the kernels between them run while the data is on the wire. Every rank runs the same
 pass over the same graph, so their schedules agree. Both ops are library calls of the
@@ -67,7 +73,7 @@ whose gloo passes the script).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 import torch
 import torch.fx
@@ -78,6 +84,15 @@ from ..config import read_config
 
 _NAMESPACE = "_c10d_functional"
 GROUP = "collective_group"
+
+aten = torch.ops.aten
+# ops that only pack a collective's input (module docstring): they move with it
+_PACKING = VIEW_OPS | {
+    aten.cat.default,
+    aten.clone.default,
+    aten.constant_pad_nd.default,
+    aten._to_copy.default,
+}
 
 
 def is_collective(node: torch.fx.Node) -> bool:
@@ -116,7 +131,8 @@ def schedule_collectives(gm: torch.fx.GraphModule, prefetch: int | None = None) 
     _sink_views(graph)
     _sink_waits(graph)
     order = list(graph.nodes)
-    after = _placed(order, _issue_points(order, prefetch))
+    packing = _packing(order)
+    after = _placed(order, _issue_points(order, prefetch, packing), packing)
     after = _bounded_waits(after, prefetch)
     after = _cpu_collectives_in_flight(after, read_config().cpu_collectives_in_flight)
     prev = None
@@ -142,17 +158,48 @@ def _of_wait(node: torch.fx.Node) -> bool:
     return is_wait(node)
 
 
-def _only_returned(collective: torch.fx.Node) -> bool:
-    """Only the graph's output reads the collective's result (through its waits)."""
-    return all(is_wait(u) and all(r.op == "output" for r in u.users) for u in collective.users)
+def _only_returned(collective: torch.fx.Node, derived: set[torch.fx.Node]) -> bool:
+    """Only the graph's output reads the collective's result (through its waits and ops
+    computed from results alone: a coalesced reduce-scatter's gradients split out of its
+    buffer)."""
+    if not all(is_wait(u) for u in collective.users):
+        return False
+    readers = [r for w in collective.users for r in w.users]
+    while readers:
+        r = readers.pop()
+        if r.op != "output":
+            if r not in derived:
+                return False
+            readers.extend(r.users)
+    return True
+
+
+def _from_results(nodes: Iterable[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The ops that compute from collectives' results alone (waits, and such ops of them),
+    are neither collectives nor waits, and write nothing: each can run anywhere before its
+    first reader."""
+    found: set[torch.fx.Node] = set()
+    for node in nodes:
+        if node.op != "call_function" or is_collective(node) or is_wait(node):
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            continue
+        inputs = node.all_input_nodes
+        if inputs and all(is_wait(a) or a in found for a in inputs):
+            found.add(node)
+    return found
 
 
 def _sink_views(graph: torch.fx.Graph) -> None:
-    """Each view of a wait's result just before its first reader (the last views first)."""
+    """Each view of a wait's result, and each op computed from results alone, just before
+    its first reader (the last ones first)."""
+    derived = _from_results(graph.nodes)
     for node in reversed(list(graph.nodes)):
-        if node.op != "call_function" or node.target not in VIEW_OPS or not node.users:
+        if node.op != "call_function" or not node.users:
             continue
-        if not _of_wait(node.args[0]):
+        view = node.target in VIEW_OPS and _of_wait(node.args[0])
+        if not (view or node in derived):
             continue
         position = _positions(graph)
         first = min(node.users, key=lambda u: position[u])
@@ -171,8 +218,35 @@ def _sink_waits(graph: torch.fx.Graph) -> None:
         position = _positions(graph)
 
 
-def _issue_points(order: list[torch.fx.Node], prefetch: int) -> dict[torch.fx.Node, int]:
-    """For each collective, the index in ``order`` right after which it is issued."""
+def _packing(order: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """For each collective, the ops that only pack its input and that only it reads
+    (through each other), in ``order``'s order: they move with it."""
+    found: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for k, c in enumerate(order):
+        if not is_collective(c):
+            continue
+        chain = {c}
+        for n in reversed(order[:k]):
+            if (
+                n.op == "call_function"
+                and n.target in _PACKING
+                and n.users
+                and all(u in chain for u in n.users)
+            ):
+                chain.add(n)
+        chain.discard(c)
+        if chain:
+            found[c] = [n for n in order[:k] if n in chain]
+    return found
+
+
+def _issue_points(
+    order: list[torch.fx.Node],
+    prefetch: int,
+    packing: dict[torch.fx.Node, list[torch.fx.Node]],
+) -> dict[torch.fx.Node, int]:
+    """For each collective, the index in ``order`` right after which it is issued (its
+    packing ops with it: what they read is its input)."""
     pos = {n: k for k, n in enumerate(order)}
     collectives = [n for n in order if is_collective(n)]
     groups: dict[Hashable, list[torch.fx.Node]] = defaultdict(list)
@@ -184,7 +258,11 @@ def _issue_points(order: list[torch.fx.Node], prefetch: int) -> dict[torch.fx.No
         key: min((pos[u] for c in members for u in c.users), default=len(order))
         for key, members in groups.items()
     }
-    for key in [k for k, members in groups.items() if all(map(_only_returned, members))]:
+    derived = _from_results(order)
+    returned = [
+        k for k, members in groups.items() if all(_only_returned(c, derived) for c in members)
+    ]
+    for key in returned:
         del groups[key], first_use[key]  # nothing to fetch ahead of
     ranked = sorted(groups, key=lambda key: (first_use[key], pos[groups[key][0]]))
     bound = {
@@ -193,7 +271,9 @@ def _issue_points(order: list[torch.fx.Node], prefetch: int) -> dict[torch.fx.No
     points: dict[torch.fx.Node, int] = {}
     floor = -1  # ungrouped: never above the previous ungrouped collective
     for c in collectives:
-        inputs = max((points.get(a, pos[a]) for a in c.all_input_nodes), default=-1)
+        packed = set(packing.get(c, ()))
+        reads = {a for n in (c, *packed) for a in n.all_input_nodes if a not in packed}
+        inputs = max((points.get(a, pos[a]) for a in reads), default=-1)
         key = c.meta.get(GROUP)
         if key not in groups:
             points[c] = floor = max(inputs, floor)
@@ -202,22 +282,29 @@ def _issue_points(order: list[torch.fx.Node], prefetch: int) -> dict[torch.fx.No
     return points
 
 
-def _placed(order: list[torch.fx.Node], points: dict[torch.fx.Node, int]) -> list[torch.fx.Node]:
-    """``order`` with each collective right after the last other node at or before its
-    issue point (collectives at one point in issue-point, then graph order)."""
+def _placed(
+    order: list[torch.fx.Node],
+    points: dict[torch.fx.Node, int],
+    packing: dict[torch.fx.Node, list[torch.fx.Node]],
+) -> list[torch.fx.Node]:
+    """``order`` with each collective, its packing ops just before it, right after the
+    last other node at or before its issue point (collectives at one point in
+    issue-point, then graph order)."""
     pos = {n: k for k, n in enumerate(order)}
+    moving = set(points) | {n for chain in packing.values() for n in chain}
     anchor_at: list[torch.fx.Node | None] = []
     last = None
     for n in order:
-        if n not in points:
+        if n not in moving:
             last = n
         anchor_at.append(last)
     after: dict[torch.fx.Node | None, list[torch.fx.Node]] = defaultdict(list)
     for c in sorted(points, key=lambda c: (points[c], pos[c])):
-        after[anchor_at[points[c]] if points[c] >= 0 else None].append(c)
+        anchor = anchor_at[points[c]] if points[c] >= 0 else None
+        after[anchor] += [*packing.get(c, ()), c]
     out = list(after[None])
     for n in order:
-        if n not in points:
+        if n not in moving:
             out.append(n)
             out.extend(after.get(n, ()))
     return out
