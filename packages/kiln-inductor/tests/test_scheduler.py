@@ -387,3 +387,24 @@ def test_results_of_a_collective_are_not_reused():
     if c10d is not None and hasattr(c10d, "wait_tensor"):
         wait = ExternKernel("extern1", c10d.wait_tensor.default, (), {}, "extern")
         assert not _returns_fresh(wait)
+
+
+def test_dead_storage_is_not_held_across_a_fresh_allocation():
+    """A dead buffer waits in the pool for a later buffer of its size only while nothing
+    else allocates: held across a fresh allocation (a matmul's result) it would add to the
+    live bytes there. Kept for the graph's next buffers, the FSDP graph's backward held a
+    dead unit-sized gradient through each next unit's gather (MLP: 11.3 MB, 8.0 without)."""
+
+    def f(x, w):
+        a = aten.exp.default(x)  # 16x16, dies at the first mm
+        b = aten.mm.default(a, w)  # a fresh 16x16 result: a's storage is not held over it
+        c = aten.sin.default(aten.mm.default(b, w))  # a's size again, after the second mm
+        return (c,)
+
+    ir, steps = schedule(f, [torch.randn(16, 16), torch.randn(16, 16)])
+    a = groups(steps)[0].outputs[0]
+    plan = plan_memory(steps, ir)
+    mm = next(k for k, s in enumerate(steps) if isinstance(s, ExternKernel))
+    assert _freed_after(plan, a) == [mm]
+    reuses = [reuse for allocs in plan.allocations.values() for _, reuse, _ in allocs]
+    assert a not in reuses

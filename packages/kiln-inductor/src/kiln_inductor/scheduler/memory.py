@@ -91,6 +91,8 @@ def plan_memory(
         dying_here.setdefault(k, []).append(b)
     for k, step in enumerate(steps):
         allocs: list[tuple[str, str | None, str]] = []
+        if isinstance(step, ExternKernel) and _allocates(step):
+            pool.clear()  # held across fresh storage, dead storage would add to the peak
         if isinstance(step, ExternKernel) and _returns_fresh(step):
             owned.update(o.name for o in step.outputs)
         if isinstance(step, FusedGroup):
@@ -127,6 +129,8 @@ def plan_memory(
                         pool.remove(reuse)
                         pooled_at.pop(reuse, None)
                     plan.reused += 1
+                else:
+                    pool.clear()  # fresh storage (above)
                 allocs.append((name, reuse, kind))
                 owned.add(name)
         plan.allocations[k] = allocs
@@ -147,6 +151,12 @@ def plan_memory(
     for b, k in pooled_at.items():
         plan.frees.setdefault(k, []).append(b)
     return plan
+
+
+def _allocates(step: ExternKernel) -> bool:
+    """Whether a library call allocates storage: a fresh result, or a collective's output
+    buffer (its wait hands that buffer back)."""
+    return _returns_fresh(step) or is_collective_op(step.op) or is_wait_op(step.op)
 
 
 def _returns_fresh(step: ExternKernel) -> bool:
