@@ -14,12 +14,21 @@ torch's SimpleFSDP expresses FSDP:
   every unit, with the stand-ins as graph inputs: one graph, no break.
 - ``gather_params`` (the backend's first step) rewrites each stand-in's placeholder into
   this rank's shard (``LocalShard``, passed on every call), padded to FSDP's padded shard
-  size, all-gathered over the unit's shard group (``AllGatherShard``:
-  ``_c10d_functional.all_gather_into_tensor`` and ``wait_tensor``) and narrowed to the
-  unsharded rows: the unsharded parameter is a value of the graph. ``AllGatherShard``'s
-  gradient is FSDP's: a ``reduce_scatter_tensor`` averaging over the group (the op's own
-  autograd rule sums), which reaches the DTensor parameter as a DTensor shard on the
-  parameter's own spec, as FSDP's post-backward writes it.
+  size; a unit's padded shards are all-gathered together over its shard group, as FSDP2
+  does (``AllGatherUnit``: flattened into one buffer, one
+  ``_c10d_functional.all_gather_into_tensor`` and ``wait_tensor``, each parameter's rows
+  taken from every rank's part), each narrowed to the unsharded rows: the unsharded
+  parameters are values of the graph. ``AllGatherUnit``'s gradient is FSDP's: one
+  ``reduce_scatter_tensor`` of the unit's gradients, averaging over the group (the op's own
+  autograd rule sums), each shard's part reaching its DTensor parameter as a DTensor shard
+  on the parameter's own spec, as FSDP's post-backward writes it. One collective a unit,
+  not one a parameter: over gloo, where kiln-inductor runs one collective at a time, a
+  unit's gather then overlaps the previous unit's computation whole (per parameter, only
+  a unit's last gather ran under the previous unit's matmuls). Each unit's gather is
+  recorded just before the first read of any of its parameters, not all at the graph's
+  start: autograd runs a gather's backward (its reduce-scatter) after everything
+  recorded later, so gathers recorded first put every reduce-scatter at the backward's
+  end.
 - kiln-inductor's collectives pass waits on each collective just before the first kernel
   reading it and issues it early, bounded per unit (below): forward and backward
   prefetching, and each reduce-scatter under the next unit's backward.
@@ -28,21 +37,33 @@ Memory: each gather node is tagged ``collective_group`` (its unit; the reduce-sc
 its backward too, through ``kiln_aot.annotate``) and, where the unit reshards after
 forward (FSDP's default; not the root, nor ``reshard_after_forward=False``),
 ``recompute_in_backward``: kiln-aot carries both onto the ATen nodes. The min-cut
-partitioner then saves the shard, not the gathered parameter, and the backward gathers it
-again, as eager FSDP2 does; untagged, the gathered parameter is saved. The collectives pass
-issues a unit's all-gathers about one unit ahead of its first use
-(``KILN_PREFETCH_GROUPS``, default 1), in the forward and in the backward, and waits on one
-unit's reduce-scatters before the next unit's start: the graph holds about two units'
-unsharded parameters and one unit's unsharded gradients at a time, not the whole model.
+partitioner then saves the shards, not the gathered parameters, and the backward gathers
+the unit again, as eager FSDP2 does; untagged, the gathered parameters are saved. A unit's
+small parameters (1-D: biases, norms' weights) are the exception: their copies out of the
+gathered buffer are tagged ``recompute_in_backward=False`` and saved (unsharded; a few KB
+a unit). Recomputable, they looked free to the cut (the backward regathers the unit for
+its weights anyway), which then recomputed the residual stream from saved matmul outputs
+and the blocks' biases: every unit's regather was waited on at the backward's start, all
+units' parameters alive at once. Saved, nothing but a unit's own backward reads its
+regather, and the collectives pass (which moves a gather with the copies and the
+concatenation that pack its input, and places each reduce-scatter, whose gradients the
+graph only returns, right after its gradients) issues a unit's all-gather about one unit
+ahead of its first use (``KILN_PREFETCH_GROUPS``, default 1), in the forward and in the
+backward, and waits on one unit's reduce-scatter before the next unit's start: the graph
+holds about two units' unsharded parameters and one unit's unsharded gradients at a time,
+not the whole model. A coalesced gather costs a copy per parameter out of the unit's
+buffer and a copy of the unit's gradients into the reduce-scatter's (FSDP2's own copy-in
+and copy-out): rank 0's peak is eager FSDP2's or a little above, more than the
+per-parameter graph's (README, "Distributed").
 Whether a unit reshards is read at each call: each setting of the units has its own
 captured call (a copy of the root's ``forward``) and stand-ins, so after
 ``set_reshard_after_forward`` the graph is built again for the new setting (the earlier
 one is kept for the old setting).
 
-Mixed precision (``MixedPrecisionPolicy``): ``AllGatherShard`` casts the shard to
-``param_dtype`` before gathering it (the stand-ins have that dtype, so the graph computes
-in it) and the gradient to ``reduce_dtype`` before its reduce-scatter, then back to the
-parameter's dtype; ``cast_forward_inputs`` becomes a forward pre-hook in place of FSDP's
+Mixed precision (``MixedPrecisionPolicy``): ``AllGatherUnit`` casts the shards to
+``param_dtype`` before gathering them (the stand-ins have that dtype, so the graph computes
+in it) and the gradients to ``reduce_dtype`` before their reduce-scatter, then back to the
+parameters' dtype; ``cast_forward_inputs`` becomes a forward pre-hook in place of FSDP's
 that kiln-capture traces (``_CAST_SOURCE``), and the root's own inputs are cast by the
 compiled call's first lines.
 
@@ -59,6 +80,7 @@ options={"fsdp_graph": False})`` always takes the regions.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -96,6 +118,23 @@ class _Param:
         self.group_name, self.group_size, self.padded_rows = group_name, group_size, padded_rows
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.unit, self.reshard = unit, reshard
+
+    def coalesce_key(self) -> tuple:
+        """Parameters gathered by one collective: a unit's, alike in group, dtypes, whether
+        they need gradients and whether the backward gathers them again."""
+        grad = self.standin.requires_grad
+        dtype = self.standin.dtype
+        return (
+            self.unit,
+            self.group_name,
+            self.group_size,
+            self.param_dtype,
+            self.reduce_dtype,
+            self.reshard,
+            grad,
+            dtype,
+            self.fsdp_param.sharded_param.dtype,
+        )
 
     def local(self) -> torch.Tensor:
         # read each call: FSDP may replace its sharded parameter (load_state_dict)
@@ -397,117 +436,181 @@ def _stand_in(p: Any, group: Any, unit: int) -> _Param:
 def gather_params(
     gm: torch.fx.GraphModule, example_inputs: list, params: dict[int, _Param]
 ) -> list[tuple[int, _Param]]:
-    """Rewrite each stand-in placeholder of ``gm`` (by its example input) into the gather
-    of its shard (module docstring); returns (input index, parameter) of each."""
+    """Rewrite the stand-in placeholders of ``gm`` (by their example inputs) into the
+    gathers of their shards, one collective per FSDP unit (module docstring); returns
+    (input index, parameter) of each."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found = []
+    units: dict[tuple, list[tuple[torch.fx.Node, _Param]]] = {}
     for i, (ph, value) in enumerate(zip(placeholders, example_inputs)):
         entry = params.get(id(value))
         if entry is None or entry.standin is not value:
             continue
         found.append((i, entry))
-        _gather(gm.graph, ph, entry)
+        units.setdefault(entry.coalesce_key(), []).append((ph, entry))
     if found:
+        # capture adds a placeholder where its value is first read: all first (in their
+        # order, which is the inputs'), so each unit's gather can come just before the
+        # first read of any of its parameters. There, not all at the start: autograd runs
+        # a gather's backward (its reduce-scatter) after everything recorded later, so
+        # gathers recorded first would put every unit's reduce-scatter at the backward's
+        # end; kiln-inductor's collectives pass issues each gather ahead of that point
+        _placeholders_first(gm.graph, placeholders)
+        position = {n: k for k, n in enumerate(gm.graph.nodes)}
+        for members in units.values():
+            readers = [u for ph, _ in members for u in ph.users]
+            first = min(readers, key=position.__getitem__, default=gm.graph.output_node())
+            _gather_unit(gm.graph, first, members)
         gm.graph.lint()
         gm.recompile()
     return found
 
 
-class AllGatherShard(torch.autograd.Function):
-    """FSDP's all-gather of a (padded) dim-0 shard over a group of ``n`` ranks; its
-    gradient is FSDP's: the reduce-scatter of the unsharded gradient, averaged over the
-    group. (``_c10d_functional.all_gather_into_tensor``'s own autograd rule sums.)"""
+def _placeholders_first(graph: torch.fx.Graph, placeholders: list[torch.fx.Node]) -> None:
+    """Move ``placeholders`` (all of ``graph``'s, in order) to its start."""
+    anchor = placeholders[0]
+    start = next(iter(graph.nodes))
+    if start is not anchor:
+        start.prepend(anchor)
+    for ph in placeholders[1:]:
+        if anchor.next is not ph:
+            anchor.append(ph)
+        anchor = ph
+
+
+class AllGatherUnit(torch.autograd.Function):
+    """FSDP's all-gather of one unit's (padded) dim-0 shards over a group of ``n`` ranks,
+    as FSDP2 does it: the shards flattened into one buffer, one
+    ``_c10d_functional.all_gather_into_tensor`` of it, each parameter's rows taken from
+    every rank's part. Its gradient is FSDP's: the unsharded gradients laid out the same
+    way, one ``reduce_scatter_tensor`` averaging over the group (the op's own autograd rule
+    sums), each shard's gradient taken from this rank's part."""
 
     @staticmethod
     def forward(
         ctx: Any,
-        shard: torch.Tensor,
         n: int,
         group_name: str,
-        param_dtype: torch.dtype | None = None,
-        reduce_dtype: torch.dtype | None = None,
-        unit: int | None = None,
-    ) -> torch.Tensor:
-        ctx.n, ctx.group_name, ctx.reduce_dtype, ctx.dtype, ctx.unit = (
-            n,
-            group_name,
-            reduce_dtype,
-            shard.dtype,
-            unit,
-        )
-        if param_dtype is not None:  # mixed precision: gathered in the compute dtype
-            shard = shard.to(param_dtype)
+        param_dtype: torch.dtype | None,  # mixed precision: gathered in the compute dtype
+        reduce_dtype: torch.dtype | None,
+        unit: int | None,
+        *shards: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.n, ctx.group_name, ctx.reduce_dtype, ctx.unit = n, group_name, reduce_dtype, unit
+        ctx.shapes = [s.shape for s in shards]
+        ctx.dtypes = [s.dtype for s in shards]
+        ctx.gathered = (param_dtype or shards[0].dtype, shards[0].device)
+        if param_dtype is not None:
+            shards = tuple(s.to(param_dtype) for s in shards)
+        numels = [s.numel() for s in shards]
+        flat = torch.cat([s.reshape(-1) for s in shards]) if len(shards) > 1 else shards[0]
         c10d = torch.ops._c10d_functional
-        return c10d.wait_tensor(c10d.all_gather_into_tensor(shard, n, group_name))
+        out = c10d.wait_tensor(c10d.all_gather_into_tensor(flat.reshape(-1), n, group_name))
+        parts = out.view(n, -1).split(numels, dim=1)
+        params = []
+        for p, s in zip(parts, shards, strict=True):
+            # a small parameter's copy (a bias, a norm's weight) is saved for the backward,
+            # never recomputed from the unit's regather (module docstring, "Memory")
+            small = {"recompute_in_backward": False} if s.dim() <= 1 else {}
+            with kiln_aot.annotate(**small):
+                params.append(p.reshape(n * s.shape[0], *s.shape[1:]))
+        return tuple(params)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        c10d = torch.ops._c10d_functional
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple:
+        n, (dtype, device) = ctx.n, ctx.gathered
+        rows = [  # a parameter the loss does not reach: a zero gradient, as FSDP reduces
+            (g if g is not None else torch.zeros((n, *shape), dtype=dtype, device=device)).reshape(
+                n, -1
+            )
+            for g, shape in zip(grads, ctx.shapes, strict=True)
+        ]
+        flat = torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
         if ctx.reduce_dtype is not None:
-            grad = grad.to(ctx.reduce_dtype)
-        # the unit's reduce-scatters are a collective group too: kiln-inductor bounds how
-        # many units' gradients are in flight (module docstring, "Memory")
+            flat = flat.to(ctx.reduce_dtype)
+        c10d = torch.ops._c10d_functional
+        # the unit's reduce-scatter is a collective group too: kiln-inductor bounds how many
+        # units' gradients are in flight (module docstring, "Memory")
         group = {} if ctx.unit is None else {"collective_group": ("reduce_scatter", ctx.unit)}
         with kiln_aot.annotate(**group):
-            out = c10d.reduce_scatter_tensor(grad.contiguous(), "avg", ctx.n, ctx.group_name)
+            out = c10d.reduce_scatter_tensor(flat.reshape(-1), "avg", n, ctx.group_name)
             out = c10d.wait_tensor(out)
-        return out.to(ctx.dtype), None, None, None, None, None
+        parts = out.split([s.numel() for s in ctx.shapes])
+        shards = [p.view(shape).to(dtype) for p, shape, dtype in zip(parts, ctx.shapes, ctx.dtypes)]
+        return (None, None, None, None, None, *shards)
 
 
-def all_gather_shard(
-    shard: torch.Tensor,
+def all_gather_unit(
     n: int,
     group_name: str,
-    param_dtype: torch.dtype | None = None,
-    reduce_dtype: torch.dtype | None = None,
-    unit: int | None = None,
-) -> torch.Tensor:
-    """``AllGatherShard``: the graph's call (a module-level name, which FX code can print)."""
-    return AllGatherShard.apply(shard, n, group_name, param_dtype, reduce_dtype, unit)
+    param_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None,
+    unit: int | None,
+    *shards: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """``AllGatherUnit``: the graph's call (a module-level name, which FX code can print)."""
+    return AllGatherUnit.apply(n, group_name, param_dtype, reduce_dtype, unit, *shards)
 
 
-def _gather(graph: torch.fx.Graph, ph: torch.fx.Node, entry: _Param) -> None:
-    full = ph.meta["val"]
-    local = entry.local()
-    rows, n = full.shape[0], entry.group_size
-    users = list(ph.users)
-    grad = entry.standin.requires_grad
+def _gather_unit(
+    graph: torch.fx.Graph, before: torch.fx.Node, members: list[tuple[torch.fx.Node, _Param]]
+) -> None:
+    """Before ``before``: each member placeholder (now its shard) padded to FSDP's padded
+    shard rows, one ``all_gather_unit`` of them all, each result narrowed to the unsharded
+    rows; the placeholders' readers read those."""
+    first = members[0][1]
+    n, grad = first.group_size, first.standin.requires_grad
+    stack = next(
+        (ph.meta["nn_module_stack"] for ph, _ in members if "nn_module_stack" in ph.meta), None
+    )
+    device = members[0][0].meta.get("device", first.fsdp_param.sharded_param.device)
 
-    def meta(shape: tuple, dtype: torch.dtype) -> dict:
-        # as capture records a value: a meta tensor, and the device it lives on
-        val = torch.empty(shape, dtype=dtype, device="meta", requires_grad=grad)
-        return {"val": val, "device": ph.meta.get("device", local.device)}
-
-    ph.meta.update(meta(tuple(local.shape), local.dtype))
-
-    def add(target: Any, args: tuple, shape: tuple) -> torch.fx.Node:
+    def add(target: Any, args: tuple, val: Any) -> torch.fx.Node:
         node = graph.call_function(target, args)
-        gathered = target is not torch.constant_pad_nd
-        node.meta.update(meta(shape, full.dtype if gathered else local.dtype))
-        if "nn_module_stack" in ph.meta:
-            node.meta["nn_module_stack"] = ph.meta["nn_module_stack"]
+        node.meta.update({"val": val, "device": device})
+        if stack is not None:
+            node.meta["nn_module_stack"] = stack
         # kiln-aot carries these onto the ATen nodes (module docstring, "Memory")
-        node.meta["collective_group"] = ("all_gather", entry.unit)
-        if entry.reshard:
+        node.meta["collective_group"] = ("all_gather", first.unit)
+        if first.reshard:
             node.meta["recompute_in_backward"] = True
         return node
 
-    rest = tuple(full.shape[1:])
-    with graph.inserting_before(ph.next):
-        x = ph
-        # every rank pads (its last ranks' shards are short) or none does: the graphs of
-        # all ranks have the same nodes, so kiln-inductor's collectives pass, which places
-        # collectives by their positions in the graph, issues them in one order everywhere
-        if entry.padded_rows * n != rows:
-            pad = [0, 0] * len(rest) + [0, entry.padded_rows - local.shape[0]]
-            x = add(torch.constant_pad_nd, (x, pad), (entry.padded_rows, *rest))
-        shape = (entry.padded_rows * n, *rest)
-        args = (x, n, entry.group_name, entry.param_dtype, entry.reduce_dtype, entry.unit)
-        x = add(all_gather_shard, args, shape)
-        if shape[0] != rows:
-            x = add(torch.narrow, (x, 0, 0, rows), (rows, *rest))
-    for user in users:
-        user.replace_input_with(ph, x)
+    def meta(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        # as capture records a value: a meta tensor
+        return torch.empty(shape, dtype=dtype, device="meta", requires_grad=grad)
+
+    users = {ph: list(ph.users) for ph, _ in members}
+    fulls = {ph: ph.meta["val"] for ph, _ in members}
+    padded = []
+    with graph.inserting_before(before):
+        for ph, entry in members:
+            full, local = fulls[ph], entry.local()
+            ph.meta.update({"val": meta(tuple(local.shape), local.dtype), "device": device})
+            rest = tuple(full.shape[1:])
+            x = ph
+            # every rank pads (its last ranks' shards are short) or none does: the graphs of
+            # all ranks have the same nodes, so kiln-inductor's collectives pass, which
+            # places collectives by their positions in the graph, issues them in one order
+            if entry.padded_rows * n != full.shape[0]:
+                pad = [0, 0] * len(rest) + [0, entry.padded_rows - local.shape[0]]
+                x = add(
+                    torch.constant_pad_nd, (x, pad), meta((entry.padded_rows, *rest), local.dtype)
+                )
+            padded.append(x)
+        vals = tuple(
+            meta((entry.padded_rows * n, *fulls[ph].shape[1:]), fulls[ph].dtype)
+            for ph, entry in members
+        )
+        args = (n, first.group_name, first.param_dtype, first.reduce_dtype, first.unit, *padded)
+        gathered = add(all_gather_unit, args, vals)
+        for k, (ph, _) in enumerate(members):
+            full = fulls[ph]
+            x = add(operator.getitem, (gathered, k), vals[k])
+            if vals[k].shape[0] != full.shape[0]:
+                x = add(torch.narrow, (x, 0, 0, full.shape[0]), meta(tuple(full.shape), full.dtype))
+            for user in users[ph]:
+                user.replace_input_with(ph, x)
 
 
 __all__ = ["GATHERED", "Whole", "compile_whole", "gather_params"]
