@@ -403,8 +403,11 @@ def test_dead_storage_is_not_held_across_a_fresh_allocation():
 
     ir, steps = schedule(f, [torch.randn(16, 16), torch.randn(16, 16)])
     a = groups(steps)[0].outputs[0]
-    plan = plan_memory(steps, ir)
+    plan = plan_memory(steps, ir, release_early=True)
     mm = next(k for k, s in enumerate(steps) if isinstance(s, ExternKernel))
     assert _freed_after(plan, a) == [mm]
     reuses = [reuse for allocs in plan.allocations.values() for _, reuse, _ in allocs]
     assert a not in reuses
+    # a graph without collectives keeps its dead storage for reuse (the default there)
+    kept = plan_memory(steps, ir)
+    assert a in [reuse for allocs in kept.allocations.values() for _, reuse, _ in allocs]

@@ -50,10 +50,21 @@ def _reads(step: Step) -> list[str]:
 
 
 def plan_memory(
-    steps: list[Step], ir: GraphIR, donated: dict[str, str] | None = None
+    steps: list[Step],
+    ir: GraphIR,
+    donated: dict[str, str] | None = None,
+    release_early: bool | None = None,
 ) -> MemoryPlan:
+    """``release_early``: dead storage waits in the pool for a later buffer only while
+    nothing allocates fresh storage (held across a fresh allocation it adds to the live
+    bytes there); None: so in graphs holding collectives (FSDP2's units, whose dead
+    gradients were held through the next units' gathers), where it was measured; other
+    graphs keep their dead storage for reuse, as the CPU's allocator pays for fresh
+    pages."""
     plan = MemoryPlan()
     donated = donated or {}
+    if release_early is None:
+        release_early = any(isinstance(s, ExternKernel) and is_collective_op(s.op) for s in steps)
     last_use: dict[str, int] = {}
     for k, step in enumerate(steps):
         for b in _reads(step):
@@ -91,7 +102,7 @@ def plan_memory(
         dying_here.setdefault(k, []).append(b)
     for k, step in enumerate(steps):
         allocs: list[tuple[str, str | None, str]] = []
-        if isinstance(step, ExternKernel) and _allocates(step):
+        if release_early and isinstance(step, ExternKernel) and _allocates(step):
             pool.clear()  # held across fresh storage, dead storage would add to the peak
         if isinstance(step, ExternKernel) and _returns_fresh(step):
             owned.update(o.name for o in step.outputs)
@@ -129,7 +140,7 @@ def plan_memory(
                         pool.remove(reuse)
                         pooled_at.pop(reuse, None)
                     plan.reused += 1
-                else:
+                elif release_early:
                     pool.clear()  # fresh storage (above)
                 allocs.append((name, reuse, kind))
                 owned.add(name)
