@@ -48,6 +48,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from kiln_shapes.meta_memo import NotPlain, Outputs, fresh, snapshot
 
 _PLAIN = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _MAX = 4096  # entries per capture: a trace of many distinct ops stops adding past it
@@ -158,99 +159,6 @@ def _metadata(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad)
 
 
-class _Outputs:
-    """What ``_snapshot`` knows of the call: its tensor arguments (in key order), the
-    storages they hold, whether a result may alias them, and the outputs seen so far."""
-
-    def __init__(self, args: list[torch.Tensor], may_alias: bool) -> None:
-        self.args = args
-        self.index = {id(t): i for i, t in enumerate(args)}
-        self.arg_storages: dict[int, list[int]] = {}
-        for i, t in enumerate(args):
-            self.arg_storages.setdefault(t.untyped_storage()._cdata, []).append(i)
-        self.may_alias = may_alias
-        self.storages: set[int] = set()  # of new outputs
-        self.seen: set[int] = set()
-
-
-def _plain_tensor(t: Any) -> bool:
-    return (
-        type(t) is torch.Tensor
-        and not t.requires_grad
-        and t.layout is torch.strided
-        and t.device.type == "meta"
-        and not t.is_conj()
-        and not t.is_neg()
-        and all(type(n) is int for n in (*t.shape, *t.stride(), t.storage_offset()))
-    )
-
-
-def _snapshot(result: Any, outs: _Outputs) -> Any:
-    """``result`` as plain data, or raise ``_NoKey`` (module docstring)."""
-    t = type(result)
-    if t is torch.Tensor:
-        return _snapshot_tensor(result, outs)
-    if t is tuple or t is list:
-        return (t, tuple(_snapshot(r, outs) for r in result))
-    if t in (int, bool, float, type(None), torch.Size):
-        return ("c", result)
-    raise _NoKey
-
-
-def _snapshot_tensor(result: torch.Tensor, outs: _Outputs) -> tuple:
-    if not _plain_tensor(result):
-        raise _NoKey
-    shape, stride, offset = tuple(result.shape), result.stride(), result.storage_offset()
-    if id(result) in outs.index:  # an argument itself
-        if not outs.may_alias:
-            raise _NoKey
-        return ("A", outs.index[id(result)])
-    if id(result) in outs.seen:
-        raise _NoKey
-    outs.seen.add(id(result))
-    storage = result.untyped_storage()._cdata
-    if storage in outs.arg_storages:  # a view of an argument
-        if not (outs.may_alias and result._is_view()):
-            raise _NoKey  # detach(): shares the storage, no view
-        of = [i for i in outs.arg_storages[storage] if outs.args[i].dtype == result.dtype]
-        if not of:
-            raise _NoKey
-        return ("V", of[0], shape, stride, offset)
-    if storage in outs.storages:
-        raise _NoKey  # two outputs sharing one new storage
-    outs.storages.add(storage)
-    if not result._is_view():
-        if offset != 0:
-            raise _NoKey
-        return ("T", shape, stride, result.dtype)
-    base = result._base
-    if (
-        base is None
-        or not _plain_tensor(base)
-        or base._is_view()
-        or base.storage_offset() != 0
-        or base.dtype != result.dtype
-    ):
-        raise _NoKey
-    return ("B", tuple(base.shape), base.stride(), base.dtype, shape, stride, offset)
-
-
-def _fresh(snap: tuple, args: list[torch.Tensor]) -> Any:
-    kind = snap[0]
-    if kind == "T":
-        return torch.empty_strided(snap[1], snap[2], dtype=snap[3], device="meta")
-    if kind == "c":
-        return snap[1]
-    if kind == "A":
-        return args[snap[1]]
-    if kind == "V":
-        return args[snap[1]].as_strided(snap[2], snap[3], snap[4])
-    if kind == "B":
-        base = torch.empty_strided(snap[1], snap[2], dtype=snap[3], device="meta")
-        return base.as_strided(snap[4], snap[5], snap[6])
-    return kind(_fresh(s, args) for s in snap[1])
-
-
 class MetaResults:
     """One capture's meta results by key (module docstring)."""
 
@@ -287,7 +195,7 @@ class MetaResults:
             return None
         try:
             with torch.no_grad():  # as the kept result was made: needing no grad
-                result = _fresh(snap, key[1])
+                result = fresh(snap, key[1])
         except Exception:  # a view out of this argument's storage: the op runs
             return None
         self.hits += 1
@@ -310,8 +218,8 @@ class MetaResults:
         _, args, in_place, before = key
         unchanged = [_metadata(t) for t in args] == before
         try:
-            snap = _snapshot(result, _Outputs(args, not in_place and unchanged))
-        except _NoKey:
+            snap = snapshot(result, Outputs(args, not in_place and unchanged, aliases=False))
+        except NotPlain:
             return
         self._results[key[0]] = snap
 

@@ -224,6 +224,10 @@ class ShapeEnv:
         # speculation's, or one torch._check asserts)
         self.on_assume: Callable[[Any], None] | None = None
         self._guard_keys: set[sympy.Basic] = set()
+        # answers given while nothing they depend on changed since (``_answers``)
+        self._memo: dict[Any, Any] = {}
+        self._memo_state: tuple = ()
+        self._ranges_moved = 0  # ranges changed outside ``assume`` (size_oblivious)
 
     # ----------------------------------------------------------------- symbols
     def create_symbol(
@@ -432,12 +436,40 @@ class ShapeEnv:
         return self.meta_tensor(size, stride, t.dtype, requires_grad=t.requires_grad)
 
     # ----------------------------------------------------------------- reasoning
+    def _answers(self) -> dict[Any, Any]:
+        """Answers to questions about expressions (``statically_known``, ``evaluate``,
+        comparisons), kept while the state they read is unchanged: the symbols and their
+        ranges, the replacements, the expressions' guarded values and the assumptions
+        only ever grow, so their sizes (and a count of ``size_oblivious``'s temporary
+        ranges) tell whether anything changed. A model's repeated layers ask the same
+        questions about the same sizes: each is answered once (the answer is sympy's
+        interval and relational work, milliseconds each)."""
+        state = (
+            len(self.symbols),
+            len(self.replacements),
+            len(self.expr_values),
+            len(self.assumptions),
+            self._ranges_moved,
+        )
+        if state != self._memo_state:
+            self._memo.clear()
+            self._memo_state = state
+        return self._memo
+
     def bounds(self, expr: Any) -> tuple[Any, Any]:
         """An interval [lo, hi] containing every value of ``expr`` over the symbols' ranges."""
         return _bounds(self.simplify(expr), self)
 
     def statically_known(self, cond: Any) -> bool | None:
         """True or False when ``cond`` has that value for every size in range, else None."""
+        answers = self._answers()
+        key = ("known", cond)
+        got = answers.get(key, _UNKNOWN)
+        if got is _UNKNOWN:
+            got = answers[key] = self._statically_known(cond)
+        return got
+
+    def _statically_known(self, cond: Any) -> bool | None:
         cond = self.simplify(cond)
         if cond in (sympy.true, True):
             return True
@@ -555,11 +587,13 @@ class ShapeEnv:
             if info.unbacked and info.pytype is int and info.lo >= 0 and info.hi >= 2:
                 saved[s] = info.lo
                 info.lo = max(info.lo, 2)
+        self._ranges_moved += 1  # answers under these ranges are not kept past them
         try:
             return self.statically_known(cond)
         finally:
             for s, lo in saved.items():
                 self.symbols[s].lo = lo
+            self._ranges_moved += 1
 
     def assume(self, cond: Any) -> None:
         """Take ``cond`` (about unbacked values) as a fact: ``s >= c`` / ``s <= c`` of one
@@ -603,17 +637,24 @@ class ShapeEnv:
     def evaluate(self, cond: Any, where: str | None = None) -> bool:
         """The truth of ``cond``: static when the ranges decide it, else the hints' answer,
         recorded as a guard."""
+        answers = self._answers()
+        key = ("evaluate", cond)
+        got = answers.get(key)
+        if got is not None:  # decided (and guarded) before, nothing changed since
+            return got
         cond = self.simplify(cond)
         known = self.statically_known(cond)
         if known is not None:
+            answers[key] = known
             return known
         cond = self.refine(cond)
         if self.unbacked_in(cond):
             if self.speculate is not None:
-                return self.speculate(cond)
+                return self.speculate(cond)  # (a choice: asked again each time)
             raise DataDependentError(cond)
         value = bool(self.hint(cond))
         self.add_guard(cond if value else _negate(cond), where)
+        self._answers()[key] = value  # (after the guard: a replacement it made clears)
         return value
 
     def specialize(self, expr: Any, where: str | None = None) -> int | float:
@@ -686,6 +727,8 @@ class ShapeEnv:
         lines += [f"{a} -> {b}" for a, b in self.replacements.items()]
         return lines
 
+
+_UNKNOWN = object()  # (a missing answer: None is an answer of statically_known)
 
 # the value heuristics use for an unbacked symbol (ShapeEnv.fallback_hint)
 _FALLBACK_HINT = 8
@@ -999,14 +1042,25 @@ class SymNode:
     def _new(self, expr: Any, pytype: type) -> SymNode:
         return SymNode(self.env, self.env.simplify(expr), pytype)
 
+    def _binary(self, op: str, other: SymNode, make: Callable[[], Any], pytype: type) -> SymNode:
+        """``make()``'s expression, simplified, as a node of ``pytype``; the same operation
+        on the same expressions again is answered from ``ShapeEnv._answers``."""
+        answers = self.env._answers()
+        a, b = self.expr, other.expr
+        key = (op, type(a), a, type(b), b, pytype)  # (types: 2 and 2.0 stay apart)
+        expr = answers.get(key)
+        if expr is None:
+            expr = answers[key] = self.env.simplify(make())
+        return SymNode(self.env, expr, pytype)
+
     def add(self, other: SymNode) -> SymNode:
-        return self._new(self.expr + other.expr, _num_type(self, other))
+        return self._binary("+", other, lambda: self.expr + other.expr, _num_type(self, other))
 
     def sub(self, other: SymNode) -> SymNode:
-        return self._new(self.expr - other.expr, _num_type(self, other))
+        return self._binary("-", other, lambda: self.expr - other.expr, _num_type(self, other))
 
     def mul(self, other: SymNode) -> SymNode:
-        return self._new(self.expr * other.expr, _num_type(self, other))
+        return self._binary("*", other, lambda: self.expr * other.expr, _num_type(self, other))
 
     def sym_sum(self, others: Sequence[SymNode]) -> SymNode:
         return self._new(sympy.Add(*(o.expr for o in others)), int)
@@ -1021,21 +1075,22 @@ class SymNode:
         return self
 
     def int_floordiv(self, other: SymNode) -> SymNode:
+        return self._binary("//", other, lambda: self._floordiv(other), int)
+
+    def _floordiv(self, other: SymNode) -> Any:
         a, b = self.expr, other.expr
         nonneg = self.env.statically_known(sympy.Ge(a, 0)) and self.env.statically_known(
             sympy.Gt(b, 0)
         )
-        if nonneg:
-            return self._new(FloorDiv(a, b), int)
-        return self._new(sympy.floor(a / b), int)
+        return FloorDiv(a, b) if nonneg else sympy.floor(a / b)
 
     floordiv = int_floordiv
 
     def mod(self, other: SymNode) -> SymNode:
         a, b = self.expr, other.expr
         if self.env.statically_known(sympy.Ge(a, 0)) and self.env.statically_known(sympy.Gt(b, 0)):
-            return self._new(ModIndex(a, b), int)
-        return self._new(sympy.Mod(a, b), _num_type(self, other))
+            return self._binary("%", other, lambda: ModIndex(a, b), int)
+        return self._binary("mod", other, lambda: sympy.Mod(a, b), _num_type(self, other))
 
     def truediv(self, other: SymNode) -> SymNode:
         return self._new(self.expr / other.expr, float)
@@ -1053,10 +1108,14 @@ class SymNode:
         return self._new(self.expr**other.expr, _num_type(self, other))
 
     def sym_min(self, other: SymNode) -> SymNode:
-        return self._new(sympy.Min(self.expr, other.expr), _num_type(self, other))
+        return self._binary(
+            "min", other, lambda: sympy.Min(self.expr, other.expr), _num_type(self, other)
+        )
 
     def sym_max(self, other: SymNode) -> SymNode:
-        return self._new(sympy.Max(self.expr, other.expr), _num_type(self, other))
+        return self._binary(
+            "max", other, lambda: sympy.Max(self.expr, other.expr), _num_type(self, other)
+        )
 
     def sym_float(self) -> SymNode:
         return SymNode(self.env, self.expr, float)
@@ -1085,8 +1144,10 @@ class SymNode:
             # truth values: a == b is Equivalent(a, b), a != b is Xor(a, b)
             fn = sympy.Equivalent if op == "eq" else sympy.Xor
             a, b = (_as_bool(n.expr, n.pytype) for n in (self, other))
-            return self._new(fn(a, b), bool)
-        return self._new(_COMPARE[op](self.expr, other.expr), bool)
+            return self._binary(
+                f"bool {op} {self.pytype} {other.pytype}", other, lambda: fn(a, b), bool
+            )
+        return self._binary(op, other, lambda: _COMPARE[op](self.expr, other.expr), bool)
 
     def eq(self, other: SymNode) -> SymNode:
         return self._compare(other, "eq")

@@ -19,6 +19,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
+from . import meta_memo
+
 aten = torch.ops.aten
 
 # ops whose C++ meta kernel computes with SymInts
@@ -89,6 +91,17 @@ def run(func: Any, args: tuple, kwargs: dict, reenter: Any = None) -> Any:
     query = _QUERIES.get(func)
     if query is not None:
         return query(*args, **kwargs)
+    # the same op on the same symbolic sizes answered before (meta_memo.py)
+    result, keep = meta_memo.lookup(func, args, kwargs)
+    if result is not None:
+        return result
+    result = _run_symbolic(func, args, kwargs, reenter)
+    if keep is not None:
+        keep(result)
+    return result
+
+
+def _run_symbolic(func: Any, args: tuple, kwargs: dict, reenter: Any) -> Any:
     meta_table, decomps = _tables()
     ctx = reenter if reenter is not None else contextlib.nullcontext()
     if (
