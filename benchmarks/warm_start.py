@@ -18,6 +18,10 @@ without rebuilding the graph, "loaded" when the graph was rebuilt and handed to 
 backend, "traced" when the frame was evaluated again).
 "kiln-whole" is kiln's cold first call with regional reuse off (``KILN_REGIONAL_REUSE=0``:
 every layer traced and lowered), in a cache directory of its own.
+"kiln-resize" and "torch-resize" (only when asked for with ``--modes``) time, in a cold
+process, the call at a second sequence length (the first's + 16) after an untimed first
+call: the recompile for a new size, whose sizes then become symbolic (automatic dynamic
+shapes, both compilers), what a server meeting its second request length waits for.
 
 Usage: python benchmarks/warm_start.py [--models gpt2,bert,llama] [--layers 6,24]
     [--no-torch] [--threads N] [--repeat N] [--out PATH]
@@ -42,6 +46,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WIDTH = dict(hidden=128, heads=4, vocab=2048, batch=2, seq=64)
+RESIZE = ["kiln-resize", "torch-resize"]  # asked for by --modes only (module docstring)
 
 
 def build(name: str, layers: int):
@@ -153,6 +158,11 @@ def worker(name: str, layers: int, mode: str) -> dict:
             except Exception:  # modules made at run time (extensions' submodules)
                 pass
         result["preimport_s"] = time.perf_counter() - t
+    if mode.endswith("-resize"):  # the first size untimed; the second is measured
+        with torch.no_grad():
+            fn(ids)
+        g = torch.Generator().manual_seed(2)
+        ids = torch.randint(0, WIDTH["vocab"], (WIDTH["batch"], WIDTH["seq"] + 16), generator=g)
     before = set(sys.modules)
     with torch.no_grad():
         t, cpu = time.perf_counter(), _cpu_s()
@@ -247,7 +257,8 @@ def main() -> int:
         "--modes",
         default="",
         help="comma-separated subset of eager,kiln-cold,kiln-warm,kiln-whole,torch-cold,"
-        "torch-warm (default: all; kiln-warm needs kiln-cold)",
+        "torch-warm (default: all; kiln-warm needs kiln-cold), and kiln-resize,torch-resize "
+        "(only when asked for)",
     )
     ap.add_argument(
         "--repeat",
@@ -266,7 +277,7 @@ def main() -> int:
     if not args.no_torch:
         modes += ["torch-cold", "torch-warm"]
     if args.modes:  # a subset, in this order (a warm row needs its cold row)
-        modes = [m for m in modes if m in args.modes.split(",")]
+        modes = [m for m in [*modes, *RESIZE] if m in args.modes.split(",")]
     rows = []
     for name in args.models.split(","):
         for layers in (int(n) for n in args.layers.split(",")):
@@ -274,12 +285,13 @@ def main() -> int:
             with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
                 for mode in modes:
                     # a warm row reuses the directory its cold row filled
-                    cache = Path(tmp) / (mode if mode == "kiln-whole" else mode.split("-")[0])
+                    own = mode == "kiln-whole" or mode in RESIZE  # a cold directory of its own
+                    cache = Path(tmp) / (mode if own else mode.split("-")[0])
                     tries = []
                     for i in range(args.repeat):
                         # each cold try in an empty directory of its own; the warm ones
                         # in the directory the first cold try filled
-                        fresh = i and (mode.endswith("cold") or mode == "kiln-whole")
+                        fresh = i and (mode.endswith("cold") or own)
                         where = cache.with_name(f"{cache.name}-{i}") if fresh else cache
                         tries.append(measure(name, layers, mode, where, args.threads))
                         print(f"  {name} x{layers} {mode}: {_brief(tries[-1])}", file=sys.stderr)
