@@ -67,7 +67,9 @@ def test_views_of_different_inputs_stay_apart():
     b = env.meta_tensor([2, s, 16], [16 * s, 16, 1], torch.float32)
     with symbolic_meta(env):
         va = a.transpose(0, 1)
-        vb = b.transpose(0, 1)
+        before = meta_memo.stats()["hits"]
+        vb = b.transpose(0, 1)  # answered from va's op: a view of b, not of a
+    assert meta_memo.stats()["hits"] > before
     assert va.untyped_storage()._cdata == a.untyped_storage()._cdata
     assert vb.untyped_storage()._cdata == b.untyped_storage()._cdata
     assert _meta(va) == _meta(vb)

@@ -71,8 +71,9 @@ test_call_reuse.py: HF GPT-2, BERT and LLaMA in eval and train mode and under bf
 autocast), except that a
 replay re-checks a read an evaluation found deduplicated (``h[1].attn.__class__.__name__``
 where ``h[0]``'s class was read before): a guard more, that holds. What it saves: 24-layer
-HF models' capture (benchmarks/warm_start.py) spends ~6 ms per replayed layer in the
-reads' guards and placeholders and the ops' nodes, against ~15 ms evaluating it.
+HF models' capture (benchmarks/warm_start.py) spends ~5 ms per replayed layer in the
+reads' guards and placeholders and the ops' nodes (FX's ``create_node`` the largest
+part), against ~15 ms evaluating it.
 
 ``KILN_CAPTURE_REUSE_CALLS=0`` turns it off; ``explain()`` (``reused_calls``) and
 ``stats()["reused_calls"]`` list and count the replays.
